@@ -1,0 +1,86 @@
+"""Accept length and wall-clock speedup of the tiny drafters on the shipped trace (greedy, k=4).
+
+Targets on a 2-core CPU: tiny-drafter accept length >= 2.5 and speedup >= 1.3x over
+speculation off; tiny-drafter-weak accept length <= 1.5 and speedup < 1.0.
+
+    python benchmarks/embedded_speedup.py [--tokens 64] [--prompts 50] [--models fixtures/models]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from pathlib import Path
+
+from pytest_osprey.config import Condition, Pilot, Speculation, Target, TraceSpec
+from pytest_osprey.engines import BootSpec, GenerationRequest
+from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.trace import load_trace, render_prompt
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=ROOT / "fixtures" / "models")
+    ap.add_argument("--trace", type=Path, default=ROOT / "prompts" / "pilot.jsonl")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("--k", type=int, default=4)
+    args = ap.parse_args()
+    spec = Speculation(algorithm="assisted", num_draft_tokens=args.k)
+    pilot = Pilot(
+        target=Target(model=str(args.models / "tiny-target"), context_length=1024),
+        conditions={
+            "baseline": Condition(role="baseline"),
+            "tiny-drafter": Condition(role="candidate", drafter=args.models / "tiny-drafter",
+                                      speculation=spec),
+            "tiny-drafter-weak": Condition(role="candidate",
+                                           drafter=args.models / "tiny-drafter-weak",
+                                           speculation=spec),
+        },
+        trace=TraceSpec(files=[args.trace]),
+    )
+    prompts = load_trace([args.trace]).prompts[: args.prompts]
+    engines = {}
+    for name in pilot.conditions:
+        eng = TransformersEngine(pilot, name, BootSpec(name, Path("/tmp")))
+        eng.start()
+        engines[name] = eng
+    # Warm-up, then interleave conditions per prompt so drift hits all alike.
+    per: dict[str, list[float]] = {n: [] for n in engines}
+    tokens: dict[str, list[int]] = {n: [] for n in engines}
+    verify: dict[str, list[int]] = {n: [] for n in engines}
+    outputs: dict[str, list[list[int]]] = {n: [] for n in engines}
+    for eng in engines.values():
+        asyncio.run(eng.generate(GenerationRequest("w", "def main():", 8, want_margins=False)))
+    t0 = time.perf_counter()
+    for p in prompts:
+        for name, eng in engines.items():
+            text = render_prompt(p, eng._tokenizer)
+            res = asyncio.run(eng.generate(
+                GenerationRequest(p.id, text, args.tokens, want_margins=False)
+            ))
+            assert res.ok, res.error
+            per[name].append(res.e2e_s or 0.0)
+            tokens[name].append(len(res.output_ids))
+            verify[name].append(res.spec_verify_ct or 0)
+            outputs[name].append(res.output_ids)
+    base_ms = sum(per["baseline"]) / sum(tokens["baseline"]) * 1000
+    print(f"{len(prompts)} prompts x {args.tokens} tokens, k={args.k}, "
+          f"{time.perf_counter() - t0:.0f}s total")
+    print(f"{'condition':<20}{'ms/token':>10}{'speedup':>10}{'accept(pooled)':>16}"
+          f"{'accept(mean)':>14}{'identical':>11}")
+    for name in engines:
+        ms = sum(per[name]) / sum(tokens[name]) * 1000
+        pooled = sum(tokens[name]) / max(1, sum(verify[name]))
+        mean = statistics.mean(t / v for t, v in zip(tokens[name], verify[name], strict=True) if v)
+        same = sum(a == b for a, b in zip(outputs[name], outputs["baseline"], strict=True))
+        print(f"{name:<20}{ms:>10.2f}{base_ms / ms:>9.2f}x{pooled:>16.2f}{mean:>14.2f}"
+              f"{same:>8}/{len(prompts)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""pytest-osprey: decide in CI, with evidence, whether a speculative-decoding drafter may ship."""
+
+__version__ = "0.1.0"

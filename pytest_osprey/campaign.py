@@ -1,0 +1,406 @@
+"""The campaign: boot each condition once, warm up, replay the trace per load level in blocks.
+
+Measurement only: every request becomes a record in records.jsonl (flushed as it goes) and
+the run's facts go to campaign.json. Judging reads those files and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import platform
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import Pilot
+from .engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
+from .records import RecordWriter, RequestRecord, read_records, write_json_atomic
+from .trace import Prompt, Trace, render_prompt
+
+CAMPAIGN_SCHEMA = 1
+Progress = Callable[["ProgressEvent"], None]
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    condition: str
+    phase: str  # boot | warmup | greedy | sampled | done | error
+    load: str = ""
+    block: int = 0
+    done: int = 0
+    total: int = 0
+    eta_s: float | None = None
+    message: str = ""
+
+
+@dataclass
+class CampaignData:
+    """A campaign as saved: what the tests judge."""
+
+    directory: Path
+    meta: dict[str, Any]
+    records: list[RequestRecord]
+
+    def of(self, condition: str, load: str | None = None, mode: str = "greedy") -> list[RequestRecord]:
+        return [
+            r
+            for r in self.records
+            if r.condition == condition and r.mode == mode and (load is None or r.load == load)
+        ]
+
+    def condition_error(self, condition: str) -> str | None:
+        info = self.meta.get("conditions", {}).get(condition)
+        if info is None:
+            return "condition was not run"
+        err: str | None = info.get("error")
+        return err
+
+
+def load_campaign(directory: Path) -> CampaignData:
+    """Read a saved campaign (``--osprey-reuse``); errors name the file."""
+    meta_path = directory / "campaign.json"
+    records_path = directory / "records.jsonl"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: no campaign.json (is this a results folder?)")
+    import json
+
+    try:
+        meta = json.loads(meta_path.read_text("utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{meta_path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    records = list(read_records(records_path)) if records_path.is_file() else []
+    return CampaignData(directory, meta, records)
+
+
+def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
+    n = override or prompt.max_new_tokens or pilot.max_new_tokens
+    if pilot.max_new_tokens_cap is not None:
+        n = min(n, pilot.max_new_tokens_cap)
+    return n
+
+
+def block_order(conditions: Sequence[str], blocks: int, order: str) -> list[list[str]]:
+    """ABBA: odd blocks reverse the order, so drift over time hits every condition alike."""
+    names = list(conditions)
+    if order == "sequential":
+        return [names] * blocks
+    return [names if b % 2 == 0 else names[::-1] for b in range(blocks)]
+
+
+@dataclass
+class _ConditionState:
+    engine: Engine | None = None
+    error: str | None = None
+    boot_s: float | None = None
+    peak_memory_mb: float | None = None
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+
+class Campaign:
+    """Runs one pilot's measurements into ``directory``."""
+
+    def __init__(
+        self,
+        pilot: Pilot,
+        trace: Trace,
+        directory: Path,
+        conditions: Sequence[str],
+        skipped: dict[str, str] | None = None,
+        progress: Progress | None = None,
+        config_text: str | None = None,
+    ) -> None:
+        self.pilot = pilot
+        self.trace = trace
+        self.directory = directory
+        self.conditions = list(conditions)
+        self.skipped = dict(skipped or {})
+        self.progress = progress or (lambda _e: None)
+        self.run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+        self.states = {c: _ConditionState() for c in self.conditions}
+        self.schedule: list[dict[str, Any]] = []
+        self.status = "running"
+        self.started_at = time.time()
+        self.config_text = config_text
+        self._writer: RecordWriter | None = None
+
+    # -- the run ------------------------------------------------------------------------
+    def run(self) -> CampaignData:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, why in self.skipped.items():
+            if name in self.states:
+                self.states[name].error = f"not booted: {why}"
+        self._save_meta()
+        self._writer = RecordWriter(self.directory / "records.jsonl")
+        try:
+            asyncio.run(self._run())
+            self.status = "complete"
+        except BaseException:
+            self.status = "interrupted"
+            raise
+        finally:
+            for state in self.states.values():
+                self._stop(state)
+            self._writer.close()
+            self._save_meta()
+        return load_campaign(self.directory)
+
+    async def _run(self) -> None:
+        load = self.pilot.load
+        plan = block_order(self.conditions, load.blocks, load.order)
+        if load.order == "abba":
+            # Interleaving needs every condition up at once; each still boots exactly once.
+            for name in self.conditions:
+                await self._boot(name)
+        for block, names in enumerate(plan):
+            for name in names:
+                if load.order == "sequential" and block == 0:
+                    await self._boot(name)
+                await self._replay_block(name, block)
+                if load.order == "sequential" and block == load.blocks - 1:
+                    await self._sampled_pass(name)
+                    self._stop(self.states[name])
+            assert self._writer is not None
+            self._writer.sync()
+            self._save_meta()
+        if load.order == "abba":
+            for name in self.conditions:
+                await self._sampled_pass(name)
+
+    async def _boot(self, name: str) -> None:
+        state = self.states[name]
+        if state.error:
+            return
+        self.progress(ProgressEvent(name, "boot"))
+        t0 = time.perf_counter()
+        env = {**self.pilot.target.env, **self.pilot.conditions[name].env}
+        boot = BootSpec(condition=name, log_dir=self.directory / "logs", env=env)
+        boot.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            engine = make_engine(self.pilot, name, boot)
+            state.engine = engine
+            await asyncio.to_thread(engine.start)
+            state.boot_s = time.perf_counter() - t0
+            state.fingerprint = engine.fingerprint()
+            await self._warmup(name, engine)
+        except EngineError as exc:
+            state.error = str(exc)
+            self._stop(state)
+            self.progress(ProgressEvent(name, "error", message=state.error))
+        self._save_meta()
+
+    async def _warmup(self, name: str, engine: Engine) -> None:
+        n = self.pilot.load.warmup_requests
+        if n == 0:
+            return
+        self.progress(ProgressEvent(name, "warmup", total=n))
+        prompts = self.trace.prompts
+        for i in range(n):
+            p = prompts[i % len(prompts)]
+            await engine.generate(
+                GenerationRequest(
+                    prompt_id=p.id,
+                    prompt=self._text(p, engine),
+                    max_new_tokens=min(16, max_new_tokens(self.pilot, p)),
+                    want_margins=False,
+                    timeout_s=self.pilot.load.request_timeout_s,
+                )
+            )
+
+    def _text(self, prompt: Prompt, engine: Engine) -> str:
+        return render_prompt(prompt, getattr(engine, "_tokenizer", None))
+
+    async def _replay_block(self, name: str, block: int) -> None:
+        state = self.states[name]
+        if state.engine is None or state.error:
+            return
+        if block > 0:
+            await asyncio.to_thread(state.engine.flush)
+        for level, concurrency in self.pilot.load.levels.items():
+            jobs = [(p, 0) for p in self.trace.prompts]
+            await self._replay(name, state, level, concurrency, block, "greedy", jobs)
+
+    async def _sampled_pass(self, name: str) -> None:
+        sampled = self.pilot.sampling.sampled
+        state = self.states[name]
+        if not sampled.enabled or state.engine is None or state.error:
+            return
+        prompts = self.trace.prompts[: sampled.prompts] if sampled.prompts else self.trace.prompts
+        jobs = [(p, i) for p in prompts for i in range(sampled.samples_per_prompt)]
+        level = min(self.pilot.load.levels, key=lambda k: self.pilot.load.levels[k])
+        await self._replay(name, state, level, self.pilot.load.levels[level], 0, "sampled", jobs)
+
+    async def _replay(
+        self,
+        name: str,
+        state: _ConditionState,
+        level: str,
+        concurrency: int,
+        block: int,
+        mode: str,
+        jobs: list[tuple[Prompt, int]],
+    ) -> None:
+        engine = state.engine
+        assert engine is not None and self._writer is not None
+        writer = self._writer
+        sampled = self.pilot.sampling.sampled
+        sem = asyncio.Semaphore(concurrency)
+        done = 0
+        t_start = time.perf_counter()
+        entry = {"block": block, "condition": name, "load": level, "mode": mode,
+                 "started": time.time()}
+
+        async def one(prompt: Prompt, index: int) -> None:
+            nonlocal done
+            greedy = mode == "greedy"
+            request = GenerationRequest(
+                prompt_id=prompt.id,
+                prompt=self._text(prompt, engine),
+                max_new_tokens=max_new_tokens(
+                    self.pilot, prompt, None if greedy else sampled.max_new_tokens
+                ),
+                temperature=0.0 if greedy else sampled.temperature,
+                top_p=1.0 if greedy else sampled.top_p,
+                seed=None if greedy else self.pilot.sampling.seed + index,
+                want_margins=True,
+                timeout_s=self.pilot.load.request_timeout_s,
+            )
+            async with sem:
+                started = time.time()
+                result = await engine.generate(request)
+            writer.write(
+                RequestRecord(
+                    run_id=self.run_id,
+                    condition=name,
+                    block=block,
+                    repetition=block,
+                    load=level,
+                    concurrency=concurrency,
+                    prompt_id=prompt.id,
+                    slice=prompt.slice,
+                    domain=prompt.domain,
+                    mode="greedy" if greedy else "sampled",
+                    sample_index=index,
+                    ok=result.ok,
+                    error=result.error,
+                    ttft_s=result.ttft_s,
+                    e2e_s=result.e2e_s,
+                    itl_s=result.itl_s,
+                    prompt_tokens=result.prompt_tokens,
+                    output_tokens=len(result.output_ids) if result.ok else None,
+                    output_ids=result.output_ids,
+                    output_text=result.output_text,
+                    top2_margin=result.top2_margin,
+                    spec_verify_ct=result.spec_verify_ct,
+                    accept_length=result.accept_length,
+                    finish_reason=result.finish_reason,
+                    started_at=started,
+                )
+            )
+            done += 1
+            elapsed = time.perf_counter() - t_start
+            self.progress(
+                ProgressEvent(
+                    name, mode, level, block, done, len(jobs),
+                    eta_s=elapsed / done * (len(jobs) - done),
+                )
+            )
+
+        async def sample_memory() -> None:
+            while True:
+                self._note_memory(state)
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample_memory())
+        try:
+            await asyncio.gather(*(one(p, i) for p, i in jobs))
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            self._note_memory(state)
+        entry["ended"] = time.time()
+        self.schedule.append(entry)
+
+    def _note_memory(self, state: _ConditionState) -> None:
+        if state.engine is None:
+            return
+        mb = state.engine.memory_mb()
+        if mb is not None:
+            state.peak_memory_mb = max(state.peak_memory_mb or 0.0, mb)
+
+    @staticmethod
+    def _stop(state: _ConditionState) -> None:
+        if state.engine is not None:
+            try:
+                state.engine.stop()
+            finally:
+                state.engine = None
+
+    # -- campaign.json ------------------------------------------------------------------
+    def _save_meta(self) -> None:
+        pilot = self.pilot
+        meta = {
+            "schema": CAMPAIGN_SCHEMA,
+            "run_id": self.run_id,
+            "tool_version": __version__,
+            "pilot_name": pilot.name,
+            "config_hash": pilot.digest(),
+            "pilot_text": self.config_text,
+            "trace_hash": self.trace.sha256,
+            "trace_files": [str(f) for f in self.trace.files],
+            "prompt_ids": [p.id for p in self.trace.prompts],
+            "baseline": pilot.baseline,
+            "current": pilot.current,
+            "candidates": [c for c in pilot.candidates if c in self.conditions],
+            "load_levels": dict(pilot.load.levels),
+            "blocks": pilot.load.blocks,
+            "block_order": block_order(self.conditions, pilot.load.blocks, pilot.load.order),
+            "sampling": pilot.sampling.model_dump(mode="json"),
+            "conditions": {
+                name: {
+                    "role": pilot.conditions[name].role,
+                    "error": st.error,
+                    "boot_s": st.boot_s,
+                    "peak_memory_mb": st.peak_memory_mb,
+                    "fingerprint": st.fingerprint,
+                }
+                for name, st in self.states.items()
+            },
+            "schedule": self.schedule,
+            "status": self.status,
+            "started_at": self.started_at,
+            "ended_at": time.time() if self.status != "running" else None,
+            "host": {"machine": platform.machine(), "node": platform.node(),
+                     "python": platform.python_version()},
+        }
+        write_json_atomic(self.directory / "campaign.json", meta)
+
+
+def iter_pairs(
+    data: CampaignData, reference: str, candidate: str, load: str, metric: Callable[[RequestRecord], float | None],
+    slice_: str | None = None,
+) -> Iterator[tuple[str, list[float], list[float]]]:
+    """Per prompt: the metric's values for reference and candidate (ok requests only)."""
+    ref: dict[str, list[float]] = {}
+    cand: dict[str, list[float]] = {}
+    for r in data.records:
+        if r.mode != "greedy" or r.load != load or not r.ok:
+            continue
+        if slice_ is not None and r.slice != slice_:
+            continue
+        value = metric(r)
+        if value is None:
+            continue
+        if r.condition == reference:
+            ref.setdefault(r.prompt_id, []).append(value)
+        elif r.condition == candidate:
+            cand.setdefault(r.prompt_id, []).append(value)
+    for pid in ref:
+        if pid in cand:
+            yield pid, ref[pid], cand[pid]

@@ -1,0 +1,444 @@
+"""The pilot file (pilot.yaml): schema, loading, and errors that name the file, line and field."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+Engine = Literal["transformers", "sglang", "vllm", "endpoint"]
+Role = Literal["baseline", "current", "candidate"]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
+class ConfigError(ValueError):
+    """A pilot-file problem, worded for the user: ``file:line: dotted.field: message``."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Speculation(Strict):
+    """How a drafter condition speculates; names follow the engine's own flags."""
+
+    algorithm: str | None = Field(
+        None,
+        description="transformers: assisted; sglang: EAGLE3|EAGLE|STANDALONE|NGRAM; "
+        "vllm: draft_model|ngram|eagle|eagle3. Default: the engine's draft-model method",
+    )
+    num_draft_tokens: Annotated[int, Field(ge=1, le=64)] = 4
+    num_steps: Annotated[int, Field(ge=1, le=64)] | None = None
+    eagle_topk: Annotated[int, Field(ge=1, le=64)] | None = None
+
+
+class Endpoint(Strict):
+    """An already running server: nothing is booted or killed for it."""
+
+    url: str
+    protocol: Literal["sglang", "openai"]
+    api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the API key"
+    )
+    model: str | None = Field(None, description="Model name sent to an OpenAI-style server")
+
+
+class ArtifactPins(Strict):
+    sha256: dict[str, str] = Field(
+        default_factory=dict, description="file (relative to the drafter) -> expected sha256"
+    )
+    engine_version: str | None = Field(
+        None, description="Version prefix the engine must report, e.g. 0.5.23"
+    )
+    require_license: bool = False
+
+
+class Condition(Strict):
+    role: Role
+    drafter: Path | None = Field(None, description="Drafter checkpoint folder")
+    speculation: Speculation | None = None
+    endpoint: Endpoint | None = None
+    dtype: str | None = Field(
+        None, description="Override of target.dtype (breaks fairness; for negative controls)"
+    )
+    engine_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    pins: ArtifactPins = Field(default_factory=ArtifactPins)
+
+    @model_validator(mode="after")
+    def _baseline_has_no_drafter(self) -> Condition:
+        if self.role == "baseline" and (self.drafter is not None or self.speculation is not None):
+            raise ValueError("the baseline runs with speculation off: remove drafter/speculation")
+        return self
+
+    @property
+    def speculates(self) -> bool:
+        return self.drafter is not None or self.speculation is not None
+
+
+class Target(Strict):
+    engine: Engine = "transformers"
+    model: str = Field(description="Target checkpoint folder (or a model id a server resolves)")
+    dtype: str = "float32"
+    device: str = Field("cpu", description="transformers engine: cpu, cuda, cuda:1 ...")
+    python: str | None = Field(None, description="Python executable of a server engine's venv")
+    env: dict[str, str] = Field(default_factory=dict)
+    engine_args: list[str] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    boot_timeout_s: PositiveFloat = 600.0
+    deterministic: bool = Field(
+        False, description="Engine's deterministic mode on every condition (SGLang)"
+    )
+    context_length: Annotated[int, Field(ge=16)] = 2048
+    tp_size: Annotated[int, Field(ge=1)] = 1
+    mem_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    api_key_env: str | None = None
+    threads: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="transformers engine: torch threads (default: torch's own)"
+    )
+
+
+class TraceSpec(Strict):
+    files: list[Path] = Field(min_length=1)
+    ids: list[str] | None = None
+    slices: list[str] | None = None
+    limit_per_slice: Annotated[int, Field(ge=1)] | None = None
+    limit: Annotated[int, Field(ge=1)] | None = None
+    unusual_slice: str = Field("unusual", description="The slice reported (and gated) apart")
+
+
+class SampledPass(Strict):
+    enabled: bool = True
+    temperature: Annotated[float, Field(gt=0, le=10)] = 0.8
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    samples_per_prompt: Annotated[int, Field(ge=1, le=10_000)] = 8
+    prompts: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Use the first N prompts of the trace for the sampled pass"
+    )
+    max_new_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class Sampling(Strict):
+    greedy: bool = True
+    sampled: SampledPass = Field(default_factory=lambda: SampledPass(enabled=False))
+    seed: int = 0
+
+
+class Load(Strict):
+    levels: dict[str, Annotated[int, Field(ge=1, le=100_000)]] = Field(
+        default_factory=lambda: {"low": 1, "concurrent": 8}, min_length=1
+    )
+    warmup_requests: Annotated[int, Field(ge=0)] = 4
+    blocks: Annotated[int, Field(ge=1, le=1000)] = 2
+    order: Literal["abba", "sequential"] = "abba"
+    request_timeout_s: PositiveFloat = 300.0
+
+
+class LatencyLimit(Strict):
+    metric: Literal["ttft", "e2e", "tpot"]
+    percentile: Annotated[float, Field(gt=0, lt=100)] = 95
+    max_s: PositiveFloat
+    load: str | None = Field(None, description="Load level it applies to (default: all)")
+
+
+class QualityLimits(Strict):
+    max_genuine_divergences: Annotated[int, Field(ge=0)] = 0
+    near_tie_epsilon: Annotated[float, Field(ge=0)] = 0.05
+    max_near_tie_fraction: Fraction = 0.1
+    correctness_margin: Fraction = 0.05
+    distribution_alpha: Fraction = 0.01
+
+
+class MemoryLimits(Strict):
+    max_peak_mb: PositiveFloat | None = None
+    max_increase_pct: Annotated[float, Field(ge=0)] | None = None
+
+
+class CostLimits(Strict):
+    max_cost_per_request: PositiveFloat | None = None
+    max_break_even_days: PositiveFloat | None = None
+
+
+class Limits(Strict):
+    speedup_min: PositiveFloat = 1.0
+    latency: list[LatencyLimit] = Field(default_factory=list)
+    quality: QualityLimits = Field(default_factory=QualityLimits)
+    memory: MemoryLimits = Field(default_factory=MemoryLimits)
+    cost: CostLimits = Field(default_factory=CostLimits)
+    min_completed_fraction: Fraction = 1.0
+
+
+class Decision(Strict):
+    primary_load: str | None = Field(
+        None, description="The load level that must improve (default: the highest concurrency)"
+    )
+    primary_slice: str | None = Field(None, description="Slice that must improve (default: all)")
+    gate_unusual_slice: bool = False
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    inconclusive: Literal["fail", "pass", "skip"] = "fail"
+    bootstrap_resamples: Annotated[int, Field(ge=100, le=1_000_000)] = 2000
+
+
+class SetupCosts(Strict):
+    pretraining: Annotated[float, Field(ge=0)] = 0.0
+    adaptation: Annotated[float, Field(ge=0)] = 0.0
+    idle_device_hours: Annotated[float, Field(ge=0)] = 0.0
+
+
+class Cost(Strict):
+    device_hour_price: Annotated[float, Field(ge=0)] = 0.0
+    devices_per_server: Annotated[int, Field(ge=1)] = 1
+    currency: str = "USD"
+    expected_requests_per_day: Annotated[float, Field(ge=0)] | None = None
+    setup: dict[str, SetupCosts] = Field(
+        default_factory=dict, description="condition name -> its setup costs"
+    )
+
+
+class ReportSettings(Strict):
+    title: str = "Drafter pilot"
+    markdown: bool = True
+    html: bool = True
+
+
+class Pilot(Strict):
+    """The whole pilot file."""
+
+    name: str = "pilot"
+    target: Target
+    conditions: dict[str, Condition] = Field(min_length=1)
+    trace: TraceSpec
+    max_new_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    max_new_tokens_cap: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Cap on every prompt's max_new_tokens (keeps small pilots short)"
+    )
+    sampling: Sampling = Field(default_factory=Sampling)
+    load: Load = Field(default_factory=Load)
+    limits: Limits = Field(default_factory=Limits)
+    decision: Decision = Field(default_factory=Decision)
+    cost: Cost = Field(default_factory=Cost)
+    report: ReportSettings = Field(default_factory=ReportSettings)
+
+    @field_validator("conditions")
+    @classmethod
+    def _names(cls, v: dict[str, Condition]) -> dict[str, Condition]:
+        for name in v:
+            if not name or not all(c.isalnum() or c in "-_." for c in name):
+                raise ValueError(f"condition name {name!r}: use letters, digits, '-', '_', '.'")
+        return v
+
+    @model_validator(mode="after")
+    def _roles(self) -> Pilot:
+        baselines = [n for n, c in self.conditions.items() if c.role == "baseline"]
+        if len(baselines) != 1:
+            raise ValueError(
+                f"exactly one condition must have role: baseline (speculation off, the kill "
+                f"switch); found {len(baselines)}"
+            )
+        if sum(c.role == "current" for c in self.conditions.values()) > 1:
+            raise ValueError("at most one condition may have role: current")
+        for level in (self.decision.primary_load, *(lim.load for lim in self.limits.latency)):
+            if level is not None and level not in self.load.levels:
+                raise ValueError(
+                    f"load level {level!r} is not in load.levels ({', '.join(self.load.levels)})"
+                )
+        for name in self.cost.setup:
+            if name not in self.conditions:
+                raise ValueError(f"cost.setup names unknown condition {name!r}")
+        return self
+
+    # Convenience views used across the library.
+    @property
+    def baseline(self) -> str:
+        return next(n for n, c in self.conditions.items() if c.role == "baseline")
+
+    @property
+    def current(self) -> str | None:
+        return next((n for n, c in self.conditions.items() if c.role == "current"), None)
+
+    @property
+    def candidates(self) -> list[str]:
+        return [n for n, c in self.conditions.items() if c.role == "candidate"]
+
+    @property
+    def primary_load(self) -> str:
+        if self.decision.primary_load:
+            return self.decision.primary_load
+        return max(self.load.levels, key=lambda k: self.load.levels[k])
+
+    def references(self, candidate: str) -> list[str]:
+        """What a candidate is judged against: the baseline, then the current drafter if any."""
+        return [self.baseline] + ([self.current] if self.current else [])
+
+    def digest(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _line_map(text: str) -> dict[tuple[str | int, ...], int]:
+    """Dotted path -> 1-based line of its YAML node (keys and sequence items)."""
+    lines: dict[tuple[str | int, ...], int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lines
+
+    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, str(key.value))
+                lines[sub] = key.start_mark.line + 1
+                walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, (*path, i))
+
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The pydantic model whose fields live at ``path`` (for 'did you mean')."""
+    model: Any = Pilot
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) else None
+        if field is None:
+            # dict[str, Model]: the key is a user name; stay on the value model.
+            return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+        model = _inner_model(field.annotation)
+        if model is None:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _format_errors(err: ValidationError, source: str, lines: Mapping[Any, int]) -> str:
+    out = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        line = None
+        for n in range(len(loc), -1, -1):
+            if loc[:n] in lines:
+                line = lines[loc[:n]]
+                break
+        where = f"{source}:{line}" if line else source
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden" and loc:
+            model = _model_at(loc[:-1])
+            known = list(model.model_fields) if model else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            msg = "unknown key" + (f"; did you mean {close[0]!r}?" if close else "")
+            if known:
+                msg += f" (valid: {', '.join(known)})"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        out.append(f"{where}: {dotted}: {msg}")
+    return "\n".join(out)
+
+
+def _resolve_paths(pilot: Pilot, base: Path, source: str, lines: Mapping[Any, int]) -> Pilot:
+    """Relative paths resolve against the pilot file's folder; missing paths are errors."""
+
+    def fail(loc: tuple[str | int, ...], msg: str) -> ConfigError:
+        line = lines.get(loc)
+        where = f"{source}:{line}" if line else source
+        return ConfigError(f"{where}: {'.'.join(map(str, loc))}: {msg}")
+
+    def local(p: str | Path) -> Path:
+        path = Path(os.path.expanduser(str(p)))
+        return path if path.is_absolute() else (base / path)
+
+    files = []
+    for i, f in enumerate(pilot.trace.files):
+        path = local(f)
+        if not path.is_file():
+            raise fail(("trace", "files", i), f"no such file: {path}")
+        files.append(path)
+    target = pilot.target
+    model = target.model
+    if target.engine == "transformers" or model.startswith((".", "/", "~")):
+        path = local(model)
+        if not path.is_dir():
+            raise fail(("target", "model"), f"no such directory: {path}")
+        model = str(path)
+    conditions = {}
+    for name, cond in pilot.conditions.items():
+        drafter = cond.drafter
+        if drafter is not None:
+            drafter = local(drafter)
+            if not drafter.is_dir():
+                raise fail(("conditions", name, "drafter"), f"no such directory: {drafter}")
+        if cond.endpoint is None and target.engine == "endpoint":
+            raise fail(("conditions", name), "target.engine is endpoint: give endpoint.url")
+        conditions[name] = cond.model_copy(update={"drafter": drafter})
+    return pilot.model_copy(
+        update={
+            "trace": pilot.trace.model_copy(update={"files": files}),
+            "target": target.model_copy(update={"model": model}),
+            "conditions": conditions,
+        }
+    )
+
+
+def load_pilot(path: str | os.PathLike[str]) -> Pilot:
+    """Read, validate and resolve a pilot file; every problem is a :class:`ConfigError`."""
+    p = Path(path)
+    source = str(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such pilot file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the pilot file must be a mapping (key: value) at top level")
+    lines = _line_map(text)
+    try:
+        pilot = Pilot.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source, lines)) from None
+    return _resolve_paths(pilot, p.resolve().parent, source, lines)
+
+
+def json_schema() -> dict[str, Any]:
+    return Pilot.model_json_schema()

@@ -1,0 +1,269 @@
+"""Gates and verdicts: what each test asserts, and KEEP / DROP / INCONCLUSIVE per candidate.
+
+The gate list is planned from the pilot alone (so pytest can collect one test per gate before
+anything runs) and evaluated from a saved campaign (so a campaign can be re-judged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import stats
+from .campaign import CampaignData, iter_pairs
+from .config import Pilot
+from .quality import greedy_identity
+from .records import RequestRecord
+
+Outcome = Literal["pass", "fail", "inconclusive", "skip"]
+Verdict = Literal["KEEP", "DROP", "INCONCLUSIVE"]
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    kind: str  # artifact | completed | greedy_identity | speedup | latency
+    condition: str
+    reference: str | None = None
+    load: str | None = None
+    slice: str | None = None
+    index: int | None = None  # which latency limit
+    gating: bool = True  # False: reported, never decides the verdict
+
+    @property
+    def id(self) -> str:
+        parts = [self.condition]
+        if self.reference:
+            parts.append(f"vs-{self.reference}")
+        if self.load:
+            parts.append(self.load)
+        if self.slice:
+            parts.append(self.slice)
+        if self.index is not None:
+            parts.append(f"limit{self.index}")
+        return "-".join(parts)
+
+
+@dataclass
+class GateResult:
+    spec: GateSpec
+    outcome: Outcome
+    summary: str
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    threshold: float | None = None
+    p_value: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.spec.kind,
+            "id": self.spec.id,
+            "condition": self.spec.condition,
+            "reference": self.spec.reference,
+            "load": self.spec.load,
+            "slice": self.spec.slice,
+            "gating": self.spec.gating,
+            "outcome": self.outcome,
+            "summary": self.summary,
+            "estimate": self.estimate,
+            "ci": [self.ci_low, self.ci_high] if self.ci_low is not None else None,
+            "threshold": self.threshold,
+            "p_value": self.p_value,
+            "details": self.details,
+        }
+
+
+def plan_gates(pilot: Pilot, conditions: list[str]) -> list[GateSpec]:
+    """Every gate of this pilot, in the order the tests run."""
+    specs: list[GateSpec] = []
+    drafted = [c for c in conditions if pilot.conditions[c].speculates]
+    specs += [GateSpec("artifact", c) for c in drafted]
+    for c in conditions:
+        specs += [GateSpec("completed", c, load=level) for level in pilot.load.levels]
+    base = pilot.baseline
+    judged = [c for c in conditions if c != base and pilot.conditions[c].role != "baseline"]
+    if pilot.sampling.greedy:
+        specs += [GateSpec("greedy_identity", c, reference=base) for c in judged]
+    for cand in [c for c in judged if pilot.conditions[c].role == "candidate"]:
+        for ref in [r for r in pilot.references(cand) if r in conditions]:
+            for level in pilot.load.levels:
+                primary = level == pilot.primary_load
+                specs.append(GateSpec("speedup", cand, reference=ref, load=level, gating=primary))
+            unusual = pilot.trace.unusual_slice
+            specs.append(GateSpec(
+                "speedup", cand, reference=ref, load=pilot.primary_load, slice=unusual,
+                gating=pilot.decision.gate_unusual_slice,
+            ))
+        for i, lim in enumerate(pilot.limits.latency):
+            for level in [lim.load] if lim.load else list(pilot.load.levels):
+                specs.append(GateSpec("latency", cand, load=level, index=i))
+    return specs
+
+
+def _e2e(r: RequestRecord) -> float | None:
+    return r.e2e_s if r.ok else None
+
+
+def evaluate(spec: GateSpec, pilot: Pilot, data: CampaignData, artifact: dict[str, Any]) -> GateResult:
+    fn = _EVALUATORS[spec.kind]
+    err = data.condition_error(spec.condition) if spec.kind != "artifact" else None
+    if err:
+        return GateResult(spec, "fail", f"{spec.condition} did not run: {err}")
+    if spec.reference and spec.kind != "artifact":
+        ref_err = data.condition_error(spec.reference)
+        if ref_err:
+            return GateResult(spec, "fail", f"reference {spec.reference} did not run: {ref_err}")
+    return fn(spec, pilot, data, artifact)
+
+
+def _artifact(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+    report = art.get(spec.condition)
+    if report is None:
+        return GateResult(spec, "skip", "artifact check not run for this condition")
+    bad = [c for c in report["checks"] if not c["ok"]]
+    if bad:
+        return GateResult(spec, "fail", "; ".join(f"{c['name']}: {c['detail']}" for c in bad),
+                          details=report)
+    return GateResult(spec, "pass", f"{len(report['checks'])} checks passed", details=report)
+
+
+def _completed(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+    recs = data.of(spec.condition, spec.load)
+    if not recs:
+        return GateResult(spec, "fail", f"no requests recorded for {spec.condition}/{spec.load}")
+    ok = sum(r.ok for r in recs)
+    frac = ok / len(recs)
+    need = pilot.limits.min_completed_fraction
+    errors = sorted({(r.error or "")[:120] for r in recs if not r.ok})
+    summary = f"{ok}/{len(recs)} completed ({frac:.1%}; need >= {need:.1%})"
+    if errors:
+        summary += "; errors: " + " | ".join(errors[:3])
+    return GateResult(spec, "pass" if frac >= need else "fail", summary, estimate=frac,
+                      threshold=need, details={"ok": ok, "total": len(recs)})
+
+
+def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+    q = pilot.limits.quality
+    assert spec.reference is not None
+    res = greedy_identity(data.of(spec.reference), data.of(spec.condition), q.near_tie_epsilon)
+    if res.compared == 0:
+        return GateResult(spec, "fail", "no prompt completed on both sides: nothing to compare")
+    genuine, ties = res.genuine, res.near_ties
+    summary = (
+        f"{res.identical}/{res.compared} identical; {len(genuine)} genuine divergence(s) "
+        f"(max {q.max_genuine_divergences}); near-ties {res.near_tie_fraction:.1%} "
+        f"(max {q.max_near_tie_fraction:.0%}, margin <= {q.near_tie_epsilon})"
+    )
+    for d in genuine[:3]:
+        summary += (
+            f"\n  {d.prompt_id} @token {d.position}: {d.reference_token} -> {d.candidate_token} "
+            f"(margin {d.margin if d.margin is None else round(d.margin, 3)}): "
+            f"{d.reference_text!r} vs {d.candidate_text!r}"
+        )
+    ok = len(genuine) <= q.max_genuine_divergences and res.near_tie_fraction <= q.max_near_tie_fraction
+    return GateResult(
+        spec, "pass" if ok else "fail", summary, estimate=len(genuine),
+        threshold=q.max_genuine_divergences,
+        details={"compared": res.compared, "identical": res.identical,
+                 "genuine": [d.__dict__ for d in genuine], "near_ties": [d.__dict__ for d in ties]},
+    )
+
+
+def _speedup(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+    assert spec.reference is not None and spec.load is not None
+    pairs = list(iter_pairs(data, spec.reference, spec.condition, spec.load, _e2e, spec.slice))
+    threshold = pilot.limits.speedup_min if spec.reference == pilot.baseline else 1.0
+    if len(pairs) < 2:
+        return GateResult(spec, "fail" if spec.gating else "skip",
+                          f"{len(pairs)} paired prompt(s): too few to judge speed")
+    ref = {pid: r for pid, r, _ in pairs}
+    cand = {pid: c for pid, _, c in pairs}
+    try:
+        res = stats.paired_speedup(
+            ref, cand, threshold=threshold, confidence=pilot.decision.confidence,
+            n_resamples=pilot.decision.bootstrap_resamples, seed=pilot.sampling.seed,
+        )
+    except stats.StatsError as exc:
+        return GateResult(spec, "fail", f"cannot judge speed: {exc}")
+    summary = (
+        f"completion-latency speedup {res.estimate:.3f}x, {pilot.decision.confidence:.0%} CI "
+        f"[{res.ci_low:.3f}, {res.ci_high:.3f}] vs minimum {threshold:.3f}x over {res.n_prompts} "
+        f"prompts ({res.n_pairs} requests); p={res.p_value:.3g}"
+    )
+    if res.outcome == "inconclusive" and res.more_pairs_needed:
+        summary += f"; about {res.more_pairs_needed} more paired prompts would settle it"
+    return GateResult(spec, res.outcome, summary, estimate=res.estimate, ci_low=res.ci_low,
+                      ci_high=res.ci_high, threshold=threshold, p_value=res.p_value,
+                      details={"method": res.method, "n_prompts": res.n_prompts})
+
+
+_METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
+    "ttft": lambda r: r.ttft_s,
+    "e2e": lambda r: r.e2e_s,
+    "tpot": lambda r: r.tpot_s,
+}
+
+
+def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+    assert spec.index is not None
+    lim = pilot.limits.latency[spec.index]
+    values = [v for r in data.of(spec.condition, spec.load) if r.ok
+              if (v := _METRICS[lim.metric](r)) is not None]
+    if not values:
+        return GateResult(spec, "fail", f"no {lim.metric} measurements")
+    res = stats.percentile_upper_bound(values, lim.percentile / 100, lim.max_s,
+                                       pilot.decision.confidence)
+    summary = (f"{lim.metric} p{lim.percentile:g} = {res.estimate * 1000:.1f} ms, upper "
+               f"{pilot.decision.confidence:.0%} bound {res.bound * 1000:.1f} ms vs limit "
+               f"{lim.max_s * 1000:.1f} ms (n={res.n})")
+    return GateResult(spec, res.outcome, summary, estimate=res.estimate, ci_high=res.bound,
+                      ci_low=res.estimate, threshold=lim.max_s)
+
+
+_EVALUATORS = {
+    "artifact": _artifact,
+    "completed": _completed,
+    "greedy_identity": _greedy,
+    "speedup": _speedup,
+    "latency": _latency,
+}
+
+
+@dataclass
+class CandidateVerdict:
+    candidate: str
+    verdict: Verdict
+    reasons: list[str]
+    gates: list[GateResult]
+
+    def line(self) -> str:
+        why = "; ".join(self.reasons) if self.reasons else "every gate passed"
+        return f"{self.verdict} {self.candidate}: {why}"
+
+
+def verdicts(pilot: Pilot, results: list[GateResult]) -> list[CandidateVerdict]:
+    """KEEP only when every gating gate of the candidate (and of its references) passes."""
+    out = []
+    for cand in pilot.candidates:
+        involved = {cand, *pilot.references(cand)}
+        mine = [
+            g for g in results
+            if g.spec.gating and (g.spec.condition == cand or (
+                g.spec.kind == "completed" and g.spec.condition in involved))
+        ]
+        if not mine:
+            continue
+        failed = [g for g in mine if g.outcome == "fail"]
+        unsure = [g for g in mine if g.outcome == "inconclusive"]
+        if failed:
+            verdict: Verdict = "DROP"
+        elif unsure:
+            verdict = "INCONCLUSIVE"
+        else:
+            verdict = "KEEP"
+        reasons = [f"{g.spec.kind}[{g.spec.id}]: {g.summary.splitlines()[0]}"
+                   for g in failed + unsure]
+        out.append(CandidateVerdict(cand, verdict, reasons, mine))
+    return out

@@ -1,0 +1,92 @@
+"""An already running server named by a condition: nothing is booted or killed for it."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .httpstream import bearer
+from .process import api_key_from
+from .sglang import SGLangClient
+from .vllm import OpenAIClient
+
+if TYPE_CHECKING:
+    from ..config import Endpoint, Pilot
+
+# What answers 200 when the server is up, per protocol.
+_HEALTH = {"sglang": ("/health", "/health_generate"), "openai": ("/health", "/v1/models")}
+
+
+class EndpointEngine:
+    """Talks to ``conditions.<name>.endpoint`` with the SGLang or the OpenAI protocol."""
+
+    def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
+        endpoint = pilot.conditions[condition].endpoint
+        if endpoint is None:
+            raise EngineError(f"conditions.{condition}.endpoint: not set")
+        self.pilot = pilot
+        self.condition = condition
+        self.boot = boot
+        self.endpoint: Endpoint = endpoint
+        self.url = endpoint.url.rstrip("/")
+        self.sglang: SGLangClient | None = None
+        self.openai: OpenAIClient | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.boot.env}
+        key = api_key_from(
+            env, self.endpoint.api_key_env, f"conditions.{self.condition}.endpoint.api_key_env"
+        )
+        if self.endpoint.protocol == "sglang":
+            self.sglang = SGLangClient(self.url, self.condition, key)
+        else:
+            model = self.endpoint.model or self.pilot.target.model
+            self.openai = OpenAIClient(self.url, self.condition, model, key)
+        self._check_up(key)
+
+    def _check_up(self, key: str | None) -> None:
+        problems = []
+        with httpx.Client(base_url=self.url, headers=bearer(key), timeout=10.0) as client:
+            for path in _HEALTH[self.endpoint.protocol]:
+                try:
+                    r = client.get(path)
+                except httpx.HTTPError as exc:
+                    problems.append(f"{path}: {type(exc).__name__}")
+                    continue
+                if r.status_code == 200:
+                    return
+                problems.append(f"{path}: HTTP {r.status_code}")
+        raise EngineError(
+            f"condition {self.condition!r}: endpoint {self.url} is not answering "
+            f"({'; '.join(problems)})"
+        )
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        client = self.sglang or self.openai
+        if client is None:
+            return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
+        return await client.generate(request)
+
+    def fingerprint(self) -> dict[str, Any]:
+        fp: dict[str, Any] = {"engine": f"endpoint/{self.endpoint.protocol}"}
+        if self.sglang is not None:
+            fp.update(self.sglang.fingerprint())
+        elif self.openai is not None:
+            fp.update(self.openai.fingerprint())
+            fp["model"] = self.openai.model
+        fp["endpoint"] = self.url
+        fp["protocol"] = self.endpoint.protocol
+        return fp
+
+    def memory_mb(self) -> float | None:
+        return None  # not ours to measure
+
+    def flush(self) -> None:
+        if self.sglang is not None:
+            self.sglang.flush()
+
+    def stop(self) -> None:
+        self.sglang = self.openai = None

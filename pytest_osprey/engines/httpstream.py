@@ -1,0 +1,186 @@
+"""Streaming HTTP pieces shared by server engines: SSE parsing, token timing, failure capture.
+
+Times are ``time.perf_counter`` seconds from submission. TTFT is the arrival of the first
+chunk that carries content. A chunk carrying several tokens (speculative decoding accepts
+several at once) spreads the gap since the previous chunk evenly over its tokens, so the
+inter-token list has exactly one entry per token after the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+
+from .base import GenerationResult
+
+DONE = "[DONE]"
+_BODY_PREVIEW = 500
+
+
+class StreamError(Exception):
+    """A request failed in a way the record should state (HTTP error, bad stream...)."""
+
+
+class TokenClock:
+    """Arrival times of streamed tokens, measured from submission."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.ttft_s: float | None = None
+        self.itl_s: list[float] = []
+        self.tokens = 0
+        self._last: float | None = None
+
+    def add(self, n: int, now: float | None = None) -> None:
+        """``n`` new tokens arrived together (at ``now``)."""
+        if n <= 0:
+            return
+        now = time.perf_counter() if now is None else now
+        if self._last is None:
+            self.ttft_s = now - self.t0
+            # Tokens riding with the first one arrived with it: no decode gap to share.
+            self.itl_s.extend([0.0] * (n - 1))
+        else:
+            gap = (now - self._last) / n
+            self.itl_s.extend([gap] * n)
+        self._last = now
+        self.tokens += n
+
+    def first_content(self, now: float | None = None) -> None:
+        """Content (text) arrived before any token count was known."""
+        if self.ttft_s is None:
+            now = time.perf_counter() if now is None else now
+            self.ttft_s = now - self.t0
+
+    def elapsed(self, now: float | None = None) -> float:
+        return (time.perf_counter() if now is None else now) - self.t0
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data`` payload of each server-sent event (multi-line data joined by newlines)."""
+    buf: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if buf:
+                yield "\n".join(buf)
+                buf = []
+            continue
+        if line.startswith(":"):
+            continue  # comment / keep-alive
+        field, _, value = line.partition(":")
+        if field == "data":
+            buf.append(value[1:] if value.startswith(" ") else value)
+    if buf:
+        yield "\n".join(buf)
+
+
+async def stream_json(
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+    """POST ``body`` and yield (arrival time, chunk) per SSE event until ``data: [DONE]``.
+
+    Raises StreamError on a non-200 answer, a chunk that is not a JSON object, an error
+    object in the stream, or a stream that ends before [DONE].
+    """
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            raw = await response.aread()
+            text = raw[:_BODY_PREVIEW].decode("utf-8", "replace").strip()
+            raise StreamError(f"HTTP {response.status_code} from {url}: {text or '(empty body)'}")
+        async for data in sse_data(response):
+            now = time.perf_counter()
+            if data.strip() == DONE:
+                return
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise StreamError(
+                    f"malformed JSON in stream from {url}: {exc.msg}: {data[:200]!r}"
+                ) from None
+            if not isinstance(chunk, dict):
+                raise StreamError(f"stream chunk is not a JSON object: {data[:200]!r}")
+            error = stream_error(chunk)
+            if error is not None:
+                raise StreamError(f"server error in stream from {url}: {error}")
+            yield now, chunk
+    raise StreamError(f"stream from {url} ended before 'data: [DONE]' (truncated)")
+
+
+def stream_error(chunk: Mapping[str, Any]) -> str | None:
+    """The error a chunk reports, if any (SGLang: {"error": ...}; OpenAI/vLLM alike)."""
+    if chunk.get("object") == "error":
+        return str(chunk.get("message") or chunk)
+    err = chunk.get("error")
+    if err is None:
+        return None
+    if isinstance(err, Mapping):
+        return str(err.get("message") or err)
+    return str(err)
+
+
+async def guarded(
+    run: Callable[[TokenClock], Awaitable[GenerationResult]], timeout_s: float
+) -> GenerationResult:
+    """Run one request under a total timeout; every failure becomes a failed result."""
+    clock = TokenClock()
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await run(clock)
+    except TimeoutError:
+        error = f"timed out after {timeout_s:g} s (request timeout)"
+    except StreamError as exc:
+        error = str(exc)
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc or 'HTTP transport error'}"
+    except Exception as exc:  # never let one request take the campaign down
+        error = f"unexpected {type(exc).__name__}: {exc}"
+    return GenerationResult.failure(
+        error, ttft_s=clock.ttft_s, e2e_s=clock.elapsed(), itl_s=list(clock.itl_s)
+    )
+
+
+class ClientPool:
+    """One httpx.AsyncClient per event loop: connections are bound to the loop that made them."""
+
+    def __init__(self, base_url: str, headers: Mapping[str, str] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._clients = weakref.WeakKeyDictionary()
+
+    def get(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=self.headers,
+                # The request's own deadline (guarded) bounds the total; these bound stalls.
+                timeout=httpx.Timeout(None, connect=30.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            )
+            self._clients[loop] = client
+        return client
+
+    def sync(self, timeout_s: float = 30.0) -> httpx.Client:
+        """A short-lived blocking client for control calls (health, info, flush, metrics)."""
+        return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        """Close the current loop's client (others close with their loops)."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}

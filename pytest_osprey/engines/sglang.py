@@ -1,0 +1,396 @@
+"""SGLang: command line, native /generate streaming client, server info, flush, dry-run check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
+from .process import (
+    ServerProcess,
+    api_key_from,
+    choose_port,
+    engine_env,
+    engine_python,
+    mask_argv,
+)
+
+if TYPE_CHECKING:
+    from ..config import Pilot
+
+ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM")
+DEFAULT_ALGORITHM = "STANDALONE"  # a plain draft model
+_NEEDS_DRAFTER = ("EAGLE", "EAGLE3", "STANDALONE")
+_ARGS_KEPT = ("model_path", "dtype", "context_length", "tp_size", "mem_fraction_static", "device")
+FLUSH_RETRY_S = 30.0
+
+
+def sglang_argv(
+    pilot: Pilot, condition: str, port: int, *, api_key: str | None = None
+) -> list[str]:
+    """``python -m sglang.launch_server ...`` for one condition (mask before printing)."""
+    target = pilot.target
+    cond = pilot.conditions[condition]
+    argv = [
+        engine_python(target), "-m", "sglang.launch_server",
+        "--model-path", target.model,
+        "--host", target.host,
+        "--port", str(port),
+        "--dtype", cond.dtype or target.dtype,
+    ]  # fmt: skip
+    if target.tp_size > 1:
+        argv += ["--tp-size", str(target.tp_size)]
+    if target.mem_fraction is not None:
+        argv += ["--mem-fraction-static", f"{target.mem_fraction:g}"]
+    if target.deterministic:
+        argv.append("--enable-deterministic-inference")
+    argv.append("--enable-metrics")
+    if cond.speculates:
+        argv += speculation_args(pilot, condition)
+    if api_key:
+        # SGLang reads its key from the command line only; printable forms mask it.
+        argv += ["--api-key", api_key]
+    return argv + list(target.engine_args) + list(cond.engine_args)
+
+
+def speculation_args(pilot: Pilot, condition: str) -> list[str]:
+    """The --speculative-* flags, made consistent the way SGLang would resolve them."""
+    cond = pilot.conditions[condition]
+    spec = cond.speculation
+    where = f"conditions.{condition}.speculation"
+    raw = (spec.algorithm if spec else None) or DEFAULT_ALGORITHM
+    algorithm = raw.upper()
+    if algorithm not in ALGORITHMS:
+        raise EngineError(
+            f"{where}.algorithm: {raw!r} is not an SGLang speculative algorithm "
+            f"(valid: {', '.join(ALGORITHMS)})"
+        )
+    args = ["--speculative-algorithm", algorithm]
+    if algorithm in _NEEDS_DRAFTER:
+        if cond.drafter is None:
+            raise EngineError(f"conditions.{condition}.drafter: {algorithm} needs a drafter")
+        args += ["--speculative-draft-model-path", str(cond.drafter)]
+    draft_tokens = spec.num_draft_tokens if spec else 4
+    if algorithm == "NGRAM":
+        return [*args, "--speculative-num-draft-tokens", str(draft_tokens)]
+    topk = (spec.eagle_topk if spec else None) or 1
+    steps = spec.num_steps if spec else None
+    draft_set = spec is not None and "num_draft_tokens" in spec.model_fields_set
+    if topk == 1:
+        # SGLang forces num_draft_tokens = num_steps + 1 with topk 1: say so up front.
+        if steps is None:
+            if draft_tokens < 2:
+                raise EngineError(
+                    f"{where}.num_draft_tokens: needs at least 2 with eagle_topk 1 "
+                    f"(num_steps = num_draft_tokens - 1)"
+                )
+            steps = draft_tokens - 1
+        elif draft_set and draft_tokens != steps + 1:
+            raise EngineError(
+                f"{where}: with eagle_topk 1 SGLang uses num_draft_tokens = num_steps + 1 "
+                f"= {steps + 1}, not {draft_tokens}; drop num_draft_tokens or make it agree"
+            )
+        draft_tokens = steps + 1
+    elif steps is None:
+        raise EngineError(f"{where}.num_steps: required when eagle_topk > 1")
+    return [
+        *args,
+        "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(draft_tokens),
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- client
+
+
+def _finish_reason(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        return str(kind) if kind is not None else None
+    return str(value) if value is not None else None
+
+
+def _margins(tops: Any) -> list[float] | None:
+    """Top-1 minus top-2 logprob per position from [[logprob, id, text], ...] rows."""
+    if not isinstance(tops, list):
+        return None
+    out = []
+    for row in tops:
+        try:
+            out.append(float(row[0][0]) - float(row[1][0]))
+        except (TypeError, IndexError, ValueError, KeyError):
+            return None
+    return out
+
+
+class SGLangClient:
+    """The native SGLang HTTP API of one server (booted here or an endpoint)."""
+
+    def __init__(self, base_url: str, condition: str, api_key: str | None = None) -> None:
+        self.condition = condition
+        self.pool = ClientPool(base_url, bearer(api_key))
+
+    def body(self, req: GenerationRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_new_tokens": req.max_new_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+        }
+        if req.seed is not None:
+            params["sampling_seed"] = req.seed  # honoured with deterministic inference
+        body: dict[str, Any] = {"text": req.prompt, "sampling_params": params, "stream": True}
+        if req.want_margins:
+            body.update(return_logprob=True, top_logprobs_num=2, logprob_start_len=-1)
+        return body
+
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
+
+    async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
+        ids: list[int] = []
+        count = 0
+        text = ""
+        meta: Mapping[str, Any] = {}
+        tops: list[Any] = []
+        async for now, chunk in stream_json(self.pool.get(), "/generate", self.body(req)):
+            meta = chunk.get("meta_info") or meta
+            done = meta.get("completion_tokens")
+            done = done if isinstance(done, int) else None
+            new_ids = chunk.get("output_ids")
+            # Default streaming is cumulative (ids, text, top logprobs); with
+            # --incremental-streaming-output it is per chunk: tell them apart by count.
+            cumulative = True
+            if isinstance(new_ids, list):
+                if done is not None:
+                    cumulative = len(new_ids) == done
+                else:
+                    cumulative = len(new_ids) >= len(ids) and new_ids[: len(ids)] == ids
+                ids = list(new_ids) if cumulative else ids + list(new_ids)
+            piece = chunk.get("text")
+            if isinstance(piece, str):
+                text = piece if cumulative else text + piece
+            chunk_tops = meta.get("output_top_logprobs")
+            if isinstance(chunk_tops, list):
+                tops = list(chunk_tops) if cumulative else tops + chunk_tops
+            n = done if done is not None else len(ids)
+            if n > count:
+                clock.add(n - count, now)
+                count = n
+            elif piece:
+                clock.first_content(now)
+        e2e = clock.elapsed()
+        verify = meta.get("spec_verify_ct")
+        verify = verify if isinstance(verify, int) and verify > 0 else None
+        accept: float | None = None
+        if verify is not None:
+            accept = count / verify  # bonus token included, as SGLang defines it
+        elif isinstance(meta.get("spec_accept_length"), int | float):
+            accept = float(meta["spec_accept_length"])
+        margins = _margins(tops) if req.want_margins else None
+        if margins is not None and len(margins) != count:
+            margins = None
+        prompt_tokens = meta.get("prompt_tokens")
+        return GenerationResult(
+            ok=True,
+            ttft_s=clock.ttft_s,
+            e2e_s=e2e,
+            itl_s=clock.itl_s,
+            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            output_ids=ids,
+            output_text=text,
+            top2_margin=margins,
+            spec_verify_ct=verify,
+            accept_length=accept,
+            finish_reason=_finish_reason(meta.get("finish_reason")),
+        )
+
+    def server_info(self) -> dict[str, Any]:
+        with self.pool.sync() as client:
+            for path in ("/server_info", "/get_server_info"):
+                try:
+                    r = client.get(path)
+                except Exception:
+                    continue
+                if r.status_code == 200:
+                    data = r.json()
+                    return data if isinstance(data, dict) else {}
+        return {}
+
+    def fingerprint(self) -> dict[str, Any]:
+        info = self.server_info()
+        args = {
+            k: v
+            for k, v in info.items()
+            if k in _ARGS_KEPT or (k.startswith("speculative_") and not isinstance(v, dict))
+        }
+        states = info.get("internal_states")
+        first = states[0] if isinstance(states, list) and states else {}
+        accept = first.get("avg_spec_accept_length") if isinstance(first, dict) else None
+        return {
+            "engine": "sglang",
+            "version": info.get("version"),
+            "device": info.get("device_name") or info.get("device"),
+            "dtype": info.get("dtype"),
+            "context_length": info.get("context_length"),
+            "kv_capacity_tokens": info.get("max_total_num_tokens"),
+            "avg_spec_accept_length": accept,
+            "args": args,
+        }
+
+    def flush(self) -> None:
+        """POST /flush_cache; it answers 400 while requests run, so retry (bounded)."""
+        deadline = time.monotonic() + FLUSH_RETRY_S
+        with self.pool.sync() as client:
+            while True:
+                r = client.post("/flush_cache")
+                if r.status_code == 200:
+                    return
+                if r.status_code != 400 or time.monotonic() >= deadline:
+                    raise EngineError(
+                        f"condition {self.condition!r}: /flush_cache answered {r.status_code}"
+                        f" ({r.text[:200].strip()})"
+                        + (f" for {FLUSH_RETRY_S:g} s (busy)" if r.status_code == 400 else "")
+                    )
+                time.sleep(0.5)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class SGLangEngine:
+    """A booted SGLang server serving one condition."""
+
+    def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
+        self.pilot = pilot
+        self.condition = condition
+        self.boot = boot
+        self.server: ServerProcess | None = None
+        self.client: SGLangClient | None = None
+        self.argv: list[str] = []
+
+    def start(self) -> None:
+        target = self.pilot.target
+        env = engine_env(self.pilot, self.condition, self.boot)
+        key = api_key_from(env, target.api_key_env, "target.api_key_env")
+        port = choose_port(target.host, target.port, self.condition)
+        argv = sglang_argv(self.pilot, self.condition, port, api_key=key)
+        self.argv = mask_argv(argv, [key] if key else [])
+        base = f"http://{_url_host(target.host)}:{port}"
+        self.server = ServerProcess(
+            self.condition,
+            argv,
+            env=env,
+            log_path=self.boot.log_dir / f"{self.condition}.log",
+            health_url=f"{base}/health_generate",
+            boot_timeout_s=target.boot_timeout_s,
+            secrets=[key] if key else [],
+            health_headers=bearer(key),
+        )
+        self.client = SGLangClient(base, self.condition, key)
+        self.server.start()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self.client is None:
+            return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
+        return await self.client.generate(request)
+
+    def fingerprint(self) -> dict[str, Any]:
+        fp: dict[str, Any] = {"engine": "sglang"}
+        if self.client is not None:
+            fp = self.client.fingerprint()
+        fp["argv"] = self.argv
+        if self.server is not None:
+            fp["boot_s"] = self.server.boot_s
+        return fp
+
+    def memory_mb(self) -> float | None:
+        """Resident memory of the server's process tree (GPU memory is not counted here)."""
+        return self.server.rss_mb() if self.server is not None else None
+
+    def flush(self) -> None:
+        if self.client is not None:
+            self.client.flush()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+# --------------------------------------------------------------------------- dry run
+
+_CHECK = r"""
+import json, sys
+try:
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    import sglang
+except Exception as exc:
+    print(json.dumps({"importable": False, "why": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(0)
+out = {"importable": True, "version": getattr(sglang, "__version__", None), "results": {}}
+for name, (argv, algorithm) in json.loads(sys.argv[1]).items():
+    try:
+        prepare_server_args(argv)
+        if algorithm is not None:
+            SpeculativeAlgorithm.from_string(algorithm)
+        out["results"][name] = None
+    except BaseException as exc:
+        out["results"][name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def dry_run_check(pilot: Pilot, timeout_s: float = 300.0) -> list[str]:
+    """Build every condition's command line and, where the engine's Python can import
+    sglang, parse it with SGLang's own parser. Raises EngineError on a rejected line."""
+    commands: dict[str, tuple[list[str], str | None]] = {}
+    for name, cond in pilot.conditions.items():
+        if cond.endpoint is not None:
+            continue
+        key = "osprey-dry-run-key" if pilot.target.api_key_env else None
+        argv = sglang_argv(pilot, name, pilot.target.port or 30000, api_key=key)
+        algorithm = None
+        if "--speculative-algorithm" in argv:
+            algorithm = argv[argv.index("--speculative-algorithm") + 1]
+        commands[name] = (argv[3:], algorithm)
+    if not commands:
+        return []
+    python = engine_python(pilot.target)
+    env = {**os.environ, **pilot.target.env}
+    try:
+        proc = subprocess.run(
+            [python, "-c", _CHECK, json.dumps(commands)],
+            env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"sglang: could not run the argument check with {python}: {exc}"]
+    try:
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (proc.stderr or proc.stdout).strip()[-500:]
+        return [f"sglang: the argument check with {python} gave no answer: {tail}"]
+    if not report.get("importable"):
+        return [
+            f"sglang is not importable by {python} ({report.get('why')}): command lines "
+            f"were built but not checked by SGLang's own parser"
+        ]
+    problems = {n: e for n, e in report["results"].items() if e}
+    if problems:
+        raise EngineError(
+            "SGLang rejects the command line of "
+            + "; ".join(f"condition {n!r}: {e}" for n, e in problems.items())
+        )
+    version = report.get("version")
+    return [f"sglang {version}: command line of {n!r} parsed" for n in commands]

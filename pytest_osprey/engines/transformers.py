@@ -1,0 +1,280 @@
+"""The embedded engine: transformers in-process, real speculative decoding via assisted generation.
+
+Batch size 1: requests are served one at a time behind a lock, so under concurrency they
+queue, and their latency (timed from submission) includes the queueing, as users feel it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import platform
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import Pilot
+
+ALGORITHMS = ("assisted",)
+
+
+class _TokenClock:
+    """A transformers streamer that timestamps every batch of tokens the model emits."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.prompt_seen = False
+        self.events: list[tuple[float, int]] = []  # (seconds since submission, tokens)
+
+    def put(self, value: torch.Tensor) -> None:
+        now = time.perf_counter()
+        if not self.prompt_seen:  # generate() first hands the streamer the prompt
+            self.prompt_seen = True
+            return
+        self.events.append((now - self.start, int(value.numel())))
+
+    def end(self) -> None:
+        pass
+
+    def token_times(self) -> list[float]:
+        """One time per token. The first chunk's tokens all arrive at once (they are the
+        first thing a user sees); a later multi-token chunk's gap is split evenly."""
+        if not self.events:
+            return []
+        first_t, first_n = self.events[0]
+        times = [first_t] * first_n
+        prev = first_t
+        for t, n in self.events[1:]:
+            step = (t - prev) / n
+            times.extend(prev + step * (k + 1) for k in range(n))
+            prev = t
+        return times
+
+
+def _dtype(name: str) -> torch.dtype:
+    import torch
+
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float64": torch.float64,
+    }
+    if name not in table:
+        raise EngineError(f"unknown dtype {name!r}; valid: {', '.join(table)}")
+    return table[name]
+
+
+def _folder_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("config.json")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class TransformersEngine:
+    """One condition served by ``model.generate`` (with ``assistant_model`` when it drafts)."""
+
+    def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
+        self.pilot = pilot
+        self.condition = condition
+        self.cond = pilot.conditions[condition]
+        self.boot = boot
+        self.dtype_name = self.cond.dtype or pilot.target.dtype
+        self._queue: asyncio.Lock | None = None
+        self._model: Any = None
+        self._drafter: Any = None
+        self._tokenizer: Any = None
+        self._forwards = 0
+        self._hook: Any = None
+        self.load_seconds: float | None = None
+        spec = self.cond.speculation
+        if spec is not None and spec.algorithm not in (None, *ALGORITHMS):
+            raise EngineError(
+                f"{condition}: speculation.algorithm {spec.algorithm!r} is not supported by the "
+                f"transformers engine; valid: {', '.join(ALGORITHMS)}"
+            )
+        if self.cond.speculates and self.cond.drafter is None:
+            raise EngineError(f"{condition}: the transformers engine needs a drafter checkpoint")
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        t0 = time.perf_counter()
+        target = self.pilot.target
+        if target.threads:
+            torch.set_num_threads(target.threads)
+        dtype = _dtype(self.dtype_name)
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(target.model)
+            self._model = AutoModelForCausalLM.from_pretrained(target.model, dtype=dtype)
+            self._model.to(target.device).eval()
+            if self.cond.drafter is not None:
+                self._drafter = AutoModelForCausalLM.from_pretrained(
+                    str(self.cond.drafter), dtype=dtype
+                )
+                self._drafter.to(target.device).eval()
+                k = self.cond.speculation.num_draft_tokens if self.cond.speculation else 4
+                # Mirror an engine's fixed draft length: constant schedule, no confidence cut-off.
+                gc = self._drafter.generation_config
+                gc.num_assistant_tokens = k
+                gc.num_assistant_tokens_schedule = "constant"
+                gc.assistant_confidence_threshold = 0.0
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise EngineError(f"{self.condition}: cannot load models: {exc}") from exc
+
+        def count(*_: Any) -> None:
+            self._forwards += 1
+
+        # Every target forward is one verify step (the prefill doubles as the first).
+        self._hook = self._model.register_forward_hook(count)
+        self.load_seconds = time.perf_counter() - t0
+
+    def stop(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._model = self._drafter = self._tokenizer = None
+
+    # -- serving ----------------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        start = time.perf_counter()
+        if self._queue is None:
+            self._queue = asyncio.Lock()
+        # asyncio.Lock serves waiters first-come first-served, so a prompt's place in the
+        # queue is the same in every condition: paired comparisons stay fair under load.
+        async with self._queue:
+            return await asyncio.to_thread(self._generate_guarded, request, start)
+
+    def _generate_guarded(self, request: GenerationRequest, start: float) -> GenerationResult:
+        try:
+            return self._generate(request, start)
+        except Exception as exc:  # one bad request must not end the campaign
+            return GenerationResult.failure(
+                f"{type(exc).__name__}: {exc}", e2e_s=time.perf_counter() - start
+            )
+
+    def _generate(self, request: GenerationRequest, start: float) -> GenerationResult:
+        import torch
+
+        if self._model is None:
+            raise EngineError(f"{self.condition}: engine is not started")
+        device = self.pilot.target.device
+        enc = self._tokenizer(request.prompt, return_tensors="pt").to(device)
+        n_prompt = int(enc["input_ids"].shape[1])
+        if n_prompt + request.max_new_tokens > self.pilot.target.context_length:
+            return GenerationResult.failure(
+                f"prompt ({n_prompt} tokens) + max_new_tokens ({request.max_new_tokens}) exceeds "
+                f"target.context_length ({self.pilot.target.context_length})",
+                prompt_tokens=n_prompt,
+            )
+        clock = _TokenClock(start)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": request.max_new_tokens,
+            "streamer": clock,
+            "return_dict_in_generate": True,
+            "output_logits": request.want_margins,
+            "pad_token_id": self._tokenizer.pad_token_id,
+        }
+        if request.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(do_sample=True, temperature=request.temperature, top_p=request.top_p)
+            kwargs["top_k"] = 0  # transformers defaults to top-k 50; engines sample the full vocab
+            if request.seed is not None:
+                torch.manual_seed(request.seed)
+        if self._drafter is not None:
+            kwargs["assistant_model"] = self._drafter
+        self._forwards = 0
+        with torch.inference_mode():
+            out = self._model.generate(**enc, **kwargs)
+        e2e = time.perf_counter() - start
+        ids = out.sequences[0, n_prompt:].tolist()
+        margins = None
+        if request.want_margins and out.logits is not None:
+            lp = torch.log_softmax(torch.stack(out.logits)[:, 0, :].float(), dim=-1)
+            top2 = lp.topk(2, dim=-1).values
+            margins = (top2[:, 0] - top2[:, 1]).tolist()[: len(ids)]
+        times = clock.token_times()[: len(ids)]
+        verify = self._forwards
+        eos = self._tokenizer.eos_token_id
+        finish = "stop" if ids and eos is not None and ids[-1] == eos else "length"
+        return GenerationResult(
+            ok=True,
+            ttft_s=times[0] if times else e2e,
+            e2e_s=e2e,
+            itl_s=[b - a for a, b in zip(times, times[1:], strict=False)],
+            prompt_tokens=n_prompt,
+            output_ids=ids,
+            output_text=self._tokenizer.decode(ids, skip_special_tokens=True),
+            top2_margin=margins,
+            spec_verify_ct=verify,
+            accept_length=len(ids) / verify if verify else None,
+            finish_reason=finish,
+        )
+
+    # -- facts --------------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        import torch
+        import transformers
+
+        target = self.pilot.target
+        device = target.device
+        if device.startswith("cuda") and torch.cuda.is_available():
+            device_name = torch.cuda.get_device_name(torch.device(device))
+        else:
+            device_name = platform.processor() or platform.machine()
+        spec = self.cond.speculation
+        return {
+            "engine": "transformers",
+            "version": transformers.__version__,
+            "torch": torch.__version__,
+            "device": device,
+            "device_name": device_name,
+            "dtype": self.dtype_name,
+            "context_length": target.context_length,
+            "threads": torch.get_num_threads(),
+            "model": target.model,
+            "model_digest": _folder_digest(Path(target.model)),
+            "drafter": str(self.cond.drafter) if self.cond.drafter else None,
+            "drafter_digest": _folder_digest(self.cond.drafter) if self.cond.drafter else None,
+            "num_draft_tokens": (spec.num_draft_tokens if spec else 4) if self._drafter else None,
+            "load_seconds": self.load_seconds,
+            "memory_method": "cuda max_memory_allocated"
+            if device.startswith("cuda")
+            else "weights + buffers of the loaded models",
+        }
+
+    def memory_mb(self) -> float | None:
+        import torch
+
+        if self._model is None:
+            return None
+        if self.pilot.target.device.startswith("cuda") and torch.cuda.is_available():
+            return float(torch.cuda.max_memory_allocated()) / 2**20
+        # In-process conditions share one process, so its RSS cannot tell them apart:
+        # report what each condition holds (target + drafter weights and buffers).
+        total = 0
+        for m in (self._model, self._drafter):
+            if m is not None:
+                total += sum(t.numel() * t.element_size() for t in m.parameters())
+                total += sum(t.numel() * t.element_size() for t in m.buffers())
+        return total / 2**20
+
+    def flush(self) -> None:
+        """Nothing is cached across requests in-process (a fresh KV cache per generate)."""

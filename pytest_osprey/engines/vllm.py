@@ -1,0 +1,369 @@
+"""vLLM: command line, OpenAI /v1/completions streaming client, spec-decode counters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
+from .process import ServerProcess, api_key_from, choose_port, engine_env, engine_python
+
+if TYPE_CHECKING:
+    from ..config import Pilot
+
+METHODS = ("draft_model", "ngram", "eagle", "eagle3")
+DEFAULT_METHOD = "draft_model"
+_NEEDS_DRAFTER = ("draft_model", "eagle", "eagle3")
+SERVED_NAME = "osprey-target"
+NGRAM_MIN = 2
+COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted": "vllm:spec_decode_num_accepted_tokens",
+}
+
+
+def vllm_argv(pilot: Pilot, condition: str, port: int) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server ...`` for one condition.
+
+    The API key never goes here: vLLM reads it from VLLM_API_KEY (see VLLMEngine.start).
+    """
+    target = pilot.target
+    cond = pilot.conditions[condition]
+    argv = [
+        engine_python(target), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", target.model,
+        "--served-model-name", SERVED_NAME,
+        "--host", target.host,
+        "--port", str(port),
+        "--dtype", cond.dtype or target.dtype,
+        "--max-model-len", str(target.context_length),
+    ]  # fmt: skip
+    if target.mem_fraction is not None:
+        argv += ["--gpu-memory-utilization", f"{target.mem_fraction:g}"]
+    if target.tp_size > 1:
+        argv += ["--tensor-parallel-size", str(target.tp_size)]
+    if cond.speculates:
+        config = speculative_config(pilot, condition)
+        argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+        # Per-request acceptance in the final usage chunk (vLLM >= 0.32): exact even when
+        # requests overlap, where /metrics deltas are not.
+        argv += ["--per-request-spec-decode-metrics", "summary"]
+    return argv + list(target.engine_args) + list(cond.engine_args)
+
+
+def speculative_config(pilot: Pilot, condition: str) -> dict[str, Any]:
+    cond = pilot.conditions[condition]
+    spec = cond.speculation
+    raw = (spec.algorithm if spec else None) or DEFAULT_METHOD
+    method = raw.lower()
+    if method not in METHODS:
+        raise EngineError(
+            f"conditions.{condition}.speculation.algorithm: {raw!r} is not a vLLM "
+            f"speculative method (valid: {', '.join(METHODS)})"
+        )
+    k = spec.num_draft_tokens if spec else 4
+    config: dict[str, Any] = {"method": method}
+    if method in _NEEDS_DRAFTER:
+        if cond.drafter is None:
+            raise EngineError(f"conditions.{condition}.drafter: {method} needs a drafter")
+        config["model"] = str(cond.drafter)
+    config["num_speculative_tokens"] = k
+    if method == "ngram":
+        # Longest n-gram looked up in the prompt: num_steps (default k); shortest 2 (or less).
+        longest = (spec.num_steps if spec else None) or k
+        config.update(prompt_lookup_max=longest, prompt_lookup_min=min(NGRAM_MIN, longest))
+    return config
+
+
+def _margins(top: Any) -> list[float] | None:
+    """Top-1 minus top-2 logprob per position from OpenAI ``top_logprobs`` dicts."""
+    if not isinstance(top, list):
+        return None
+    out = []
+    for row in top:
+        if not isinstance(row, Mapping) or len(row) < 2:
+            return None
+        values = sorted((float(v) for v in row.values()), reverse=True)
+        out.append(values[0] - values[1])
+    return out
+
+
+def counters_from(text: str) -> dict[str, float]:
+    """Spec-decode counter totals (summed over label sets) from a /metrics page."""
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    wanted = {f"{name}_total": key for key, name in COUNTERS.items()}
+    found = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                totals[key] += float(sample.value)
+                found.add(key)
+    return totals if found else {}
+
+
+def kv_capacity_from(text: str) -> int | None:
+    """KV cache capacity in tokens from vllm:cache_config_info (num_gpu_blocks x block_size)."""
+    for family in text_string_to_metric_families(text):
+        if family.name != "vllm:cache_config_info":
+            continue
+        for sample in family.samples:
+            try:
+                return int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+            except (KeyError, ValueError):
+                return None
+    return None
+
+
+def accept_from(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
+    """1 + accepted/drafts between two counter snapshots (None when nothing was drafted)."""
+    if not before or not after:
+        return None
+    drafts = after["drafts"] - before["drafts"]
+    if drafts <= 0:
+        return None
+    return 1.0 + (after["accepted"] - before["accepted"]) / drafts
+
+
+class OpenAIClient:
+    """An OpenAI-compatible /v1/completions server (vLLM here, or an endpoint)."""
+
+    def __init__(
+        self, base_url: str, condition: str, model: str, api_key: str | None = None
+    ) -> None:
+        self.condition = condition
+        self.model = model
+        self.pool = ClientPool(base_url, bearer(api_key))
+
+    def body(self, req: GenerationRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": req.prompt,
+            "max_tokens": req.max_new_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,  # vLLM extension: token ids of each delta
+        }
+        if req.seed is not None:
+            body["seed"] = req.seed
+        if req.want_margins:
+            # Token ids as keys: distinct tokens with the same text would collide in the dict.
+            body.update(logprobs=2, return_tokens_as_token_ids=True)
+        return body
+
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
+
+    async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
+        ids: list[int] = []
+        text: list[str] = []
+        tops: list[Any] = []
+        ids_missing = False
+        finish: str | None = None
+        usage: Mapping[str, Any] = {}
+        spec: Mapping[str, Any] = {}
+        async for now, chunk in stream_json(self.pool.get(), "/v1/completions", self.body(req)):
+            if isinstance(chunk.get("usage"), Mapping):
+                usage = chunk["usage"]
+            metrics = chunk.get("metrics")
+            if isinstance(metrics, Mapping) and isinstance(
+                metrics.get("speculative_decoding"), Mapping
+            ):
+                spec = metrics["speculative_decoding"]
+            choices = chunk.get("choices") or []
+            if not choices or not isinstance(choices[0], Mapping):
+                continue
+            choice = choices[0]
+            piece = choice.get("text") or ""
+            text.append(piece)
+            logprobs = choice.get("logprobs")
+            logprobs = logprobs if isinstance(logprobs, Mapping) else {}
+            if isinstance(logprobs.get("top_logprobs"), list):
+                tops += logprobs["top_logprobs"]
+            delta = choice.get("token_ids")
+            if isinstance(delta, list):
+                n = len(delta)
+                ids += [int(i) for i in delta]
+            else:
+                ids_missing = True
+                tokens = logprobs.get("tokens")
+                n = len(tokens) if isinstance(tokens, list) else (1 if piece else 0)
+            clock.add(n, now)
+            if choice.get("finish_reason") is not None:
+                finish = str(choice["finish_reason"])
+        completion = usage.get("completion_tokens")
+        count = completion if isinstance(completion, int) else clock.tokens
+        margins = _margins(tops) if req.want_margins else None
+        if margins is not None and len(margins) != count:
+            margins = None
+        steps = spec.get("num_spec_steps")
+        accept = spec.get("mean_acceptance_length")
+        prompt_tokens = usage.get("prompt_tokens")
+        return GenerationResult(
+            ok=True,
+            ttft_s=clock.ttft_s,
+            e2e_s=clock.elapsed(),
+            itl_s=clock.itl_s,
+            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            output_ids=[] if ids_missing else ids,
+            output_text="".join(text),
+            top2_margin=margins,
+            spec_verify_ct=steps if isinstance(steps, int) and steps > 0 else None,
+            accept_length=float(accept) if isinstance(accept, int | float) and steps else None,
+            finish_reason=finish,
+        )
+
+    async def counters(self) -> dict[str, float]:
+        try:
+            r = await self.pool.get().get("/metrics")
+        except httpx.HTTPError:
+            return {}
+        return counters_from(r.text) if r.status_code == 200 else {}
+
+    def counters_sync(self) -> dict[str, float]:
+        return counters_from(self.get_text("/metrics") or "")
+
+    def get_text(self, path: str) -> str | None:
+        try:
+            with self.pool.sync() as client:
+                r = client.get(path)
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+
+    def fingerprint(self) -> dict[str, Any]:
+        version = None
+        raw = self.get_text("/version")
+        if raw:
+            try:
+                version = json.loads(raw).get("version")
+            except (json.JSONDecodeError, AttributeError):
+                version = None
+        max_len = None
+        models = self.get_text("/v1/models")
+        if models:
+            try:
+                entries = json.loads(models).get("data") or []
+                max_len = entries[0].get("max_model_len") if entries else None
+            except (json.JSONDecodeError, AttributeError, IndexError):
+                max_len = None
+        metrics = self.get_text("/metrics") or ""
+        return {
+            "engine": "vllm",
+            "version": version,
+            "context_length": max_len,
+            "kv_capacity_tokens": kv_capacity_from(metrics) if metrics else None,
+        }
+
+
+class VLLMEngine:
+    """A booted vLLM OpenAI-compatible server serving one condition."""
+
+    def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
+        self.pilot = pilot
+        self.condition = condition
+        self.boot = boot
+        self.server: ServerProcess | None = None
+        self.client: OpenAIClient | None = None
+        self.argv: list[str] = []
+        self.speculates = pilot.conditions[condition].speculates
+        self._in_flight = 0
+        self._started = 0  # requests started so far: tells whether one ran alone
+        self._per_request_seen = False
+        self._at_start: dict[str, float] = {}
+
+    def start(self) -> None:
+        target = self.pilot.target
+        env = engine_env(self.pilot, self.condition, self.boot)
+        key = api_key_from(env, target.api_key_env, "target.api_key_env")
+        if key:
+            env["VLLM_API_KEY"] = key  # never on the command line
+        port = choose_port(target.host, target.port, self.condition)
+        self.argv = vllm_argv(self.pilot, self.condition, port)
+        host = "127.0.0.1" if target.host in ("0.0.0.0", "::", "") else target.host
+        base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        self.server = ServerProcess(
+            self.condition,
+            self.argv,
+            env=env,
+            log_path=self.boot.log_dir / f"{self.condition}.log",
+            health_url=f"{base}/health",
+            boot_timeout_s=target.boot_timeout_s,
+            secrets=[key] if key else [],
+            health_headers=bearer(key),
+        )
+        self.client = OpenAIClient(base, self.condition, SERVED_NAME, key)
+        self.server.start()
+        if self.speculates:
+            self._at_start = self.client.counters_sync()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        client = self.client
+        if client is None:
+            return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
+        self._started += 1
+        self._in_flight += 1
+        ticket = self._started
+        try:
+            alone = self._in_flight == 1
+            watch = self.speculates and alone and not self._per_request_seen
+            before = await client.counters() if watch else {}
+            result = await client.generate(request)
+            if result.accept_length is not None:
+                self._per_request_seen = True
+            elif watch and result.ok and self._started == ticket:
+                # Nothing else started meanwhile: the counter delta is this request's.
+                result.accept_length = accept_from(before, await client.counters())
+            return result
+        finally:
+            self._in_flight -= 1
+
+    def pooled_accept_length(self) -> float | None:
+        """1 + accepted/drafts over the engine's lifetime so far (all requests pooled)."""
+        if self.client is None or not self.speculates:
+            return None
+        return accept_from(self._at_start, self.client.counters_sync())
+
+    def fingerprint(self) -> dict[str, Any]:
+        fp: dict[str, Any] = {"engine": "vllm"}
+        if self.client is not None:
+            fp = self.client.fingerprint()
+        cond = self.pilot.conditions[self.condition]
+        fp["dtype"] = cond.dtype or self.pilot.target.dtype
+        fp["argv"] = self.argv
+        if self.speculates:
+            fp["speculative_config"] = speculative_config(self.pilot, self.condition)
+            fp["pooled_accept_length"] = self.pooled_accept_length()
+        if self.server is not None:
+            fp["boot_s"] = self.server.boot_s
+        return fp
+
+    def memory_mb(self) -> float | None:
+        """Resident memory of the server's process tree (GPU memory is not counted here)."""
+        return self.server.rss_mb() if self.server is not None else None
+
+    def flush(self) -> None:
+        """Reset the prefix cache where the server offers it (VLLM_SERVER_DEV_MODE=1)."""
+        if self.client is None:
+            return
+        try:
+            with self.client.pool.sync() as c:
+                r = c.post("/reset_prefix_cache")
+        except httpx.HTTPError as exc:
+            raise EngineError(f"condition {self.condition!r}: flush failed: {exc}") from None
+        if r.status_code not in (200, 404, 405):
+            raise EngineError(
+                f"condition {self.condition!r}: /reset_prefix_cache answered {r.status_code}"
+            )
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()

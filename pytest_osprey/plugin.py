@@ -1,0 +1,217 @@
+"""pytest hooks only: options, activation, collection of the suites, summary, teardown.
+
+Without ``--osprey-config`` nothing here changes a pytest run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .campaign import CampaignData, ProgressEvent
+from .config import ConfigError, Pilot, load_pilot
+from .decision import GateSpec, plan_gates
+from .judgement import Judgement
+from .trace import Trace, TraceError, load_trace
+
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+if not SUITES_DIR.is_dir():  # running from a checkout without an install
+    SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+
+
+@dataclass
+class OspreyState:
+    pilot: Pilot
+    pilot_path: Path
+    pilot_text: str
+    trace: Trace
+    conditions: list[str]
+    results_dir: Path
+    reuse: Path | None
+    gates: list[GateSpec]
+    artifacts: dict[str, Any] | None = None
+    campaign: CampaignData | None = None
+    campaign_error: str | None = None
+    judgement: Judgement | None = None
+    reports: list[Path] = field(default_factory=list)
+
+
+STATE = pytest.StashKey[OspreyState]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("osprey", "speculative-decoding drafter pilot (pytest-osprey)")
+    group.addoption("--osprey-config", metavar="PATH", default=None,
+                    help="Pilot file (pilot.yaml); activates the drafter pilot and its suites")
+    group.addoption("--osprey-results", metavar="DIR", default=None,
+                    help="Results folder (default: a new timestamped folder under "
+                         "osprey-results/)")
+    group.addoption("--osprey-reuse", metavar="DIR", default=None,
+                    help="Judge a saved campaign under the current pilot's limits; boot nothing")
+    group.addoption("--osprey-conditions", metavar="A,B", default=None,
+                    help="Run only these conditions (the baseline is always included)")
+
+
+def _usage(msg: str) -> pytest.UsageError:
+    return pytest.UsageError(msg)
+
+
+def _select(pilot: Pilot, spec: str | None, source: str) -> list[str]:
+    names = list(pilot.conditions)
+    if not spec:
+        return names
+    wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [w for w in wanted if w not in pilot.conditions]
+    if unknown:
+        raise _usage(f"--osprey-conditions: unknown condition(s) {', '.join(unknown)}; "
+                     f"{source} defines: {', '.join(names)}")
+    keep = {pilot.baseline, *wanted}
+    return [n for n in names if n in keep]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "osprey(kind): an acceptance gate of pytest-osprey")
+    path = config.getoption("osprey_config")
+    if not path:
+        return
+    if hasattr(config, "workerinput") or (config.getoption("numprocesses", None) or 0):
+        raise _usage("pytest-osprey runs one campaign per session and cannot be split over "
+                     "xdist workers: drop -n / --numprocesses")
+    invocation = Path(config.invocation_params.dir)
+    pilot_path = Path(path) if Path(path).is_absolute() else invocation / path
+    try:
+        pilot = load_pilot(pilot_path)
+        tspec = pilot.trace
+        trace = load_trace(tspec.files).subset(
+            ids=tspec.ids, slices=tspec.slices, limit_per_slice=tspec.limit_per_slice,
+            limit=tspec.limit,
+        )
+    except (ConfigError, TraceError) as exc:
+        raise _usage(str(exc)) from None
+    conditions = _select(pilot, config.getoption("osprey_conditions"), path)
+    reuse_opt = config.getoption("osprey_reuse")
+    reuse = (invocation / reuse_opt) if reuse_opt else None
+    if reuse is not None and not (reuse / "campaign.json").is_file():
+        raise _usage(f"--osprey-reuse: {reuse}: no campaign.json there (not a results folder)")
+    results_opt = config.getoption("osprey_results")
+    if results_opt:
+        results = invocation / results_opt
+    elif reuse is not None:
+        results = reuse
+    else:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        results = invocation / "osprey-results" / f"{pilot.name}-{stamp}"
+    config.stash[STATE] = OspreyState(
+        pilot=pilot,
+        pilot_path=pilot_path,
+        pilot_text=pilot_path.read_text("utf-8"),
+        trace=trace,
+        conditions=conditions,
+        results_dir=results,
+        reuse=reuse,
+        gates=plan_gates(pilot, conditions),
+    )
+    from . import fixtures
+
+    config.pluginmanager.register(fixtures, "osprey-fixtures")
+    # The acceptance suites are the tests of a pilot run, wherever pytest was started.
+    suites = str(SUITES_DIR)
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args[:] = [suites]
+    elif suites not in config.args:
+        config.args.append(suites)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "osprey_gate" not in metafunc.fixturenames:
+        return
+    state = metafunc.config.stash.get(STATE, None)
+    marker = metafunc.definition.get_closest_marker("osprey")
+    if state is None or marker is None:
+        return
+    kind = marker.kwargs.get("kind") or marker.args[0]
+    specs = [s for s in state.gates if s.kind == kind]
+    metafunc.parametrize("osprey_gate", specs, ids=[s.id for s in specs] or None)
+
+
+@contextlib.contextmanager
+def _uncaptured(config: pytest.Config) -> Iterator[None]:
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        yield
+        return
+    with capman.global_and_fixture_disabled():
+        yield
+
+
+class ProgressPrinter:
+    """Campaign progress in the terminal: a line per phase, then a few per replay."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.tr = config.pluginmanager.getplugin("terminalreporter")
+        self.last: tuple[str, str, str, int] | None = None
+        self.last_t = 0.0
+
+    def __call__(self, e: ProgressEvent) -> None:
+        if self.tr is None:
+            return
+        key = (e.condition, e.phase, e.load, e.block)
+        now = time.monotonic()
+        first = key != self.last
+        finished = e.total and e.done == e.total
+        if not (first or finished or now - self.last_t > 10):
+            return
+        self.last, self.last_t = key, now
+        if e.phase in ("boot", "warmup", "error"):
+            text = {"boot": "booting", "warmup": f"warming up ({e.total} requests)",
+                    "error": f"FAILED: {e.message}"}[e.phase]
+            line = f"[osprey] {e.condition}: {text}"
+        else:
+            eta = f", ETA {e.eta_s:.0f}s" if e.eta_s is not None and not finished else ""
+            line = (f"[osprey] {e.condition} {e.phase} block {e.block + 1} load {e.load}: "
+                    f"{e.done}/{e.total}{eta}")
+        with _uncaptured(self.config):
+            self.tr.write_line(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return
+    from .report.figures import text_table
+
+    tr = terminalreporter
+    tr.section("osprey pilot")
+    if state.campaign_error:
+        tr.write_line(f"campaign error: {state.campaign_error}", red=True)
+    judgement = state.judgement
+    if judgement is None:
+        tr.write_line("no campaign was judged in this session")
+        return
+    for line in text_table(judgement.figures):
+        tr.write_line(line)
+    tr.write_line("")
+    for v in judgement.verdicts:
+        color = {"KEEP": "green", "DROP": "red", "INCONCLUSIVE": "yellow"}[v.verdict]
+        tr.write_line(v.line(), **{color: True, "bold": True})
+    for p in state.reports:
+        tr.write_line(f"results: {p}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Backstop: whatever was booted is ended, whatever happened.
+    if session.config.stash.get(STATE, None) is None:
+        return
+    with contextlib.suppress(ImportError):
+        from .engines.process import stop_all
+
+        stop_all()
+

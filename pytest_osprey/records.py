@@ -1,0 +1,142 @@
+"""The public results format: one JSON object per request in records.jsonl, append-only."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any, Literal
+
+SCHEMA = 1
+Mode = Literal["greedy", "sampled"]
+
+
+@dataclass
+class RequestRecord:
+    """One replayed request, as measured. Field names are the public format (DESIGN.md)."""
+
+    run_id: str
+    condition: str
+    block: int
+    repetition: int
+    load: str
+    concurrency: int
+    prompt_id: str
+    slice: str
+    domain: str
+    mode: Mode
+    sample_index: int
+    ok: bool
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    top2_margin: list[float] | None = None
+    spec_verify_ct: int | None = None
+    accept_length: float | None = None
+    finish_reason: str | None = None
+    started_at: float | None = None
+    correct: bool | None = None
+    schema: int = SCHEMA
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if not self.ok or not self.e2e_s or not self.output_tokens:
+            return None
+        return self.output_tokens / self.e2e_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.e2e_s is None or not self.output_tokens:
+            return None
+        if self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+class RecordWriter:
+    """Appends records as they complete; each line is flushed so a crash loses nothing done."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] | None = path.open("a", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: RequestRecord) -> None:
+        if self._fh is None:
+            raise RuntimeError(f"{self.path}: writer is closed")
+        self._fh.write(record.to_json() + "\n")
+        self._fh.flush()
+        self.count += 1
+
+    def sync(self) -> None:
+        """Force to disk (at block ends: cheap enough, and survives a power cut)."""
+        if self._fh is not None:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self.sync()
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RecordsError(ValueError):
+    """A records file that cannot be read; names the file and line."""
+
+
+def read_records(path: Path) -> Iterator[RequestRecord]:
+    """Read records.jsonl; a torn last line (crash mid-write) is skipped, others are errors."""
+    with path.open(encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if n == len(lines) and not line.endswith("\n"):
+                return
+            raise RecordsError(f"{path}:{n}: not valid JSON: {exc.msg}") from None
+        if not isinstance(data, dict) or "condition" not in data:
+            raise RecordsError(f"{path}:{n}: not a request record")
+        if data.get("schema", SCHEMA) > SCHEMA:
+            raise RecordsError(
+                f"{path}:{n}: records schema {data['schema']} is newer than this version "
+                f"reads ({SCHEMA}); upgrade pytest-osprey"
+            )
+        yield RequestRecord.from_dict(data)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON via a temporary file and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", "utf-8")
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, "utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,1 @@
+"""Reports: figures, the results sheet (summary.json) and Markdown."""

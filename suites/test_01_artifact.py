@@ -1,0 +1,15 @@
+"""Artifact check first: each drafter checkpoint fits this target and engine (boots nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_osprey.config import Pilot
+from pytest_osprey.decision import GateResult
+from pytest_osprey.fixtures import assert_gate
+
+
+@pytest.mark.osprey(kind="artifact")
+def test_artifact(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """Architecture, vocabulary/tokenizer, hidden size, weights and pins of the drafter."""
+    assert_gate(osprey_gate_result, osprey_config)

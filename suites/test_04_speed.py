@@ -1,0 +1,21 @@
+"""Speed: paired per-prompt speedups with confidence intervals, and latency limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_osprey.config import Pilot
+from pytest_osprey.decision import GateResult
+from pytest_osprey.fixtures import assert_gate
+
+
+@pytest.mark.osprey(kind="speedup")
+def test_speedup(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """Completion-latency speedup vs each reference: CI lower bound above the minimum."""
+    assert_gate(osprey_gate_result, osprey_config)
+
+
+@pytest.mark.osprey(kind="latency")
+def test_latency(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """Upper confidence bound of the configured latency percentile within its limit."""
+    assert_gate(osprey_gate_result, osprey_config)

@@ -1,0 +1,174 @@
+"""A stand-in inference server for process and engine tests (stdlib only).
+
+Speaks just enough of SGLang's native API and vLLM's OpenAI API, and can be told to
+misbehave: be slow to become healthy, crash during boot, ignore SIGTERM, spawn children
+(also outside its process group). Run as a script, or through the fake ``sglang`` /
+``vllm`` packages under ``fakepkgs/`` which forward the engines' real command lines here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CHILD = "import signal, sys, time\nif sys.argv[1:]: signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(3600)\n"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--ready-after", type=float, default=0.0)
+    p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--crash-after", type=float, default=None)
+    p.add_argument("--exit-code", type=int, default=3)
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--spawn-child", action="store_true")
+    p.add_argument("--child-setsid", action="store_true")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-config", default=None)
+    p.add_argument("--model-path", "--model", dest="model", default="fake-model")
+    p.add_argument("--dtype", default="auto")
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    print("fake server argv:", " ".join(argv), flush=True)
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.spawn_child:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, *(["ignore"] if args.ignore_sigterm else [])],
+            start_new_session=args.child_setsid,
+        )
+        print(f"child pid {child.pid}", flush=True)
+    if args.crash_after is not None:
+        time.sleep(args.crash_after)
+        print("fatal: boot failed on purpose", flush=True)
+        sys.exit(args.exit_code)
+    key = args.api_key or os.environ.get("VLLM_API_KEY")
+    state = {"t0": time.monotonic(), "counters": [0.0, 0.0, 0.0]}
+    speculates = bool(args.speculative_algorithm or args.speculative_config)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *a: Any) -> None:
+            print("http:", format % a, flush=True)
+
+        def _authorized(self) -> bool:
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                self._json(401, {"error": "bad key"})
+                return False
+            return True
+
+        def _json(self, code: int, obj: Any) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _sse(self, events: list[dict[str, Any]]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for ev in events:
+                self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.01)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+        def do_GET(self) -> None:
+            ready = not args.never_ready and time.monotonic() - state["t0"] >= args.ready_after
+            if self.path in ("/health", "/health_generate"):
+                self._json(200 if ready else 503, {})
+            elif not self._authorized():
+                return
+            elif self.path == "/server_info":
+                self._json(200, {
+                    "version": "0.0.fake", "model_path": args.model, "dtype": args.dtype,
+                    "api_key": key, "speculative_algorithm": args.speculative_algorithm,
+                    "max_total_num_tokens": 4096, "context_length": 512,
+                    "internal_states": [{"avg_spec_accept_length": 2.0 if speculates else None}],
+                })  # fmt: skip
+            elif self.path == "/version":
+                self._json(200, {"version": "0.0.fake"})
+            elif self.path == "/v1/models":
+                self._json(200, {"data": [{"id": "osprey-target", "max_model_len": 512}]})
+            elif self.path == "/metrics":
+                d, t, a = state["counters"]
+                body = (
+                    f"vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {d}\n"
+                    f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {t}\n"
+                    f"vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {a}\n"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self._json(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size) or b"{}")
+            if not self._authorized():
+                return
+            if self.path == "/flush_cache":
+                self._json(200, {})
+            elif self.path == "/generate":
+                n = int(body["sampling_params"]["max_new_tokens"])
+                ids = [100 + i for i in range(n)]
+                events = []
+                sizes = [1] + [2] * n  # first token alone, then two per chunk
+                done = 0
+                for size_ in sizes:
+                    done = min(n, done + size_)
+                    meta: dict[str, Any] = {"prompt_tokens": 5, "completion_tokens": done,
+                                            "finish_reason": None}  # fmt: skip
+                    if done == n:
+                        meta["finish_reason"] = {"type": "length", "length": n}
+                        if speculates:
+                            meta.update(spec_verify_ct=(n + 1) // 2, spec_accept_length=2.0)
+                    text = "".join(f"t{i} " for i in range(done))
+                    events.append({"text": text, "output_ids": ids[:done], "meta_info": meta})
+                    if done == n:
+                        break
+                self._sse(events)
+            elif self.path == "/v1/completions":
+                n = int(body["max_tokens"])
+                events = [{"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [100 + i],
+                                        "finish_reason": "length" if i == n - 1 else None}]}
+                          for i in range(n)]  # fmt: skip
+                if speculates:
+                    c = state["counters"]
+                    c[0] += n // 2
+                    c[1] += 2 * (n // 2)
+                    c[2] += n // 2
+                events.append({"choices": [], "usage": {"prompt_tokens": 5,
+                                                        "completion_tokens": n}})  # fmt: skip
+                self._sse(events)
+            else:
+                self._json(404, {"error": "not found"})
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    print(f"listening on {args.host}:{args.port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

