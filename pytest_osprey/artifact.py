@@ -71,7 +71,8 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def family(config: dict[str, Any]) -> str:
-    archs = " ".join(config.get("architectures") or []).lower()
+    names = config.get("architectures") or []
+    archs = (names if isinstance(names, str) else " ".join(map(str, names))).lower()
     if "eagle3" in archs:
         return EAGLE3
     if "eagle" in archs:
@@ -95,9 +96,13 @@ def safetensors_header(path: Path) -> dict[str, Any]:
         if n <= 0 or n > min(size - 8, 100 * 2**20):
             raise ValueError(f"implausible header length {n}")
         header: dict[str, Any] = json.loads(fh.read(n))
-    end = max(
-        (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
-    )
+    try:
+        end = max(
+            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        raise ValueError("malformed safetensors header") from None
     if 8 + n + end != size:
         raise ValueError(f"truncated or padded: header says {8 + n + end} bytes, file has {size}")
     return header
@@ -107,8 +112,9 @@ def _vocab_digest(folder: Path) -> str | None:
     tok = folder / "tokenizer.json"
     if not tok.is_file():
         return None
-    data = _json(tok)
-    vocab = (data.get("model") or {}).get("vocab")
+    data = _json(tok)  # may raise ValueError: the caller reports it as a failed check
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
     blob = json.dumps(vocab if vocab is not None else data, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -159,7 +165,8 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
     if (engine, algorithm) not in ACCEPTS:
         valid = sorted(a for e, a in ACCEPTS if e == engine)
         report.checks.append(Check(
-            "algorithm", False, f"{engine} has no algorithm {algorithm!r}; valid: {', '.join(valid)}"
+            "algorithm", False,
+            f"{engine} has no algorithm {algorithm!r}; valid: {', '.join(valid)}",
         ))
         return report
     drafter = cond.drafter
@@ -197,7 +204,11 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
             f"target vocab_size {tv}, drafter vocab_size {dv}"
             + ("" if same_vocab else (" (token map present)" if token_map else ", no token map")),
         ))
-        t_tok, d_tok = _vocab_digest(target_dir), _vocab_digest(drafter)
+        try:
+            t_tok, d_tok = _vocab_digest(target_dir), _vocab_digest(drafter)
+        except ValueError as exc:
+            t_tok = d_tok = None
+            report.checks.append(Check("tokenizer", False, str(exc)))
         if t_tok and d_tok:
             report.checks.append(Check(
                 "tokenizer", t_tok == d_tok or token_map,
@@ -235,12 +246,14 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
     if cond.pins.engine_version:
         want = cond.pins.engine_version
         found = version or "unknown (engine not importable)"
-        report.checks.append(Check(
-            "engine version", version is not None and version.startswith(want),
-            f"pinned {want}, found {found}",
-        ))
+        # A prefix on a component boundary: pin 0.5.2 does not accept 0.5.23.
+        fits = version is not None and version.startswith(want) and not (
+            version[len(want):len(want) + 1].isdigit() and want[-1:].isdigit()
+        )
+        report.checks.append(Check("engine version", fits, f"pinned {want}, found {found}"))
     if cond.pins.require_license:
-        lic = [p.name for p in drafter.iterdir() if p.name.upper().startswith(("LICENSE", "COPYING"))]
+        lic = [p.name for p in drafter.iterdir()
+               if p.name.upper().startswith(("LICENSE", "COPYING"))]
         report.checks.append(Check(
             "license", bool(lic), f"license file: {', '.join(lic) or 'none in ' + str(drafter)}"
         ))

@@ -47,7 +47,9 @@ class CampaignData:
     meta: dict[str, Any]
     records: list[RequestRecord]
 
-    def of(self, condition: str, load: str | None = None, mode: str = "greedy") -> list[RequestRecord]:
+    def of(
+        self, condition: str, load: str | None = None, mode: str = "greedy"
+    ) -> list[RequestRecord]:
         return [
             r
             for r in self.records
@@ -383,7 +385,11 @@ class Campaign:
 
 
 def iter_pairs(
-    data: CampaignData, reference: str, candidate: str, load: str, metric: Callable[[RequestRecord], float | None],
+    data: CampaignData,
+    reference: str,
+    candidate: str,
+    load: str,
+    metric: Callable[[RequestRecord], float | None],
     slice_: str | None = None,
 ) -> Iterator[tuple[str, list[float], list[float]]]:
     """Per prompt: the metric's values for reference and candidate (ok requests only)."""

@@ -8,7 +8,8 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -16,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -244,23 +246,11 @@ class Pilot(Strict):
         return v
 
     @model_validator(mode="after")
-    def _roles(self) -> Pilot:
-        baselines = [n for n, c in self.conditions.items() if c.role == "baseline"]
-        if len(baselines) != 1:
-            raise ValueError(
-                f"exactly one condition must have role: baseline (speculation off, the kill "
-                f"switch); found {len(baselines)}"
-            )
-        if sum(c.role == "current" for c in self.conditions.values()) > 1:
-            raise ValueError("at most one condition may have role: current")
-        for level in (self.decision.primary_load, *(lim.load for lim in self.limits.latency)):
-            if level is not None and level not in self.load.levels:
-                raise ValueError(
-                    f"load level {level!r} is not in load.levels ({', '.join(self.load.levels)})"
-                )
-        for name in self.cost.setup:
-            if name not in self.conditions:
-                raise ValueError(f"cost.setup names unknown condition {name!r}")
+    def _roles(self, info: ValidationInfo) -> Pilot:
+        # load_pilot runs these itself, to point at the offending field's line.
+        if not (info.context or {}).get("defer_cross_checks"):
+            for loc, msg in _cross_field_problems(self):
+                raise ValueError(f"{'.'.join(map(str, loc))}: {msg}")
         return self
 
     # Convenience views used across the library.
@@ -291,19 +281,85 @@ class Pilot(Strict):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str]]:
+    """Checks spanning several sections, each with the location of the field at fault."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    baselines = [n for n, c in pilot.conditions.items() if c.role == "baseline"]
+    if len(baselines) != 1:
+        out.append(
+            (
+                ("conditions", baselines[1], "role") if baselines else ("conditions",),
+                f"exactly one condition must have role: baseline (speculation off, the kill "
+                f"switch); found {len(baselines)}",
+            )
+        )
+    currents = [n for n, c in pilot.conditions.items() if c.role == "current"]
+    if len(currents) > 1:
+        out.append(
+            (
+                ("conditions", currents[1], "role"),
+                f"at most one condition may have role: current; found {len(currents)}",
+            )
+        )
+    levels = ", ".join(pilot.load.levels)
+    where: list[tuple[tuple[str | int, ...], str | None]] = [
+        (("decision", "primary_load"), pilot.decision.primary_load)
+    ]
+    where += [
+        (("limits", "latency", i, "load"), lim.load) for i, lim in enumerate(pilot.limits.latency)
+    ]
+    for loc, level in where:
+        if level is not None and level not in pilot.load.levels:
+            out.append((loc, f"load level {level!r} is not in load.levels ({levels})"))
+    for name in pilot.cost.setup:
+        if name not in pilot.conditions:
+            out.append(
+                (
+                    ("cost", "setup", name),
+                    f"cost.setup names unknown condition {name!r} "
+                    f"(conditions: {', '.join(pilot.conditions)})",
+                )
+            )
+    return out
+
+
 # --------------------------------------------------------------------------- loading
 
 
-def _line_map(text: str) -> dict[tuple[str | int, ...], int]:
-    """Dotted path -> 1-based line of its YAML node (keys and sequence items)."""
-    lines: dict[tuple[str | int, ...], int] = {}
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose value errors (bad dates, over-long ints, bad tags, lone surrogates
+    from escapes like "\\ud800") carry a line instead of escaping as raw exceptions."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            data = super().construct_object(node, deep)
+            if isinstance(data, str):
+                data.encode("utf-8")  # reports are written as UTF-8 later
+            return data
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            value = str(node.value)
+            short = value if len(value) <= 40 else value[:37] + "..."
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {node.tag} value {short!r}: {exc}", node.start_mark
+            ) from None
+
+
+def _line_map(text: str) -> dict[tuple[str, ...], int]:
+    """Dotted path (parts as strings) -> 1-based line of its YAML node (keys and items)."""
+    lines: dict[tuple[str, ...], int] = {}
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return lines
+    seen: set[int] = set()
 
-    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
         lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:  # an alias: walked once (recursive and "billion laughs" safe)
+            return
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 sub = (*path, str(key.value))
@@ -311,50 +367,61 @@ def _line_map(text: str) -> dict[tuple[str | int, ...], int]:
                 walk(value, sub)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                walk(item, (*path, i))
+                walk(item, (*path, str(i)))
 
     if root is not None:
         walk(root, ())
     return lines
 
 
-def _model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
+def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model whose fields live at ``path`` (for 'did you mean')."""
-    model: Any = Pilot
+    ann: Any = Pilot
     for part in path:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) else None
-        if field is None:
-            # dict[str, Model]: the key is a user name; stay on the value model.
-            return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-        model = _inner_model(field.annotation)
-        if model is None:
+        ann = _unwrap(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            field = ann.model_fields.get(part) if isinstance(part, str) else None
+            if field is None:
+                return None
+            ann = field.annotation
+        elif get_origin(ann) in (dict, list):
+            ann = get_args(ann)[-1]  # a user's key or a list index: step into the values
+        else:
             return None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+    ann = _unwrap(ann)
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
 
 
-def _inner_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+def _unwrap(ann: Any) -> Any:
+    """``X | None`` -> X and ``Annotated[X, ...]`` -> X."""
+    while True:
+        origin = get_origin(ann)
+        if origin is Annotated:
+            ann = get_args(ann)[0]
+        elif origin in (Union, UnionType):
+            args = [a for a in get_args(ann) if a is not type(None)]
+            if len(args) != 1:
+                return ann
+            ann = args[0]
+        else:
+            return ann
 
 
-def _format_errors(err: ValidationError, source: str, lines: Mapping[Any, int]) -> str:
+def _where(source: str, lines: Mapping[tuple[str, ...], int], loc: tuple[Any, ...]) -> str:
+    """``file:line`` of the deepest part of ``loc`` the YAML has (or just ``file``)."""
+    parts = tuple(str(p) for p in loc)
+    for n in range(len(parts), -1, -1):
+        if parts[:n] in lines:
+            return f"{source}:{lines[parts[:n]]}"
+    return source
+
+
+def _format_errors(err: ValidationError, source: str, lines: Mapping[tuple[str, ...], int]) -> str:
     out = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         dotted = ".".join(str(p) for p in loc) or "(top level)"
-        line = None
-        for n in range(len(loc), -1, -1):
-            if loc[:n] in lines:
-                line = lines[loc[:n]]
-                break
-        where = f"{source}:{line}" if line else source
+        where = _where(source, lines, loc)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden" and loc:
             model = _model_at(loc[:-1])
@@ -369,13 +436,13 @@ def _format_errors(err: ValidationError, source: str, lines: Mapping[Any, int]) 
     return "\n".join(out)
 
 
-def _resolve_paths(pilot: Pilot, base: Path, source: str, lines: Mapping[Any, int]) -> Pilot:
+def _resolve_paths(
+    pilot: Pilot, base: Path, source: str, lines: Mapping[tuple[str, ...], int]
+) -> Pilot:
     """Relative paths resolve against the pilot file's folder; missing paths are errors."""
 
     def fail(loc: tuple[str | int, ...], msg: str) -> ConfigError:
-        line = lines.get(loc)
-        where = f"{source}:{line}" if line else source
-        return ConfigError(f"{where}: {'.'.join(map(str, loc))}: {msg}")
+        return ConfigError(f"{_where(source, lines, loc)}: {'.'.join(map(str, loc))}: {msg}")
 
     def local(p: str | Path) -> Path:
         path = Path(os.path.expanduser(str(p)))
@@ -384,14 +451,14 @@ def _resolve_paths(pilot: Pilot, base: Path, source: str, lines: Mapping[Any, in
     files = []
     for i, f in enumerate(pilot.trace.files):
         path = local(f)
-        if not path.is_file():
+        if not os.path.isfile(path):
             raise fail(("trace", "files", i), f"no such file: {path}")
         files.append(path)
     target = pilot.target
     model = target.model
     if target.engine == "transformers" or model.startswith((".", "/", "~")):
         path = local(model)
-        if not path.is_dir():
+        if not os.path.isdir(path):
             raise fail(("target", "model"), f"no such directory: {path}")
         model = str(path)
     conditions = {}
@@ -399,7 +466,7 @@ def _resolve_paths(pilot: Pilot, base: Path, source: str, lines: Mapping[Any, in
         drafter = cond.drafter
         if drafter is not None:
             drafter = local(drafter)
-            if not drafter.is_dir():
+            if not os.path.isdir(drafter):
                 raise fail(("conditions", name, "drafter"), f"no such directory: {drafter}")
         if cond.endpoint is None and target.engine == "endpoint":
             raise fail(("conditions", name), "target.engine is endpoint: give endpoint.url")
@@ -421,22 +488,32 @@ def load_pilot(path: str | os.PathLike[str]) -> Pilot:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such pilot file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
         raise ConfigError(f"{source}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the pilot file must be a mapping (key: value) at top level")
     lines = _line_map(text)
     try:
-        pilot = Pilot.model_validate(data)
+        pilot = Pilot.model_validate(data, context={"defer_cross_checks": True})
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source, lines)) from None
+    problems = _cross_field_problems(pilot)
+    if problems:
+        raise ConfigError(
+            "\n".join(
+                f"{_where(source, lines, loc)}: {'.'.join(map(str, loc))}: {msg}"
+                for loc, msg in problems
+            )
+        )
     return _resolve_paths(pilot, p.resolve().parent, source, lines)
 
 

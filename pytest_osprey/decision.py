@@ -106,7 +106,9 @@ def _e2e(r: RequestRecord) -> float | None:
     return r.e2e_s if r.ok else None
 
 
-def evaluate(spec: GateSpec, pilot: Pilot, data: CampaignData, artifact: dict[str, Any]) -> GateResult:
+def evaluate(
+    spec: GateSpec, pilot: Pilot, data: CampaignData, artifact: dict[str, Any]
+) -> GateResult:
     fn = _EVALUATORS[spec.kind]
     err = data.condition_error(spec.condition) if spec.kind != "artifact" else None
     if err:
@@ -129,7 +131,9 @@ def _artifact(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, A
     return GateResult(spec, "pass", f"{len(report['checks'])} checks passed", details=report)
 
 
-def _completed(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+def _completed(
+    spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]
+) -> GateResult:
     recs = data.of(spec.condition, spec.load)
     if not recs:
         return GateResult(spec, "fail", f"no requests recorded for {spec.condition}/{spec.load}")
@@ -162,7 +166,8 @@ def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any
             f"(margin {d.margin if d.margin is None else round(d.margin, 3)}): "
             f"{d.reference_text!r} vs {d.candidate_text!r}"
         )
-    ok = len(genuine) <= q.max_genuine_divergences and res.near_tie_fraction <= q.max_near_tie_fraction
+    ok = (len(genuine) <= q.max_genuine_divergences
+          and res.near_tie_fraction <= q.max_near_tie_fraction)
     return GateResult(
         spec, "pass" if ok else "fail", summary, estimate=len(genuine),
         threshold=q.max_genuine_divergences,

@@ -52,7 +52,9 @@ def osprey_artifacts(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def osprey_campaign(request: pytest.FixtureRequest, osprey_artifacts: dict[str, Any]) -> CampaignData:
+def osprey_campaign(
+    request: pytest.FixtureRequest, osprey_artifacts: dict[str, Any]
+) -> CampaignData:
     """The measured campaign: run once per session (or loaded with ``--osprey-reuse``).
 
     A condition whose artifact check failed is not booted; its gates fail with the reason.

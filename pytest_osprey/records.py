@@ -74,6 +74,7 @@ class RecordWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(path)
         self._fh: IO[str] | None = path.open("a", encoding="utf-8")
         self.count = 0
 
@@ -102,6 +103,28 @@ class RecordWriter:
         self.close()
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a line torn by a crash mid-write, so appending does not glue a record to it."""
+    try:
+        with path.open("rb+") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return
+            fh.seek(0)
+            data = fh.read()
+            start = data.rfind(b"\n") + 1
+            try:  # torn just before its newline: the record is whole, keep it
+                json.loads(data[start:])
+                fh.write(b"\n")
+            except ValueError:
+                fh.truncate(start)
+    except FileNotFoundError:
+        return
+
+
 class RecordsError(ValueError):
     """A records file that cannot be read; names the file and line."""
 
@@ -121,12 +144,19 @@ def read_records(path: Path) -> Iterator[RequestRecord]:
             raise RecordsError(f"{path}:{n}: not valid JSON: {exc.msg}") from None
         if not isinstance(data, dict) or "condition" not in data:
             raise RecordsError(f"{path}:{n}: not a request record")
-        if data.get("schema", SCHEMA) > SCHEMA:
+        schema = data.get("schema", SCHEMA)
+        if not isinstance(schema, int) or isinstance(schema, bool):
+            raise RecordsError(f"{path}:{n}: records schema {schema!r} is not an integer")
+        if schema > SCHEMA:
             raise RecordsError(
-                f"{path}:{n}: records schema {data['schema']} is newer than this version "
+                f"{path}:{n}: records schema {schema} is newer than this version "
                 f"reads ({SCHEMA}); upgrade pytest-osprey"
             )
-        yield RequestRecord.from_dict(data)
+        try:
+            record = RequestRecord.from_dict(data)
+        except TypeError as exc:  # a required field is missing
+            raise RecordsError(f"{path}:{n}: not a request record: {exc}") from None
+        yield record
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

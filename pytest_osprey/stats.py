@@ -131,9 +131,14 @@ def _bootstrap_mean(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate BCa warns; we detect and fall back
         res = stats.bootstrap(
-            (d,), np.mean, confidence_level=level, n_resamples=n_resamples,
-            method=method, rng=np.random.default_rng(seed), vectorized=True,
-        )  # fmt: skip
+            (d,),
+            np.mean,
+            confidence_level=level,
+            n_resamples=n_resamples,
+            method=method,
+            rng=np.random.default_rng(seed),
+            vectorized=True,
+        )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -156,7 +161,8 @@ def _mean_ci(
     if not (np.isfinite(low) and np.isfinite(high) and low <= mean <= high):
         method = "percentile bootstrap"
         low, high = _bootstrap_mean(d, confidence, n_resamples, seed, "percentile")
-    half = float(stats.t.ppf(0.5 + confidence / 2, d.size - 1) * d.std(ddof=1)) / math.sqrt(d.size)
+    t_q = float(special.stdtrit(d.size - 1, 0.5 + confidence / 2))
+    half = t_q * float(d.std(ddof=1)) / math.sqrt(d.size)
     if mean - half < low or mean + half > high:
         method += ", widened to the t-interval"
     return min(low, mean - half), max(high, mean + half), method
@@ -218,19 +224,27 @@ def paired_speedup(
         )
     low, high, method = _mean_ci(d, confidence, n_resamples, seed)
     log_thr = math.log(threshold)
-    ci_low, ci_high = math.exp(low), math.exp(high)
+    excess = np.round(d - log_thr, 12)  # exact ties with the threshold stay ties
     outcome = _outcome(low, high, log_thr)
     more = None
     if outcome == "inconclusive":
-        sd = float(d.std(ddof=1))
-        total = _pairs_for(sd, abs(float(d.mean()) - log_thr), (1 - confidence) / 2, 0.8)
+        delta = abs(float(excess.mean()))
+        delta = 0.0 if delta < _LOG_TOL else delta
+        total = _pairs_for(float(d.std(ddof=1)), delta, (1 - confidence) / 2, 0.8)
         more = max(total - d.size, 1)
     return SpeedupResult(
-        estimate=math.exp(float(d.mean())), ci_low=ci_low, ci_high=ci_high,
-        p_value=_signed_rank_p(d - log_thr), n_prompts=int(d.size), n_pairs=n_pairs,
-        threshold=threshold, confidence=confidence, outcome=outcome, more_pairs_needed=more,
+        estimate=math.exp(float(d.mean())),
+        ci_low=math.exp(low),
+        ci_high=math.exp(high),
+        p_value=_signed_rank_p(excess),
+        n_prompts=int(d.size),
+        n_pairs=n_pairs,
+        threshold=threshold,
+        confidence=confidence,
+        outcome=outcome,
+        more_pairs_needed=more,
         method=method,
-    )  # fmt: skip
+    )
 
 
 def _pairs_for(sd: float, delta: float, alpha: float, power: float) -> int:
@@ -239,11 +253,11 @@ def _pairs_for(sd: float, delta: float, alpha: float, power: float) -> int:
         return 2 if delta > 0 else MAX_PAIRS
     if delta <= 0:
         return MAX_PAIRS
-    z = float(stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)) * sd / delta
+    z = float(special.ndtri(1 - alpha) + special.ndtri(power)) * sd / delta
     n = max(2, math.ceil(z * z))
     # The normal formula undercounts at small n; step up with t quantiles until it holds.
     while n < MAX_PAIRS:
-        t_sum = stats.t.ppf(1 - alpha, n - 1) + stats.t.ppf(power, n - 1)
+        t_sum = float(special.stdtrit(n - 1, 1 - alpha) + special.stdtrit(n - 1, power))
         if math.sqrt(n) * delta / sd >= t_sum:
             return n
         n += 1
@@ -296,6 +310,8 @@ def percentile_upper_bound(
     otherwise "inconclusive". Too few samples for a finite bound give ``bound=inf``.
     """
     x = np.sort(_array(samples, "samples"))
+    if math.isnan(limit):
+        raise StatsError("limit must be a number, got nan")
     _unit(q, "q")
     _unit(confidence, "confidence")
     n = x.size
@@ -309,10 +325,7 @@ def percentile_upper_bound(
         outcome = "pass"
     elif lower > limit:
         outcome = "fail"
-    return BoundResult(
-        estimate=float(np.quantile(x, q)), bound=bound, limit=limit, confidence=confidence,
-        n=n, outcome=outcome,
-    )  # fmt: skip
+    return BoundResult(float(np.quantile(x, q)), bound, limit, confidence, n, outcome)
 
 
 # --------------------------------------------------------------------------- equivalence
@@ -424,6 +437,7 @@ def _exact_noninferiority_p(n: int, gains: int, losses: int, margin: float) -> f
     return float(min(1.0, max(values[best], -float(res.fun))))
 
 
+@functools.lru_cache(maxsize=4096)
 def _tango_ci(n: int, gains: int, losses: int, alpha: float) -> tuple[float, float]:
     """Tango's score interval for p_gain - p_loss at level 1 - 2 alpha (root-finding)."""
     z = float(stats.norm.ppf(1 - alpha))
@@ -458,13 +472,14 @@ def mcnemar_noninferiority(
 ) -> EquivalenceResult:
     """Paired pass/fail non-inferiority: H0 p_cand - p_ref <= -margin vs H1 > -margin.
 
-    ``p_value`` is an exact unconditional test (the trinomial of discordant/concordant pairs,
-    ordered by Tango's score statistic, maximised over the nuisance discordance rate on the
-    null boundary). It is exact for n <= 300; larger n uses the asymptotic score test,
-    which is accurate there. Conditioning on the discordant pairs (classic McNemar) is exact
-    only for margin 0; with a margin it would give no verdict when there are no discordant
-    pairs. The interval is Tango's score CI at 1 - 2 alpha. ``estimate`` is p_cand - p_ref.
-    "pass" when p_value <= alpha, "fail" when ci_high < -margin, else "inconclusive".
+    ``p_value`` is an exact unconditional test: the trinomial of (gain, loss, concordant)
+    pairs, ordered by Tango's score statistic, maximised over the nuisance discordance rate on
+    the null boundary. Above n = 300 it is the asymptotic score test (approximate; it can be
+    slightly liberal when discordant pairs are very rare). Classic McNemar (conditioning on
+    discordant pairs) is exact only for margin 0, and with a margin it could never pass a
+    candidate with no discordant pairs. The interval is Tango's score CI at 1 - 2 alpha.
+    ``estimate`` is p_cand - p_ref. "pass" when p_value <= alpha, "fail" when
+    ci_high < -margin, else "inconclusive".
     """
     ref = _bools(reference_pass, "reference_pass")
     cand = _bools(candidate_pass, "candidate_pass")

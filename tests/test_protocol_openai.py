@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,9 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def choice(text: str, ids: list[int], tops: list[dict[str, float]] | None, finish: Any = None):
+def choice(
+    text: str, ids: list[int], tops: list[dict[str, float]] | None, finish: Any = None
+) -> dict[str, Any]:
     logprobs = None
     if tops is not None:
         logprobs = {"tokens": [f"token_id:{i}" for i in ids], "top_logprobs": tops}
@@ -279,14 +283,24 @@ def test_vllm_argv_speculative_config() -> None:
     argv = vl.vllm_argv(p, "cand", 1)
     config = json.loads(argv[argv.index("--speculative-config") + 1])
     assert config == {"method": "draft_model", "model": "/m/d", "num_speculative_tokens": 3}
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    older = vl.vllm_argv(p, "cand", 1, per_request_metrics=False)
+    assert "--per-request-spec-decode-metrics" not in older
     p = pilot(cand={"role": "candidate", "speculation": {"algorithm": "ngram", "num_steps": 3}})
     config = vl.speculative_config(p, "cand")
     assert config["prompt_lookup_max"] == 3 and config["prompt_lookup_min"] == 2
     assert "model" not in config
 
 
+def test_vllm_installed_version_without_vllm_is_none() -> None:
+    assert vl.installed_version(sys.executable, dict(os.environ)) is None
+    assert vl.installed_version("/no/such/python", {}) is None
+
+
 def test_vllm_argv_bad_method_lists_valid_values() -> None:
-    p = pilot(cand={"role": "candidate", "drafter": "/m/d", "speculation": {"algorithm": "medusa2"}})
+    p = pilot(
+        cand={"role": "candidate", "drafter": "/m/d", "speculation": {"algorithm": "medusa2"}}
+    )
     with pytest.raises(EngineError) as exc:
         vl.vllm_argv(p, "cand", 1)
     for valid in vl.METHODS:

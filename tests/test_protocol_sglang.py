@@ -58,7 +58,10 @@ FINAL = meta(
 
 def cumulative_events() -> list[tuple[float, Any]]:
     return [
-        (0.05, {"text": "a", "output_ids": [7], "meta_info": meta(1, output_top_logprobs=TOPS[:1])}),
+        (
+            0.05,
+            {"text": "a", "output_ids": [7], "meta_info": meta(1, output_top_logprobs=TOPS[:1])},
+        ),
         (0.3, {"text": "abcd", "output_ids": [7, 8, 9, 10], "meta_info": FINAL}),
     ]
 

@@ -251,9 +251,9 @@ def test_tost_matches_hand_computation() -> None:
 def test_tost_fail_and_inconclusive() -> None:
     rng = np.random.default_rng(4)
     ref = rng.normal(10, 1, 20)
-    assert tost_paired(ref.tolist(), (ref + 1.0 + rng.normal(0, 0.1, 20)).tolist(), 0.3).outcome == (
-        "fail"
-    )
+    assert tost_paired(
+        ref.tolist(), (ref + 1.0 + rng.normal(0, 0.1, 20)).tolist(), 0.3
+    ).outcome == ("fail")
     noisy = ref + rng.normal(0, 1.0, 20)
     assert tost_paired(ref.tolist(), noisy.tolist(), 0.3).outcome == "inconclusive"
 
@@ -316,7 +316,9 @@ def _brute_force_p(n: int, gains: int, losses: int, margin: float) -> float:
 
 
 @pytest.mark.parametrize(("n", "gains", "losses", "margin"), [(12, 1, 2, 0.1), (15, 0, 0, 0.2)])
-def test_mcnemar_exact_p_matches_brute_force(n: int, gains: int, losses: int, margin: float) -> None:
+def test_mcnemar_exact_p_matches_brute_force(
+    n: int, gains: int, losses: int, margin: float
+) -> None:
     ref, cand = _pairs(n - gains - losses, gains, losses, 0)
     res = mcnemar_noninferiority(ref, cand, margin=margin)
     brute = _brute_force_p(n, gains, losses, margin)  # a grid maximum: at most the sup
@@ -406,9 +408,14 @@ def _blocks(
     rng = np.random.default_rng(5)
     ref_b, cand_b = [], []
     for _ in range(n_blocks):
-        ref_b.append({f"p{i}": [float(rng.lognormal(0, noise)) * (1 + i)] for i in range(n_prompts)})
+        ref_b.append(
+            {f"p{i}": [float(rng.lognormal(0, noise)) * (1 + i)] for i in range(n_prompts)}
+        )
         cand_b.append(
-            {f"p{i}": [float(rng.lognormal(0, noise)) * (1 + i) / speedup] for i in range(n_prompts)}
+            {
+                f"p{i}": [float(rng.lognormal(0, noise)) * (1 + i) / speedup]
+                for i in range(n_prompts)
+            }
         )
     return ref_b, cand_b
 
@@ -448,7 +455,7 @@ def test_sequential_pools_blocks_per_prompt() -> None:
 def test_sequential_errors() -> None:
     plan = obrien_fleming_plan(2)
     ref_b, cand_b = _blocks(1.2, 3)
-    with pytest.raises(StatsError, match="plan has looks 1..2"):
+    with pytest.raises(StatsError, match=r"plan has looks 1\.\.2"):
         sequential_speedup(ref_b, cand_b, 1.0, plan)
     with pytest.raises(StatsError, match="blocks"):
         sequential_speedup(ref_b[:2], cand_b[:1], 1.0, plan)

@@ -168,6 +168,7 @@ class ServerProcess:
         # A secret in the server's own output (SGLang logs its args) is masked by a pump
         # thread; without secrets the server writes straight to the file.
         out: IO[bytes] | int = subprocess.PIPE if self.secrets else self._log
+        self._t_launch = time.perf_counter()
         try:
             self._popen = subprocess.Popen(
                 self.argv,
@@ -191,7 +192,6 @@ class ServerProcess:
             self._pump.start()
         with _LIVE_LOCK:
             _LIVE[id(self)] = self
-        self._t_launch = time.perf_counter()
 
     def _pump_output(self) -> None:
         assert self._popen is not None and self._popen.stdout is not None

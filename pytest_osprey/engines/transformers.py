@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import platform
 import time
 from pathlib import Path
@@ -92,6 +93,7 @@ class TransformersEngine:
         self.boot = boot
         self.dtype_name = self.cond.dtype or pilot.target.dtype
         self._queue: asyncio.Lock | None = None
+        self._queue_loop: asyncio.AbstractEventLoop | None = None
         self._model: Any = None
         self._drafter: Any = None
         self._tokenizer: Any = None
@@ -113,8 +115,8 @@ class TransformersEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         t0 = time.perf_counter()
         target = self.pilot.target
         if target.threads:
@@ -154,8 +156,9 @@ class TransformersEngine:
     # -- serving ----------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         start = time.perf_counter()
-        if self._queue is None:
-            self._queue = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._queue_loop is not loop:
+            self._queue, self._queue_loop = asyncio.Lock(), loop
         # asyncio.Lock serves waiters first-come first-served, so a prompt's place in the
         # queue is the same in every condition: paired comparisons stay fair under load.
         async with self._queue:
@@ -218,7 +221,7 @@ class TransformersEngine:
             ok=True,
             ttft_s=times[0] if times else e2e,
             e2e_s=e2e,
-            itl_s=[b - a for a, b in zip(times, times[1:], strict=False)],
+            itl_s=[b - a for a, b in itertools.pairwise(times)],
             prompt_tokens=n_prompt,
             output_ids=ids,
             output_text=self._tokenizer.decode(ids, skip_special_tokens=True),

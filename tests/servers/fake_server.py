@@ -18,7 +18,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-CHILD = "import signal, sys, time\nif sys.argv[1:]: signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(3600)\n"
+# A child that sleeps; given an argument, it also ignores SIGTERM.
+CHILD = (
+    "import signal, sys, time\n"
+    "if sys.argv[1:]: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "time.sleep(3600)\n"
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -58,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         print("fatal: boot failed on purpose", flush=True)
         sys.exit(args.exit_code)
     key = args.api_key or os.environ.get("VLLM_API_KEY")
-    state = {"t0": time.monotonic(), "counters": [0.0, 0.0, 0.0]}
+    t_start = time.monotonic()
+    counters = [0.0, 0.0, 0.0]  # drafts, draft tokens, accepted
     speculates = bool(args.speculative_algorithm or args.speculative_config)
 
     class Handler(BaseHTTPRequestHandler):
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
             self.close_connection = True
 
         def do_GET(self) -> None:
-            ready = not args.never_ready and time.monotonic() - state["t0"] >= args.ready_after
+            ready = not args.never_ready and time.monotonic() - t_start >= args.ready_after
             if self.path in ("/health", "/health_generate"):
                 self._json(200 if ready else 503, {})
             elif not self._authorized():
@@ -109,11 +115,11 @@ def main(argv: list[str] | None = None) -> None:
             elif self.path == "/v1/models":
                 self._json(200, {"data": [{"id": "osprey-target", "max_model_len": 512}]})
             elif self.path == "/metrics":
-                d, t, a = state["counters"]
+                d, t, a = counters
                 body = (
-                    f"vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {d}\n"
-                    f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {t}\n"
-                    f"vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {a}\n"
+                    f'vllm:spec_decode_num_drafts_total{{engine="0"}} {d}\n'
+                    f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {t}\n'
+                    f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {a}\n'
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                                         "finish_reason": "length" if i == n - 1 else None}]}
                           for i in range(n)]  # fmt: skip
                 if speculates:
-                    c = state["counters"]
+                    c = counters
                     c[0] += n // 2
                     c[1] += 2 * (n // 2)
                     c[2] += n // 2

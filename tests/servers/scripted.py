@@ -7,10 +7,11 @@ last one repeating) or a callable taking the request's JSON body. SSE replies st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,7 +24,7 @@ class Reply:
     status: int = 200
     json_body: Any = None
     text: str | None = None
-    events: list[Event] | None = None  # SSE
+    events: Sequence[Event] | None = None  # SSE
     done: bool = True  # SSE ends with data: [DONE]
     delay: float = 0.0  # before answering
     content_type: str | None = None
@@ -96,10 +97,8 @@ class ScriptedServer:
         else:
             reply = route(body)
         time.sleep(reply.delay)
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             _send(h, reply)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
 
 def _send(h: BaseHTTPRequestHandler, reply: Reply) -> None:
@@ -109,8 +108,8 @@ def _send(h: BaseHTTPRequestHandler, reply: Reply) -> None:
         h.end_headers()
         for delay, payload in reply.events:
             time.sleep(delay)
-            data = payload if isinstance(payload, str) else json.dumps(payload)
-            h.wfile.write(f"data: {data}\n\n".encode())
+            event = payload if isinstance(payload, str) else json.dumps(payload)
+            h.wfile.write(f"data: {event}\n\n".encode())
             h.wfile.flush()
         if reply.done:
             h.wfile.write(b"data: [DONE]\n\n")

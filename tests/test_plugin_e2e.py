@@ -1,0 +1,156 @@
+"""End to end through pytest itself (pytester): activation, usage errors, real tiny pilots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "fixtures" / "models"
+TRACE = ROOT / "prompts" / "pilot.jsonl"
+
+
+def pilot_yaml(candidate: str, *, speedup_min: float, prompts: int, extra: str = "") -> str:
+    return f"""
+name: e2e
+target:
+  engine: transformers
+  model: {MODELS / "tiny-target"}
+  context_length: 1024
+conditions:
+  baseline: {{role: baseline}}
+  cand:
+    role: candidate
+    drafter: {MODELS / candidate}
+    speculation: {{algorithm: assisted, num_draft_tokens: 4}}
+trace:
+  files: [{TRACE}]
+  slices: [core]
+  limit: {prompts}
+max_new_tokens_cap: 24
+load:
+  levels: {{low: 1, concurrent: 2}}
+  warmup_requests: 1
+  blocks: 2
+limits:
+  speedup_min: {speedup_min}
+decision:
+  primary_load: low
+{extra}
+"""
+
+
+def test_inactive_without_config(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_plain(request):
+            assert "osprey_config" not in request.fixturenames
+        def test_no_fixture(request):
+            import pytest
+            with pytest.raises(pytest.FixtureLookupError):
+                request.getfixturevalue("osprey_campaign")
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert "osprey pilot" not in out and "[osprey]" not in out and "suites" not in out
+
+
+def test_help_lists_options(pytester: pytest.Pytester) -> None:
+    out = pytester.runpytest("--help").stdout.str()
+    for opt in ("--osprey-config=PATH", "--osprey-results=DIR", "--osprey-reuse=DIR",
+                "--osprey-conditions=A,B"):
+        assert opt in out
+
+
+def test_bad_pilot_is_usage_error_naming_field(pytester: pytest.Pytester) -> None:
+    text = pilot_yaml("tiny-drafter", speedup_min=1.0, prompts=2).replace(
+        "speedup_min:", "speedup_mni:"
+    )
+    pytester.makefile(".yaml", pilot=text)
+    result = pytester.runpytest("--osprey-config=pilot.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "pilot.yaml:" in err and "limits.speedup_mni" in err and "speedup_min" in err
+    assert "Traceback" not in err + result.stdout.str()
+
+
+def test_missing_drafter_names_condition(pytester: pytest.Pytester) -> None:
+    text = pilot_yaml("no-such-drafter", speedup_min=1.0, prompts=2)
+    pytester.makefile(".yaml", pilot=text)
+    result = pytester.runpytest("--osprey-config=pilot.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "conditions.cand.drafter: no such directory" in result.stderr.str()
+
+
+def test_unknown_condition_option(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter", speedup_min=1.0, prompts=2))
+    result = pytester.runpytest("--osprey-config=pilot.yaml", "--osprey-conditions=nope")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unknown condition(s) nope" in result.stderr.str()
+
+
+def _summary(pytester: pytest.Pytester) -> dict:  # type: ignore[type-arg]
+    found = list((pytester.path / "res").glob("summary.json"))
+    assert found, "summary.json was not written"
+    return json.loads(found[0].read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester) -> None:
+    # A lenient minimum: the test is that the pipeline runs and keeps a working drafter.
+    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter", speedup_min=0.6, prompts=6))
+    result = pytester.runpytest_subprocess(
+        "--osprey-config=pilot.yaml", "--osprey-results=res", "-p", "no:cacheprovider",
+        timeout=600,
+    )
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    assert "KEEP cand" in out
+    assert "test_speedup[cand-vs-baseline-low]" in out or "test_04_speed.py" in out
+    summary = _summary(pytester)
+    assert summary["verdicts"][0]["verdict"] == "KEEP"
+    records = (pytester.path / "res" / "records.jsonl").read_text().splitlines()
+    # 2 conditions x 2 blocks x 2 levels x 6 prompts
+    assert len(records) == 48
+    rec = json.loads(records[0])
+    for key in ("schema", "run_id", "condition", "block", "load", "prompt_id", "ttft_s",
+                "e2e_s", "output_ids", "top2_margin", "spec_verify_ct", "accept_length"):
+        assert key in rec
+    drafted = [json.loads(r) for r in records if '"condition":"cand"' in r]
+    assert all(r["accept_length"] > 1.0 for r in drafted)
+    meta = json.loads((pytester.path / "res" / "campaign.json").read_text())
+    assert meta["status"] == "complete" and meta["block_order"] == [
+        ["baseline", "cand"], ["cand", "baseline"]]
+
+    # Re-judge the saved campaign with an impossible minimum: boots nothing, now drops.
+    pytester.makefile(".yaml", strict=pilot_yaml("tiny-drafter", speedup_min=50, prompts=6))
+    again = pytester.runpytest_subprocess(
+        "--osprey-config=strict.yaml", "--osprey-reuse=res", "-p", "no:cacheprovider",
+        timeout=300,
+    )
+    assert again.ret == pytest.ExitCode.TESTS_FAILED
+    assert "DROP cand" in again.stdout.str()
+    assert "booting" not in again.stdout.str()
+
+
+@pytest.mark.slow
+def test_weak_drafter_pilot_fails_on_speed(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter-weak", speedup_min=1.1, prompts=6))
+    result = pytester.runpytest_subprocess(
+        "--osprey-config=pilot.yaml", "--osprey-results=res", "-p", "no:cacheprovider",
+        timeout=600,
+    )
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out
+    assert "FAILED" in out and "test_speedup[cand-vs-baseline-low]" in out
+    verdict = next(line for line in out.splitlines() if line.startswith("DROP cand"))
+    assert "speedup[cand-vs-baseline-low]" in verdict
+    # Quality and completion still pass: the weak drafter is dropped for speed alone.
+    summary = _summary(pytester)
+    outcomes = {(g["kind"], g["id"]): g["outcome"] for g in summary["gates"]}
+    assert outcomes[("greedy_identity", "cand-vs-baseline")] == "pass"
+    assert outcomes[("artifact", "cand")] == "pass"
