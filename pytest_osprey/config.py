@@ -346,13 +346,20 @@ class _Loader(yaml.SafeLoader):
             ) from None
 
 
-def _line_map(text: str) -> dict[tuple[str, ...], int]:
+def _parse(text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
+    """The YAML's data and its line map, from one parse (pure-Python PyYAML is slow)."""
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    return data, _line_map(root)
+
+
+def _line_map(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
     """Dotted path (parts as strings) -> 1-based line of its YAML node (keys and items)."""
     lines: dict[tuple[str, ...], int] = {}
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, RecursionError):
-        return lines
     seen: set[int] = set()
 
     def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
@@ -491,7 +498,7 @@ def load_pilot(path: str | os.PathLike[str]) -> Pilot:
     except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
         raise ConfigError(f"{source}: cannot read: {exc}") from None
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data, lines = _parse(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -501,7 +508,6 @@ def load_pilot(path: str | os.PathLike[str]) -> Pilot:
         raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the pilot file must be a mapping (key: value) at top level")
-    lines = _line_map(text)
     try:
         pilot = Pilot.model_validate(data, context={"defer_cross_checks": True})
     except ValidationError as exc:

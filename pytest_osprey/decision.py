@@ -75,11 +75,16 @@ class GateResult:
         }
 
 
-def plan_gates(pilot: Pilot, conditions: list[str]) -> list[GateSpec]:
+PREFLIGHT = ("command_line", "artifact")  # judged before (and without) any boot
+
+
+def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> list[GateSpec]:
     """Every gate of this pilot, in the order the tests run."""
-    specs: list[GateSpec] = []
+    specs: list[GateSpec] = [GateSpec("command_line", c) for c in conditions]
     drafted = [c for c in conditions if pilot.conditions[c].speculates]
     specs += [GateSpec("artifact", c) for c in drafted]
+    if dry_run:
+        return specs
     for c in conditions:
         specs += [GateSpec("completed", c, load=level) for level in pilot.load.levels]
     base = pilot.baseline
@@ -107,21 +112,33 @@ def _e2e(r: RequestRecord) -> float | None:
 
 
 def evaluate(
-    spec: GateSpec, pilot: Pilot, data: CampaignData, artifact: dict[str, Any]
+    spec: GateSpec, pilot: Pilot, data: CampaignData | None, preflight: dict[str, Any]
 ) -> GateResult:
+    """One gate's result. Preflight gates need no campaign (``data`` may be None)."""
+    if spec.kind in PREFLIGHT:
+        return _PREFLIGHT[spec.kind](spec, preflight)
+    assert data is not None
     fn = _EVALUATORS[spec.kind]
-    err = data.condition_error(spec.condition) if spec.kind != "artifact" else None
+    err = data.condition_error(spec.condition)
     if err:
         return GateResult(spec, "fail", f"{spec.condition} did not run: {err}")
-    if spec.reference and spec.kind != "artifact":
+    if spec.reference:
         ref_err = data.condition_error(spec.reference)
         if ref_err:
             return GateResult(spec, "fail", f"reference {spec.reference} did not run: {ref_err}")
-    return fn(spec, pilot, data, artifact)
+    return fn(spec, pilot, data)
 
 
-def _artifact(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
-    report = art.get(spec.condition)
+def _command_line(spec: GateSpec, preflight: dict[str, Any]) -> GateResult:
+    check = preflight.get("command_lines", {}).get(spec.condition)
+    if check is None:
+        return GateResult(spec, "skip", "command line not checked for this condition")
+    return GateResult(spec, "pass" if check["ok"] else "fail", "\n".join(check["lines"]),
+                      details=check)
+
+
+def _artifact(spec: GateSpec, preflight: dict[str, Any]) -> GateResult:
+    report = preflight.get("artifacts", {}).get(spec.condition)
     if report is None:
         return GateResult(spec, "skip", "artifact check not run for this condition")
     bad = [c for c in report["checks"] if not c["ok"]]
@@ -132,7 +149,7 @@ def _artifact(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, A
 
 
 def _completed(
-    spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]
+    spec: GateSpec, pilot: Pilot, data: CampaignData
 ) -> GateResult:
     recs = data.of(spec.condition, spec.load)
     if not recs:
@@ -148,7 +165,7 @@ def _completed(
                       threshold=need, details={"ok": ok, "total": len(recs)})
 
 
-def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
     q = pilot.limits.quality
     assert spec.reference is not None
     res = greedy_identity(data.of(spec.reference), data.of(spec.condition), q.near_tie_epsilon)
@@ -176,7 +193,7 @@ def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any
     )
 
 
-def _speedup(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+def _speedup(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
     assert spec.reference is not None and spec.load is not None
     pairs = list(iter_pairs(data, spec.reference, spec.condition, spec.load, _e2e, spec.slice))
     threshold = pilot.limits.speedup_min if spec.reference == pilot.baseline else 1.0
@@ -211,7 +228,7 @@ _METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
 }
 
 
-def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, Any]) -> GateResult:
+def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
     assert spec.index is not None
     lim = pilot.limits.latency[spec.index]
     values = [v for r in data.of(spec.condition, spec.load) if r.ok
@@ -227,8 +244,8 @@ def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData, art: dict[str, An
                       ci_low=res.estimate, threshold=lim.max_s)
 
 
+_PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}
 _EVALUATORS = {
-    "artifact": _artifact,
     "completed": _completed,
     "greedy_identity": _greedy,
     "speedup": _speedup,

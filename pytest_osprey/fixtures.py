@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -12,7 +13,8 @@ import pytest
 from .artifact import check_all
 from .campaign import Campaign, CampaignData, load_campaign
 from .config import Pilot
-from .decision import GateResult, GateSpec
+from .decision import PREFLIGHT, GateResult, GateSpec, evaluate
+from .dryrun import check_command_lines
 from .engines import BootSpec, Engine, EngineError, make_engine
 from .judgement import Judgement, judge
 from .plugin import STATE, OspreyState, ProgressPrinter
@@ -31,33 +33,39 @@ def osprey_config(request: pytest.FixtureRequest) -> Pilot:
 
 
 @pytest.fixture(scope="session")
-def osprey_artifacts(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Artifact check per drafter condition, run before anything boots (or as saved)."""
-    state = _state(request)
-    if state.artifacts is None:
-        if state.reuse is not None:
-            saved = state.reuse / "artifacts.json"
-            import json
+def osprey_preflight(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Before anything boots: each condition's command line, each drafter's artifact check.
 
-            state.artifacts = json.loads(saved.read_text("utf-8")) if saved.is_file() else {}
+    Saved as preflight.json; with ``--osprey-reuse`` the saved one is judged.
+    """
+    state = _state(request)
+    if state.preflight is None:
+        saved = (state.reuse / "preflight.json") if state.reuse else None
+        if saved is not None and saved.is_file():
+            state.preflight = json.loads(saved.read_text("utf-8"))
         else:
             reports = check_all(state.pilot, state.conditions)
-            state.artifacts = {
-                name: {"ok": rep.ok, "checks": [asdict(c) for c in rep.checks]}
-                for name, rep in reports.items()
+            commands = check_command_lines(state.pilot, state.conditions)
+            state.preflight = {
+                "artifacts": {
+                    name: {"ok": rep.ok, "checks": [asdict(c) for c in rep.checks]}
+                    for name, rep in reports.items()
+                },
+                "command_lines": {name: asdict(c) for name, c in commands.items()},
             }
             state.results_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(state.results_dir / "artifacts.json", state.artifacts)
-    return state.artifacts
+            write_json_atomic(state.results_dir / "preflight.json", state.preflight)
+    return state.preflight
 
 
 @pytest.fixture(scope="session")
 def osprey_campaign(
-    request: pytest.FixtureRequest, osprey_artifacts: dict[str, Any]
+    request: pytest.FixtureRequest, osprey_preflight: dict[str, Any]
 ) -> CampaignData:
     """The measured campaign: run once per session (or loaded with ``--osprey-reuse``).
 
-    A condition whose artifact check failed is not booted; its gates fail with the reason.
+    A condition whose artifact check or command line failed is not booted; its gates fail
+    with the reason.
     """
     state = _state(request)
     if state.campaign is not None:
@@ -69,8 +77,9 @@ def osprey_campaign(
             state.campaign = load_campaign(state.reuse)
         else:
             skipped = {
-                name: "artifact check failed"
-                for name, rep in osprey_artifacts.items()
+                name: f"{what} check failed"
+                for what, key in (("artifact", "artifacts"), ("command line", "command_lines"))
+                for name, rep in osprey_preflight[key].items()
                 if not rep["ok"]
             }
             campaign = Campaign(
@@ -87,12 +96,12 @@ def osprey_campaign(
 
 @pytest.fixture(scope="session")
 def osprey_results(
-    request: pytest.FixtureRequest, osprey_campaign: CampaignData, osprey_artifacts: dict[str, Any]
+    request: pytest.FixtureRequest, osprey_campaign: CampaignData, osprey_preflight: dict[str, Any]
 ) -> Judgement:
     """Every gate judged and the verdicts, with summary.json and report.md written."""
     state = _state(request)
     if state.judgement is None:
-        state.judgement = judge(state.pilot, state.gates, osprey_campaign, osprey_artifacts)
+        state.judgement = judge(state.pilot, state.gates, osprey_campaign, osprey_preflight)
         state.results_dir.mkdir(parents=True, exist_ok=True)
         state.reports = write_reports(
             state.results_dir, state.judgement, osprey_campaign, state.pilot.report.title,
@@ -102,11 +111,13 @@ def osprey_results(
 
 
 @pytest.fixture
-def osprey_gate_result(
-    request: pytest.FixtureRequest, osprey_gate: GateSpec, osprey_results: Judgement
-) -> GateResult:
-    """The judged result of this test's gate."""
-    return osprey_results.result(osprey_gate)
+def osprey_gate_result(request: pytest.FixtureRequest, osprey_gate: GateSpec) -> GateResult:
+    """The judged result of this test's gate (preflight gates without booting anything)."""
+    if osprey_gate.kind in PREFLIGHT:
+        preflight = request.getfixturevalue("osprey_preflight")
+        return evaluate(osprey_gate, _state(request).pilot, None, preflight)
+    judgement: Judgement = request.getfixturevalue("osprey_results")
+    return judgement.result(osprey_gate)
 
 
 def assert_gate(result: GateResult, pilot: Pilot) -> None:

@@ -22,7 +22,7 @@ class Judgement:
 
 
 def judge(
-    pilot: Pilot, specs: list[GateSpec], data: CampaignData, artifacts: dict[str, Any]
+    pilot: Pilot, specs: list[GateSpec], data: CampaignData, preflight: dict[str, Any]
 ) -> Judgement:
-    results = {(s.kind, s.id): evaluate(s, pilot, data, artifacts) for s in specs}
+    results = {(s.kind, s.id): evaluate(s, pilot, data, preflight) for s in specs}
     return Judgement(results, verdicts(pilot, list(results.values())), all_figures(data))

@@ -36,7 +36,8 @@ class OspreyState:
     results_dir: Path
     reuse: Path | None
     gates: list[GateSpec]
-    artifacts: dict[str, Any] | None = None
+    preflight: dict[str, Any] | None = None
+    dry_run: bool = False
     campaign: CampaignData | None = None
     campaign_error: str | None = None
     judgement: Judgement | None = None
@@ -55,6 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "osprey-results/)")
     group.addoption("--osprey-reuse", metavar="DIR", default=None,
                     help="Judge a saved campaign under the current pilot's limits; boot nothing")
+    group.addoption("--osprey-dry-run", action="store_true", default=False,
+                    help="Check the pilot, command lines and artifacts only; boot nothing")
     group.addoption("--osprey-conditions", metavar="A,B", default=None,
                     help="Run only these conditions (the baseline is always included)")
 
@@ -116,7 +119,8 @@ def pytest_configure(config: pytest.Config) -> None:
         conditions=conditions,
         results_dir=results,
         reuse=reuse,
-        gates=plan_gates(pilot, conditions),
+        gates=plan_gates(pilot, conditions, dry_run=config.getoption("osprey_dry_run")),
+        dry_run=config.getoption("osprey_dry_run"),
     )
     from . import fixtures
 
@@ -138,7 +142,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     kind = marker.kwargs.get("kind") or marker.args[0]
     specs = [s for s in state.gates if s.kind == kind]
-    metafunc.parametrize("osprey_gate", specs, ids=[s.id for s in specs] or None)
+    if specs:  # an unplanned gate stays unparametrized and is deselected below
+        metafunc.parametrize("osprey_gate", specs, ids=[s.id for s in specs])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Gates this pilot does not plan (e.g. no latency limits, or a dry run) are deselected,
+    not shown as empty skips."""
+    if config.stash.get(STATE, None) is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        unplanned = item.get_closest_marker("osprey") is not None and "osprey_gate" not in params
+        (drop if unplanned else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @contextlib.contextmanager
@@ -194,7 +214,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(f"campaign error: {state.campaign_error}", red=True)
     judgement = state.judgement
     if judgement is None:
-        tr.write_line("no campaign was judged in this session")
+        tr.write_line("dry run: nothing was booted" if state.dry_run
+                      else "no campaign was judged in this session")
         return
     for line in text_table(judgement.figures):
         tr.write_line(line)

@@ -20,6 +20,7 @@ from pytest_osprey.config import ConfigError, Pilot, load_pilot
 ROOT = Path(__file__).resolve().parent.parent
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")
 BASE: dict[str, Any] = yaml.safe_load(PILOT_TEXT)
+DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's: the fuzz loop stays fast
 
 FUZZ = settings(
     deadline=None,
@@ -168,8 +169,9 @@ def mutate(data: st.DataObject, pilot: dict[str, Any]) -> None:
 
 
 def dump(data: st.DataObject, pilot: Any) -> str:
-    return yaml.safe_dump(
+    return yaml.dump(
         pilot,
+        Dumper=DUMPER,
         allow_unicode=data.draw(st.booleans()),
         sort_keys=False,
         default_flow_style=data.draw(st.sampled_from([False, None, True])),

@@ -100,14 +100,21 @@ class TransformersEngine:
         self._forwards = 0
         self._hook: Any = None
         self.load_seconds: float | None = None
-        spec = self.cond.speculation
+        self.validate(pilot, condition)
+
+    @staticmethod
+    def validate(pilot: Pilot, condition: str) -> None:
+        """Settings this engine cannot honour, found before anything loads."""
+        cond = pilot.conditions[condition]
+        spec = cond.speculation
         if spec is not None and spec.algorithm not in (None, *ALGORITHMS):
             raise EngineError(
                 f"{condition}: speculation.algorithm {spec.algorithm!r} is not supported by the "
                 f"transformers engine; valid: {', '.join(ALGORITHMS)}"
             )
-        if self.cond.speculates and self.cond.drafter is None:
+        if cond.speculates and cond.drafter is None:
             raise EngineError(f"{condition}: the transformers engine needs a drafter checkpoint")
+        _dtype(cond.dtype or pilot.target.dtype)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:

@@ -1,4 +1,4 @@
-"""Artifact check first: each drafter checkpoint fits this target and engine (boots nothing)."""
+"""Preflight, before anything boots: command lines and drafter artifacts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ import pytest
 from pytest_osprey.config import Pilot
 from pytest_osprey.decision import GateResult
 from pytest_osprey.fixtures import assert_gate
+
+
+@pytest.mark.osprey(kind="command_line")
+def test_command_line(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """The engine's command line for the condition builds (and parses, where it can)."""
+    assert_gate(osprey_gate_result, osprey_config)
 
 
 @pytest.mark.osprey(kind="artifact")
