@@ -130,6 +130,9 @@ class Campaign:
         self.started_at = time.time()
         self.config_text = config_text
         self._writer: RecordWriter | None = None
+        self._records: list[RequestRecord] = []
+        self.sequential: dict[str, list[dict[str, Any]]] = {}
+        self.stopped_after_block: int | None = None
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> CampaignData:
@@ -169,10 +172,42 @@ class Campaign:
                     self._stop(self.states[name])
             assert self._writer is not None
             self._writer.sync()
+            stop = self.pilot.decision.early_stop and self._interim_look(block)
             self._save_meta()
+            if stop:
+                self.stopped_after_block = block
+                self.progress(ProgressEvent("all", "done", message=(
+                    f"every candidate's speed is decided after block {block + 1} of "
+                    f"{load.blocks}: stopping early")))
+                for name in self.conditions:
+                    if load.order == "sequential":
+                        await self._sampled_pass(name)
+                        self._stop(self.states[name])
+                break
         if load.order == "abba":
             for name in self.conditions:
                 await self._sampled_pass(name)
+
+    def _interim_look(self, block: int) -> bool:
+        """Group-sequential look after a block: True when every candidate is decided."""
+        from .decision import sequential_look
+
+        data = CampaignData(self.directory, {}, self._records)
+        decided = True
+        for cand in self.pilot.candidates:
+            state = self.states.get(cand)
+            if state is None or state.error or self.states[self.pilot.baseline].error:
+                continue
+            look = sequential_look(self.pilot, data, cand)
+            if isinstance(look, str):
+                decided = False
+                continue
+            self.sequential.setdefault(cand, []).append({
+                "look": look.look, "z": look.z, "boundary": look.boundary,
+                "decision": look.decision, "estimate": look.estimate,
+            })
+            decided = decided and look.decision != "continue"
+        return decided and block + 1 < self.pilot.load.blocks
 
     async def _boot(self, name: str) -> None:
         state = self.states[name]
@@ -275,8 +310,7 @@ class Campaign:
             async with sem:
                 started = time.time()
                 result = await engine.generate(request)
-            writer.write(
-                RequestRecord(
+            record = RequestRecord(
                     run_id=self.run_id,
                     condition=name,
                     block=block,
@@ -303,7 +337,8 @@ class Campaign:
                     finish_reason=result.finish_reason,
                     started_at=started,
                 )
-            )
+            writer.write(record)
+            self._records.append(record)
             done += 1
             elapsed = time.perf_counter() - t_start
             self.progress(
@@ -375,6 +410,9 @@ class Campaign:
                 for name, st in self.states.items()
             },
             "schedule": self.schedule,
+            "early_stop": self.pilot.decision.early_stop,
+            "sequential": self.sequential,
+            "stopped_after_block": self.stopped_after_block,
             "status": self.status,
             "started_at": self.started_at,
             "ended_at": time.time() if self.status != "running" else None,

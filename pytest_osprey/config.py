@@ -194,6 +194,14 @@ class Decision(Strict):
     gate_unusual_slice: bool = False
     confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
     inconclusive: Literal["fail", "pass", "skip"] = "fail"
+    early_stop: bool = Field(
+        False,
+        description="Look after each block (O'Brien-Fleming alpha spending) and stop the "
+        "campaign once every candidate's primary speed gate is decided",
+    )
+    futility_speedup: PositiveFloat | None = Field(
+        1.0, description="With early_stop: drop early a candidate shown slower than this"
+    )
     bootstrap_resamples: Annotated[int, Field(ge=100, le=1_000_000)] = 2000
 
 

@@ -15,6 +15,7 @@ from .campaign import CampaignData, iter_pairs
 from .config import Pilot
 from .quality import greedy_identity
 from .records import RequestRecord
+from .stats_sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
 
 Outcome = Literal["pass", "fail", "inconclusive", "skip"]
 Verdict = Literal["KEEP", "DROP", "INCONCLUSIVE"]
@@ -209,16 +210,55 @@ def _speedup(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
         )
     except stats.StatsError as exc:
         return GateResult(spec, "fail", f"cannot judge speed: {exc}")
+    outcome = res.outcome
+    sequential = ""
+    if pilot.decision.early_stop and spec.slice is None and spec.load == pilot.primary_load \
+            and spec.reference == pilot.baseline:
+        look = sequential_look(pilot, data, spec.condition)
+        if isinstance(look, str):
+            sequential = f"; group-sequential look not possible: {look}"
+        else:
+            if look.decision != "continue":
+                outcome = "pass" if look.decision == "keep" else "fail"
+            sequential = (
+                f"; group-sequential decision {look.decision.upper()} at look {look.look}/"
+                f"{pilot.load.blocks} (z={look.z:.2f}, keep boundary {look.boundary:.2f})"
+            )
     summary = (
         f"completion-latency speedup {res.estimate:.3f}x, {pilot.decision.confidence:.0%} CI "
         f"[{res.ci_low:.3f}, {res.ci_high:.3f}] vs minimum {threshold:.3f}x over {res.n_prompts} "
         f"prompts ({res.n_pairs} requests); p={res.p_value:.3g}"
     )
-    if res.outcome == "inconclusive" and res.more_pairs_needed:
+    summary += sequential
+    if outcome == "inconclusive" and res.more_pairs_needed:
         summary += f"; about {res.more_pairs_needed} more paired prompts would settle it"
-    return GateResult(spec, res.outcome, summary, estimate=res.estimate, ci_low=res.ci_low,
+    return GateResult(spec, outcome, summary, estimate=res.estimate, ci_low=res.ci_low,
                       ci_high=res.ci_high, threshold=threshold, p_value=res.p_value,
                       details={"method": res.method, "n_prompts": res.n_prompts})
+
+
+def sequential_look(pilot: Pilot, data: CampaignData, candidate: str) -> SequentialDecision | str:
+    """The group-sequential decision (primary load, vs baseline) at the last recorded block.
+
+    Recomputed from the records, so the campaign's interim looks and a re-judged campaign
+    apply the same rule under the pilot's current limits. A string says why no look is possible.
+    """
+    level = pilot.primary_load
+    looks = max((r.block for r in data.records), default=-1) + 1
+    plan = obrien_fleming_plan(pilot.load.blocks, (1 - pilot.decision.confidence) / 2)
+
+    def blocks(cond: str) -> list[dict[str, list[float]]]:
+        out: list[dict[str, list[float]]] = [{} for _ in range(looks)]
+        for r in data.of(cond, level):
+            if r.ok and r.e2e_s:
+                out[r.block].setdefault(r.prompt_id, []).append(r.e2e_s)
+        return out
+
+    try:
+        return sequential_speedup(blocks(pilot.baseline), blocks(candidate),
+                                  pilot.limits.speedup_min, plan, pilot.decision.futility_speedup)
+    except stats.StatsError as exc:
+        return str(exc)
 
 
 _METRICS: dict[str, Callable[[RequestRecord], float | None]] = {

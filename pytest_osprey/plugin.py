@@ -151,7 +151,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     not shown as empty skips."""
     if config.stash.get(STATE, None) is None:
         return
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         unplanned = item.get_closest_marker("osprey") is not None and "osprey_gate" not in params

@@ -1,0 +1,90 @@
+"""Render the pilot-file reference (docs/pilot-reference.md) from the schema itself,
+so the documentation cannot drift from the code."""
+
+from __future__ import annotations
+
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from .config import Pilot
+
+INTRO = """# pilot.yaml reference
+
+Generated from the schema (`python -m pytest_osprey reference`); a test keeps it current.
+Unknown keys are errors. Relative paths resolve against the pilot file's folder.
+`python -m pytest_osprey schema` prints the JSON Schema for editor completion.
+"""
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    args = get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
+    if origin is None:
+        return getattr(annotation, "__name__", str(annotation))
+    name = getattr(origin, "__name__", str(origin))
+    if name in ("Union", "UnionType"):
+        return " or ".join(_type_name(a) for a in args)
+    if name == "Literal":
+        return " \\| ".join(repr(a) for a in args)
+    if name == "Annotated":
+        return _type_name(args[0])
+    return f"{name}[{', '.join(_type_name(a) for a in args)}]"
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "**required**"
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()
+        except TypeError:
+            return "(built)"
+        if isinstance(value, BaseModel):
+            return "(defaults)"
+        return f"`{value!r}`"
+    if field.default is PydanticUndefined:
+        return ""
+    return f"`{field.default!r}`"
+
+
+def _models(root: type[BaseModel]) -> list[type[BaseModel]]:
+    seen: list[type[BaseModel]] = []
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.append(model)
+        for field in model.model_fields.values():
+            for sub in _nested(field.annotation):
+                walk(sub)
+
+    walk(root)
+    return seen
+
+
+def _nested(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in get_args(annotation) for m in _nested(a)]
+
+
+def render() -> str:
+    parts = [INTRO]
+    for model in _models(Pilot):
+        parts.append(f"## {model.__name__}\n")
+        doc = (model.__doc__ or "").strip()
+        if doc and not doc.startswith("!!!") and "BaseModel" not in doc:
+            parts.append(doc.splitlines()[0] + "\n")
+        parts.append("| key | type | default | meaning |\n|---|---|---|---|")
+        for name, field in model.model_fields.items():
+            desc = (field.description or "").replace("|", "\\|")
+            parts.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} "
+                         f"| {desc} |")
+        parts.append("")
+    return "\n".join(parts)
