@@ -98,7 +98,11 @@ class Target(Strict):
     model: str = Field(description="Target checkpoint folder (or a model id a server resolves)")
     dtype: str = "float32"
     device: str = Field("cpu", description="transformers engine: cpu, cuda, cuda:1 ...")
-    python: str | None = Field(None, description="Python executable of a server engine's venv")
+    python: str | None = Field(
+        None,
+        description="Python executable of a server engine's venv (a path relative to the "
+        "pilot file, or a name on PATH; $VARS expand)",
+    )
     env: dict[str, str] = Field(default_factory=dict)
     engine_args: list[str] = Field(default_factory=list)
     host: str = "127.0.0.1"
@@ -476,6 +480,17 @@ def _resolve_paths(
         if not os.path.isdir(path):
             raise fail(("target", "model"), f"no such directory: {path}")
         model = str(path)
+    python = target.python
+    if python is not None:
+        expanded = os.path.expandvars(os.path.expanduser(python))
+        if "$" in expanded:
+            raise fail(("target", "python"), f"unset environment variable in {python!r}")
+        if os.sep in expanded:
+            path = local(expanded)
+            if not path.is_file():
+                raise fail(("target", "python"), f"no such file: {path}")
+            expanded = str(path)
+        python = expanded
     conditions = {}
     for name, cond in pilot.conditions.items():
         drafter = cond.drafter
@@ -489,7 +504,7 @@ def _resolve_paths(
     return pilot.model_copy(
         update={
             "trace": pilot.trace.model_copy(update={"files": files}),
-            "target": target.model_copy(update={"model": model}),
+            "target": target.model_copy(update={"model": model, "python": python}),
             "conditions": conditions,
         }
     )

@@ -191,7 +191,9 @@ class ProgressPrinter:
         if not (first or finished or now - self.last_t > 10):
             return
         self.last, self.last_t = key, now
-        if e.phase in ("boot", "warmup", "error"):
+        if e.phase == "done":
+            line = f"[osprey] {e.message}"
+        elif e.phase in ("boot", "warmup", "error"):
             text = {"boot": "booting", "warmup": f"warming up ({e.total} requests)",
                     "error": f"FAILED: {e.message}"}[e.phase]
             line = f"[osprey] {e.condition}: {text}"

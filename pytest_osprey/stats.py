@@ -110,7 +110,13 @@ def prompt_log_ratios(
 
 @dataclass(frozen=True)
 class SpeedupResult:
-    """Geometric-mean speedup reference/candidate over prompts (>1: candidate faster)."""
+    """Geometric-mean speedup reference/candidate over prompts (>1: candidate faster).
+
+    ``more_pairs_needed`` (inconclusive only): further paired prompts, each with as many
+    repetitions as now, for 80% power to settle the question if the observed mean log-ratio
+    and its SD are the truth (:func:`required_pairs`); :data:`MAX_PAIRS` caps it.
+    ``n_pairs`` counts paired observations: per prompt, the smaller repetition count.
+    """
 
     estimate: float
     ci_low: float

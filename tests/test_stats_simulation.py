@@ -118,7 +118,7 @@ def _fixed_t_passes(d: FloatArray) -> int:
 
 def test_sequential_false_keep_at_threshold() -> None:
     """No futility stop (the worst case for the false-keep rate): keeps <= alpha."""
-    n_sims = 2000
+    n_sims = 1500
     keeps, _, _ = _run_sequential(1.0, n_sims, seed=303)
     assert_rate_at_most(keeps, n_sims, 0.025, "sequential false keep")
 
@@ -186,7 +186,7 @@ def test_mcnemar_size_at_the_margin(p_loss: float, n: int) -> None:
     p_loss = margin is the hardest case: the candidate never gains, so every discordant
     pair is a loss and few pairs are discordant.
     """
-    n_sims, margin, alpha = 2000, 0.05, 0.05
+    n_sims, margin, alpha = 1500, 0.05, 0.05
     p_gain = p_loss - margin
     rng = np.random.default_rng(808)
     cells = rng.choice(3, size=(n_sims, n), p=[p_gain, p_loss, 1 - p_gain - p_loss])

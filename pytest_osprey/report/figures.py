@@ -54,7 +54,13 @@ def figures_for(data: CampaignData, condition: str, load: str, concurrency: int)
     ok = [r for r in recs if r.ok]
     tokens = [r.output_tokens or 0 for r in ok]
     wall = _wall(ok)
-    verified = [(r.output_tokens or 0, r.spec_verify_ct) for r in ok if r.spec_verify_ct]
+    # Verify steps as counted, or as implied by an engine-reported accept length.
+    verified: list[tuple[int, float]] = []
+    for r in ok:
+        if r.output_tokens and r.spec_verify_ct:
+            verified.append((r.output_tokens, float(r.spec_verify_ct)))
+        elif r.output_tokens and r.accept_length:
+            verified.append((r.output_tokens, r.output_tokens / r.accept_length))
     pooled = sum(t for t, _ in verified) / sum(v for _, v in verified) if verified else None
     mean = float(np.mean([t / v for t, v in verified])) if verified else None
     info = data.meta.get("conditions", {}).get(condition, {})
