@@ -13,6 +13,7 @@ from typing import Any, Literal
 from . import stats
 from .campaign import CampaignData, iter_pairs
 from .config import Pilot
+from .cost import break_even, condition_cost
 from .quality import greedy_identity
 from .records import RequestRecord
 from .stats_sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
@@ -102,6 +103,12 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
                 "speedup", cand, reference=ref, load=pilot.primary_load, slice=unusual,
                 gating=pilot.decision.gate_unusual_slice,
             ))
+        cost = pilot.limits.cost
+        if cost.max_cost_per_request is not None:
+            specs.append(GateSpec("cost", cand, load=pilot.primary_load))
+        if cost.max_break_even_days is not None:
+            specs.append(GateSpec("break_even", cand, reference=pilot.baseline,
+                                  load=pilot.primary_load))
         for i, lim in enumerate(pilot.limits.latency):
             for level in [lim.load] if lim.load else list(pilot.load.levels):
                 specs.append(GateSpec("latency", cand, load=level, index=i))
@@ -284,12 +291,48 @@ def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
                       ci_low=res.estimate, threshold=lim.max_s)
 
 
+def _cost(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+    assert spec.load is not None
+    limit = pilot.limits.cost.max_cost_per_request
+    assert limit is not None
+    c = condition_cost(pilot, data, spec.condition, spec.load)
+    cur = pilot.cost.currency
+    if c.cost_per_request is None:
+        return GateResult(spec, "fail", f"no successful request at {spec.load}: cost unknown")
+    ok = c.cost_per_request <= limit
+    return GateResult(
+        spec, "pass" if ok else "fail",
+        f"cost per successful request {c.cost_per_request:.6f} {cur} (limit {limit:g} {cur}) "
+        f"at {c.requests_per_hour:.0f} requests/h",
+        estimate=c.cost_per_request, threshold=limit, details=c.as_dict(),
+    )
+
+
+def _break_even(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+    assert spec.load is not None and spec.reference is not None
+    limit = pilot.limits.cost.max_break_even_days
+    assert limit is not None
+    be = break_even(pilot, data, spec.condition, spec.reference, spec.load)
+    if be.days is None:
+        return GateResult(spec, "fail", f"break-even: {be.reason}", threshold=limit,
+                          details=be.as_dict())
+    ok = be.days <= limit
+    return GateResult(
+        spec, "pass" if ok else "fail",
+        f"setup cost recovered after {be.requests:,.0f} requests = {be.days:.1f} days at the "
+        f"expected traffic (limit {limit:g} days)",
+        estimate=be.days, threshold=limit, details=be.as_dict(),
+    )
+
+
 _PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}
 _EVALUATORS = {
     "completed": _completed,
     "greedy_identity": _greedy,
     "speedup": _speedup,
     "latency": _latency,
+    "cost": _cost,
+    "break_even": _break_even,
 }
 
 

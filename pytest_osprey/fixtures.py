@@ -104,8 +104,7 @@ def osprey_results(
         state.judgement = judge(state.pilot, state.gates, osprey_campaign, osprey_preflight)
         state.results_dir.mkdir(parents=True, exist_ok=True)
         state.reports = write_reports(
-            state.results_dir, state.judgement, osprey_campaign, state.pilot.report.title,
-            md=state.pilot.report.markdown,
+            state.results_dir, state.judgement, osprey_campaign, state.pilot
         )
     return state.judgement
 

@@ -38,14 +38,13 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def _wall(records: list[RequestRecord]) -> float | None:
-    spans = [(r.started_at, r.started_at + r.e2e_s) for r in records
-             if r.started_at is not None and r.e2e_s is not None]
-    if not spans:
-        return None
     # Sum of each block's busy span: blocks run apart in time, the gaps between are not load.
     by_block: dict[int, list[tuple[float, float]]] = {}
-    for r, s in zip(records, spans, strict=False):
-        by_block.setdefault(r.block, []).append(s)
+    for r in records:
+        if r.started_at is not None and r.e2e_s is not None:
+            by_block.setdefault(r.block, []).append((r.started_at, r.started_at + r.e2e_s))
+    if not by_block:
+        return None
     return sum(max(e for _, e in v) - min(s for s, _ in v) for v in by_block.values())
 
 

@@ -7,14 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from ..campaign import CampaignData
+from ..config import Pilot
+from ..cost import cost_summary
 from ..judgement import Judgement
 from ..records import write_json_atomic, write_text_atomic
 from .figures import TABLE_HEADER, table_rows
+from .html import write_html
+from .plots import all_plots
 
 SUMMARY_SCHEMA = 1
 
 
-def summary_dict(judgement: Judgement, data: CampaignData) -> dict[str, Any]:
+def summary_dict(judgement: Judgement, data: CampaignData, pilot: Pilot) -> dict[str, Any]:
     meta = data.meta
     return {
         "schema": SUMMARY_SCHEMA,
@@ -29,6 +33,7 @@ def summary_dict(judgement: Judgement, data: CampaignData) -> dict[str, Any]:
         ],
         "gates": [g.as_dict() for g in judgement.results.values()],
         "figures": [f.as_dict() for f in judgement.figures],
+        "cost": cost_summary(pilot, data),
         "conditions": {
             name: {k: info.get(k) for k in ("role", "error", "boot_s", "peak_memory_mb")}
             for name, info in meta.get("conditions", {}).items()
@@ -57,12 +62,18 @@ def markdown(judgement: Judgement, data: CampaignData, title: str) -> str:
     return "\n".join(lines)
 
 
-def write_reports(directory: Path, judgement: Judgement, data: CampaignData, title: str,
-                  md: bool = True) -> list[Path]:
+def write_reports(directory: Path, judgement: Judgement, data: CampaignData,
+                  pilot: Pilot) -> list[Path]:
+    """summary.json, report.md (and $GITHUB_STEP_SUMMARY), report.html — each atomically."""
+    settings = pilot.report
+    summary = summary_dict(judgement, data, pilot)
     written = [directory / "summary.json"]
-    write_json_atomic(written[0], summary_dict(judgement, data))
-    if md:
-        text = markdown(judgement, data, title)
+    write_json_atomic(written[0], summary)
+    if settings.html:
+        plots = all_plots(data, pilot.limits.speedup_min, pilot.sampling.seed)
+        written.append(write_html(directory, summary, data, plots, settings.title))
+    if settings.markdown:
+        text = markdown(judgement, data, settings.title)
         write_text_atomic(directory / "report.md", text)
         written.append(directory / "report.md")
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -1,4 +1,4 @@
-"""Speed: paired per-prompt speedups with confidence intervals, and latency limits."""
+"""Speed, latency and cost: paired speedups with confidence intervals, latency limits, cost."""
 
 from __future__ import annotations
 
@@ -18,4 +18,16 @@ def test_speedup(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
 @pytest.mark.osprey(kind="latency")
 def test_latency(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
     """Upper confidence bound of the configured latency percentile within its limit."""
+    assert_gate(osprey_gate_result, osprey_config)
+
+
+@pytest.mark.osprey(kind="cost")
+def test_cost(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """Cost per successful request at the primary load within limits.cost."""
+    assert_gate(osprey_gate_result, osprey_config)
+
+
+@pytest.mark.osprey(kind="break_even")
+def test_break_even(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """Setup cost recovered by the savings per request within limits.cost.max_break_even_days."""
     assert_gate(osprey_gate_result, osprey_config)

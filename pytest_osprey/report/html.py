@@ -1,0 +1,371 @@
+"""report.html: one self-contained page (inline CSS, plots as PNG data URIs, no external URL).
+
+Every string that comes from records, config or the summary goes through :func:`_e`
+(``html.escape``): model outputs are untrusted text.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ..campaign import CampaignData
+from ..records import RequestRecord, write_text_atomic
+from .figures import TABLE_HEADER, Figures, all_figures, table_rows
+
+MAX_DIVERGENT = 20  # divergent prompts shown per condition pair
+SAMPLES_WHEN_IDENTICAL = 3
+_NEWLINES = re.compile(r"(\n+)")
+MAX_ERRORS = 5
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;
+ margin:0;background:#f6f8fa}
+main{max-width:1280px;margin:0 auto;padding:24px 28px 60px;background:#fff}
+h1{font-size:26px;margin:0 0 4px}h2{font-size:20px;margin:34px 0 10px;
+ border-bottom:1px solid #d0d7de;padding-bottom:4px}h3{font-size:16px;margin:20px 0 8px}
+.meta{color:#59636e;font-size:13px}.meta code{font-size:12px}
+nav a{margin-right:14px;color:#0969da;text-decoration:none}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f0f3f6}tr:nth-child(even) td{background:#fafbfc}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.summary{white-space:pre-wrap;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;
+ max-width:560px}
+.verdict{border-radius:8px;padding:12px 16px;margin:10px 0;border:2px solid}
+.verdict .label{font-weight:700;font-size:20px;margin-right:10px}
+.verdict ul{margin:6px 0 0;padding-left:20px}
+.KEEP{background:#dafbe1;border-color:#1a7f37;color:#0f5323}
+.DROP{background:#ffebe9;border-color:#cf222e;color:#82071e}
+.INCONCLUSIVE{background:#fff8c5;border-color:#bf8700;color:#6c4400}
+.badge{display:inline-block;border-radius:10px;padding:0 8px;font-weight:600;font-size:12px}
+.pass{background:#dafbe1;color:#1a7f37}.fail{background:#ffebe9;color:#cf222e}
+.inconclusive{background:#fff8c5;color:#9a6700}.skip{background:#eaeef2;color:#59636e}
+.over{color:#cf222e;font-weight:600}.note{color:#59636e;font-size:13px}
+figure{margin:14px 0 22px}figure img{max-width:100%;border:1px solid #d0d7de}
+figcaption{color:#59636e;font-size:13px}
+.pair{display:grid;grid-template-columns:1fr 1fr;gap:10px;margin:4px 0 14px}
+.pair pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;border:1px solid #d0d7de;
+ padding:8px;margin:0;max-height:260px;overflow:auto;font-size:12px}
+.pair .who{font-weight:600;font-size:12px;color:#59636e}
+mark{background:#ffd8b5}.ws{color:#8c959f;font-size:11px}
+"""
+
+PLOT_CAPTIONS = {
+    "latency_cdf": "Completion latency CDF per condition, one panel per load level.",
+    "ttft_throughput": "Time to first token and per-request output tokens/s, per condition "
+    "and load level (boxes: quartiles; whiskers: 1.5 IQR).",
+    "accept_length": "Distribution of per-request accept length for drafter conditions.",
+    "speedup": "Per-prompt speedup (reference / candidate completion latency, geometric mean "
+    "over repetitions); bars are 95% bootstrap intervals over repetitions (paired by block) "
+    "where a prompt has >= 2 on both sides. Solid line: no change; dashed: the KEEP threshold; "
+    "dotted: geometric mean over prompts.",
+}
+
+
+def _e(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _num(value: object, fmt: str = "{:.4g}") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return _e(value)
+    return _e(fmt.format(value))
+
+
+def _money(value: object) -> str:
+    """Currency amounts in plain decimals (no exponent), 3 significant digits when small."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return _num(value)
+    if not math.isfinite(value):
+        return _e(f"{value:g}")
+    if value == 0:
+        return "0.00"
+    decimals = max(2, 2 - math.floor(math.log10(abs(value))))
+    return _e(f"{value:,.{decimals}f}")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = (),
+           classes: dict[int, str] | None = None) -> str:
+    """Cells in ``rows`` are already HTML; ``header`` is plain text. ``numeric`` columns are
+    right-aligned; ``classes`` gives other columns a CSS class."""
+    cls = {i: "num" for i in numeric} | (classes or {})
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="{cls[i]}">{c}</td>' if i in cls else f"<td>{c}</td>"
+            for i, c in enumerate(row)
+        ) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _badge(outcome: object) -> str:
+    cls = outcome if outcome in ("pass", "fail", "inconclusive", "skip") else "skip"
+    return f'<span class="badge {cls}">{_e(outcome)}</span>'
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _header(summary: dict[str, Any], data: CampaignData, title: str) -> str:
+    meta = data.meta
+    run = summary.get("run_id") or meta.get("run_id")
+    trace = str(summary.get("trace_hash") or meta.get("trace_hash") or "")[:12]
+    config = str(summary.get("config_hash") or meta.get("config_hash") or "")[:12]
+    status = summary.get("status") or meta.get("status")
+    conds = summary.get("conditions") or meta.get("conditions", {})
+    rows = [
+        (_e(name), _e(info.get("role")), _num(info.get("boot_s"), "{:.1f}"),
+         _num(info.get("peak_memory_mb"), "{:.0f}"), _e(info.get("error") or "-"))
+        for name, info in conds.items()
+    ]
+    nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in (
+        ("verdicts", "Verdicts"), ("gates", "Gates"), ("figures", "Figures"), ("cost", "Cost"),
+        ("plots", "Plots"), ("outputs", "Outputs")))
+    return (
+        f"<h1>{_e(title)}</h1>"
+        f'<p class="meta">pilot <b>{_e(summary.get("pilot_name") or meta.get("pilot_name"))}</b>'
+        f" &middot; run <code>{_e(run)}</code> &middot; status <b>{_e(status)}</b> &middot; "
+        f"trace <code>{_e(trace)}</code> &middot; config <code>{_e(config)}</code> &middot; "
+        f"pytest-osprey {_e(meta.get('tool_version', ''))}</p><nav>{nav}</nav>"
+        + _table(("condition", "role", "boot s", "peak MiB", "error"), rows, {2, 3})
+    )
+
+
+def _verdicts(summary: dict[str, Any]) -> str:
+    out = ['<h2 id="verdicts">Verdicts</h2>']
+    for v in summary.get("verdicts", []):
+        verdict = v.get("verdict")
+        cls = verdict if verdict in ("KEEP", "DROP", "INCONCLUSIVE") else "INCONCLUSIVE"
+        reasons = v.get("reasons") or ["every gating gate passed"]
+        items = "".join(f"<li>{_e(r)}</li>" for r in reasons)
+        out.append(f'<div class="verdict {cls}"><span class="label">{_e(verdict)}</span>'
+                   f"<b>{_e(v.get('candidate'))}</b><ul>{items}</ul></div>")
+    if len(out) == 1:
+        out.append('<p class="note">No candidate was judged.</p>')
+    return "".join(out)
+
+
+def _gates(summary: dict[str, Any]) -> str:
+    rows = []
+    for g in summary.get("gates", []):
+        ci = g.get("ci")
+        ci_ok = isinstance(ci, list) and len(ci) == 2
+        ci_text = f"[{_num(ci[0])}, {_num(ci[1])}]" if ci_ok else "-"
+        rows.append((
+            _e(g.get("kind")), _e(g.get("id")), "yes" if g.get("gating", True) else "report only",
+            _badge(g.get("outcome")), _num(g.get("estimate")), ci_text, _num(g.get("threshold")),
+            _num(g.get("p_value"), "{:.3g}"), _e(g.get("summary")),
+        ))
+    if not rows:
+        return '<h2 id="gates">Gates</h2><p class="note">No gate results.</p>'
+    header = ("gate", "id", "gating", "outcome", "estimate", "CI", "threshold", "p", "summary")
+    return '<h2 id="gates">Gates</h2>' + _table(header, rows, {4, 5, 6, 7}, {8: "summary"})
+
+
+def _figures(summary: dict[str, Any], data: CampaignData) -> str:
+    names = {f.name for f in fields(Figures)}
+    raw = summary.get("figures")
+    figs = ([Figures(**{k: d.get(k) for k in names}) for d in raw] if raw is not None
+            else all_figures(data))
+    out = ['<h2 id="figures">Figures per condition and load level</h2>']
+    levels = list(dict.fromkeys(f.load for f in figs))
+    header = [h for h in TABLE_HEADER if h != "load"]
+    for level in levels:
+        mine = [f for f in figs if f.load == level]
+        rows = [[_e(c) for i, c in enumerate(row) if i != 1] for row in table_rows(mine)]
+        out.append(f"<h3>Load {_e(level)} (concurrency {_e(mine[0].concurrency)})</h3>")
+        out.append(_table(header, rows, set(range(1, len(header)))))
+    if not figs:
+        out.append('<p class="note">No figures.</p>')
+    return "".join(out)
+
+
+def _cost(summary: dict[str, Any]) -> str:
+    out = ['<h2 id="cost">Cost and break-even</h2>']
+    cost = summary.get("cost")
+    if not cost:
+        return out[0] + '<p class="note">No cost section in the summary.</p>'
+    cur = _e(cost.get("currency", ""))
+    limits = cost.get("limits") or {}
+    max_cost, max_days = limits.get("max_cost_per_request"), limits.get("max_break_even_days")
+    per_day = cost.get("expected_requests_per_day")
+    out.append(
+        f'<p class="note">Serving cost: {_money(cost.get("device_hour_price"))} {cur} per '
+        f'device-hour &times; {_num(cost.get("devices_per_server"))} device(s) per server. '
+        "Expected traffic: "
+        + (f"{_num(per_day, '{:,.0f}')} requests/day. " if per_day is not None else "not given. ")
+        + "Limits: cost per request "
+        + (f"{_money(max_cost)} {cur}" if max_cost is not None else "none")
+        + ", break-even " + (f"{_num(max_days)} days" if max_days is not None else "none")
+        + ". Cost per request = hourly cost / successful requests per busy hour.</p>")
+
+    def over(value: object, limit: object, fmt: str | None = None) -> str:
+        text = _num(value, fmt) if fmt else _money(value)
+        bad = isinstance(value, int | float) and isinstance(limit, int | float) and value > limit
+        return f'<span class="over">{text}</span>' if bad else text
+
+    rows = [
+        (_e(c.get("condition")), f"{_e(c.get('load'))} (x{_e(c.get('concurrency'))})",
+         f"{_e(c.get('ok'))}/{_e(c.get('total'))}", _num(c.get("busy_s"), "{:.2f}"),
+         _num(c.get("requests_per_hour"), "{:.1f}"),
+         over(c.get("cost_per_request"), max_cost), _money(_per_k(c.get("cost_per_request"))),
+         _money(c.get("setup_cost")))
+        for c in cost.get("table", [])
+    ]
+    unit = cost.get("currency", "")
+    out.append(_table(("condition", "load", "ok/total", "busy s", "ok requests/hour",
+                       f"cost per ok request ({unit})", f"per 1,000 ({unit})",
+                       f"setup ({unit})"), rows, {2, 3, 4, 5, 6, 7}))
+    be_rows = [
+        (_e(b.get("candidate")), _e(b.get("reference")), _e(b.get("load")),
+         _money(b.get("setup_cost")), _money(b.get("savings_per_request")),
+         _num(b.get("requests"), "{:,.0f}"), over(b.get("days"), max_days, "{:,.1f}"),
+         _e(b.get("reason") or ""))
+        for b in cost.get("break_even", [])
+    ]
+    if be_rows:
+        out.append("<h3>Break-even (setup cost / savings per request)</h3>")
+        out.append(_table(("candidate", "vs", "load", "setup", "savings per request",
+                           "break-even requests", "days", "note"), be_rows, {3, 4, 5, 6}))
+    return "".join(out)
+
+
+def _per_k(value: object) -> object:
+    return value * 1000 if isinstance(value, int | float) else value
+
+
+def _plots(plots: dict[str, bytes]) -> str:
+    out = ['<h2 id="plots">Plots</h2>']
+    for key, png in plots.items():
+        caption = PLOT_CAPTIONS.get(key) or PLOT_CAPTIONS.get(key.split("_", 1)[0], "")
+        uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+        out.append(f'<figure><img src="{uri}" alt="{_e(key)}">'
+                   f"<figcaption><b>{_e(key)}</b>: {_e(caption)}</figcaption></figure>")
+    if not plots:
+        out.append('<p class="note">No plots.</p>')
+    return "".join(out)
+
+
+def _first_outputs(records: list[RequestRecord]) -> dict[str, RequestRecord]:
+    """Per prompt: the earliest successful greedy output (lowest block, first load level)."""
+    out: dict[str, RequestRecord] = {}
+    for r in records:
+        if r.ok and (r.prompt_id not in out or r.block < out[r.prompt_id].block):
+            out[r.prompt_id] = r
+    return out
+
+
+def _visible(text: str) -> str:
+    """Escaped text with newlines shown (a tiny model's output can be all newlines): each
+    newline gets a mark, runs of more than two collapse into one mark with a count."""
+    out = []
+    for part in _NEWLINES.split(text):
+        if part.startswith("\n"):
+            k = len(part)
+            out.append('<span class="ws">\u21b5</span>\n' * k if k <= 2
+                       else f'<span class="ws">\u21b5&times;{k}</span>\n')
+        else:
+            out.append(_e(part))
+    return "".join(out)
+
+
+def _diverging(ref: str, cand: str) -> tuple[str, str]:
+    """Both texts as HTML, the part after their common prefix marked."""
+    n = next((i for i, (a, b) in enumerate(zip(ref, cand, strict=False)) if a != b),
+             min(len(ref), len(cand)))
+
+    def mark(text: str) -> str:
+        if not text:
+            return '<span class="ws">(empty output)</span>'
+        rest = text[n:]
+        return _visible(text[:n]) + (f"<mark>{_visible(rest)}</mark>" if rest else "")
+
+    return mark(ref), mark(cand)
+
+
+def _outputs(data: CampaignData) -> str:
+    out = ['<h2 id="outputs">Outputs (greedy)</h2>']
+    baseline = data.meta.get("baseline")
+    others = [c for c in data.meta.get("conditions", {}) if c != baseline]
+    levels = list(data.meta.get("load_levels", {})) or [None]
+    if not baseline or not others:
+        return out[0] + '<p class="note">No condition to compare with the baseline.</p>'
+    ref = _first_outputs(data.of(baseline, levels[0]))
+    for cond in others:
+        cand = _first_outputs(data.of(cond, levels[0]))
+        common = [p for p in ref if p in cand]
+        divergent = [p for p in common if ref[p].output_ids != cand[p].output_ids
+                     or (not ref[p].output_ids and ref[p].output_text != cand[p].output_text)]
+        out.append(f"<h3>{_e(cond)} vs {_e(baseline)}: {len(divergent)} of {len(common)} "
+                   f"prompts diverge (first repetition, load {_e(levels[0])})</h3>")
+        shown = divergent[:MAX_DIVERGENT]
+        if not divergent:
+            # Outputs with visible text first: a sample of blank outputs shows little.
+            shown = sorted(common, key=lambda p: not ref[p].output_text.strip())
+            shown = shown[:SAMPLES_WHEN_IDENTICAL]
+            out.append('<p class="note">All greedy outputs identical; a sample follows.</p>')
+        elif len(divergent) > MAX_DIVERGENT:
+            out.append(f'<p class="note">First {MAX_DIVERGENT} shown.</p>')
+        for pid in shown:
+            a, b = _diverging(ref[pid].output_text, cand[pid].output_text)
+            out.append(
+                f"<div><b>{_e(pid)}</b> <span class=\"note\">slice {_e(ref[pid].slice)}, "
+                f"{_e(ref[pid].output_tokens)} vs {_e(cand[pid].output_tokens)} tokens</span>"
+                f'<div class="pair"><div><div class="who">{_e(baseline)}</div><pre>{a}</pre>'
+                f'</div><div><div class="who">{_e(cond)}</div><pre>{b}</pre></div></div></div>')
+    return "".join(out)
+
+
+def _errors(data: CampaignData) -> str:
+    failed = [r for r in data.records if not r.ok]
+    if not failed:
+        return ""
+    by_cond: dict[str, list[RequestRecord]] = {}
+    for r in failed:
+        by_cond.setdefault(r.condition, []).append(r)
+    rows = []
+    for cond, recs in by_cond.items():
+        errors = list(dict.fromkeys((r.error or "(no message)")[:300] for r in recs))
+        rows.append((_e(cond), _e(len(recs)),
+                     "<br>".join(_e(e) for e in errors[:MAX_ERRORS])
+                     + (" &hellip;" if len(errors) > MAX_ERRORS else "")))
+    return '<h2 id="errors">Failed requests</h2>' + _table(
+        ("condition", "failed", "errors (distinct, first few)"), rows, {1})
+
+
+# --------------------------------------------------------------------------- page
+
+
+def render_html(summary: dict[str, Any], data: CampaignData, plots: dict[str, bytes],
+                title: str | None = None) -> str:
+    """The whole report page as one string (UTF-8, no external resources)."""
+    title = title or summary.get("title") or f"Drafter pilot: {summary.get('pilot_name', '')}"
+    body = "".join((
+        _header(summary, data, str(title)), _verdicts(summary), _gates(summary),
+        _figures(summary, data), _cost(summary), _plots(plots), _outputs(data), _errors(data),
+    ))
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head>"
+        f"<body><main>{body}</main></body></html>\n"
+    )
+
+
+def write_html(directory: Path, summary: dict[str, Any], data: CampaignData,
+               plots: dict[str, bytes], title: str | None = None) -> Path:
+    """Write ``directory/report.html`` atomically; returns its path."""
+    path = directory / "report.html"
+    write_text_atomic(path, render_html(summary, data, plots, title))
+    return path

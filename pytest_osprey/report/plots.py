@@ -1,0 +1,321 @@
+"""Report plots as PNG bytes (matplotlib's Agg canvas; no pyplot, no display, no global state).
+
+Every function reads a :class:`CampaignData` (greedy pass) and copes with empty conditions:
+a panel with nothing to draw says so instead of failing.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+from ..campaign import CampaignData
+from ..records import RequestRecord
+
+FloatArray = npt.NDArray[np.float64]
+DPI = 100
+BOOTSTRAP_RESAMPLES = 1000
+COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
+          "#8c8c8c", "#ccb974", "#64b5cd")
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _conditions(data: CampaignData) -> list[str]:
+    names = list(data.meta.get("conditions", {}))
+    for r in data.records:
+        if r.condition not in names:
+            names.append(r.condition)
+    return names
+
+
+def _levels(data: CampaignData) -> list[tuple[str, int]]:
+    levels: dict[str, int] = dict(data.meta.get("load_levels", {}))
+    for r in data.records:
+        levels.setdefault(r.load, r.concurrency)
+    return list(levels.items()) or [("-", 0)]
+
+
+def _color(i: int) -> str:
+    return COLORS[i % len(COLORS)]
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666666",
+            bbox={"facecolor": "white", "edgecolor": "#cccccc", "boxstyle": "round"}, zorder=5)
+
+
+def _ok(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.ok]
+
+
+# --------------------------------------------------------------------------- latency CDF
+
+
+def latency_cdf(data: CampaignData) -> bytes:
+    """Completion latency CDF: one panel per load level, one line per condition."""
+    levels = _levels(data)
+    fig = Figure(figsize=(5.2 * len(levels), 4.0), layout="constrained")
+    axes = fig.subplots(1, len(levels), squeeze=False)[0]
+    for ax, (level, conc) in zip(axes, levels, strict=True):
+        drawn = False
+        for i, cond in enumerate(_conditions(data)):
+            values = np.sort([r.e2e_s for r in _ok(data.of(cond, level)) if r.e2e_s is not None])
+            if values.size == 0:
+                ax.plot([], [], color=_color(i), label=f"{cond} (no successful request)")
+                continue
+            y = np.arange(0, values.size + 1) / values.size
+            ax.step(np.r_[values[0], values], y, where="post", color=_color(i), lw=1.8,
+                    label=f"{cond} (n={values.size})")
+            drawn = True
+        if not drawn:
+            _empty(ax, "no successful requests")
+        ax.set_title(f"load {level} (concurrency {conc})")
+        ax.set_xlabel("completion latency (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle("Completion latency CDF (greedy pass, successful requests)")
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- per-prompt speedup
+
+
+def _ci(draws: FloatArray) -> tuple[float, float]:
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(np.exp(lo)), float(np.exp(hi))
+
+
+def prompt_speedups(
+    data: CampaignData, reference: str, candidate: str, load: str, seed: int = 0
+) -> list[tuple[str, str, float, float | None, float | None]]:
+    """Per prompt: (id, slice, speedup, CI low, CI high); speedup = reference / candidate
+    completion latency, geometric means over repetitions. The 95% percentile-bootstrap CI
+    resamples repetitions: paired by repetition (the same block on both sides, so drift
+    between blocks cancels) when >= 2 repetitions pair up, else each side on its own; None
+    with fewer than 2 repetitions on either side."""
+    ref: dict[str, dict[int, list[float]]] = {}
+    cand: dict[str, dict[int, list[float]]] = {}
+    slices: dict[str, str] = {}
+    for r in data.records:
+        if r.mode != "greedy" or r.load != load or not r.ok or not r.e2e_s or r.e2e_s <= 0:
+            continue
+        side = ref if r.condition == reference else cand if r.condition == candidate else None
+        if side is not None:
+            side.setdefault(r.prompt_id, {}).setdefault(r.repetition, []).append(
+                math.log(r.e2e_s))
+            slices[r.prompt_id] = r.slice
+    rng = np.random.default_rng(seed)
+    out = []
+    for pid in sorted(set(ref) & set(cand), key=lambda p: (slices[p], p)):
+        a = np.array([v for vs in ref[pid].values() for v in vs])
+        b = np.array([v for vs in cand[pid].values() for v in vs])
+        est = float(np.exp(a.mean() - b.mean()))
+        low = high = None
+        paired = sorted(set(ref[pid]) & set(cand[pid]))
+        if len(paired) >= 2:
+            d = np.array([np.mean(ref[pid][k]) - np.mean(cand[pid][k]) for k in paired])
+            low, high = _ci(d[rng.integers(0, d.size, (BOOTSTRAP_RESAMPLES, d.size))].mean(1))
+        elif a.size >= 2 and b.size >= 2:
+            ra = a[rng.integers(0, a.size, (BOOTSTRAP_RESAMPLES, a.size))].mean(axis=1)
+            rb = b[rng.integers(0, b.size, (BOOTSTRAP_RESAMPLES, b.size))].mean(axis=1)
+            low, high = _ci(ra - rb)
+        out.append((pid, slices[pid], est, low, high))
+    return out
+
+
+NICE_TICKS = (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0,
+              4.0, 5.0, 7.0, 10.0, 20.0, 50.0, 100.0)
+
+
+def _speedup_axis(ax: Axes, low: float, high: float) -> None:
+    """Log axis with plain 'Nx' labels at a handful of round speedups."""
+    ax.set_xscale("log")
+    ax.set_xlim(low, high)
+    inside = [t for t in NICE_TICKS if low <= t <= high]
+    step = max(1, math.ceil(len(inside) / 8))
+    ticks = sorted({1.0, *(t for t in inside[::step] if abs(math.log(t)) > 0.12)})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+
+
+def speedup_plot(
+    data: CampaignData, reference: str, candidate: str, threshold: float = 1.0, seed: int = 0
+) -> bytes:
+    """Per-prompt speedup of ``candidate`` over ``reference``: one panel per load level,
+    prompts down the side grouped and colored by slice, log-scale speedup axis."""
+    levels = _levels(data)
+    per_level = [prompt_speedups(data, reference, candidate, lv, seed) for lv, _ in levels]
+    ids = sorted({(s, p) for rows in per_level for p, s, *_ in rows})
+    pos = {p: i for i, (_, p) in enumerate(ids)}
+    slice_names = sorted({s for s, _ in ids})
+    colors = {s: _color(i) for i, s in enumerate(slice_names)}
+    values = [v for rows in per_level for row in rows for v in row[2:] if v is not None]
+    low = min([*values, threshold, 1.0]) / 1.15
+    high = max([*values, threshold, 1.0]) * 1.15
+    fig = Figure(figsize=(4.8 * len(levels) + 1.4, 2.6 + 0.24 * max(len(ids), 4)),
+                 layout="constrained")
+    axes = fig.subplots(1, len(levels), squeeze=False, sharey=True)[0]
+    for ax, (level, conc), rows in zip(axes, levels, per_level, strict=True):
+        _speedup_axis(ax, low, high)
+        ax.axvline(1.0, color="#444444", lw=1, label="1x (no change)")
+        if threshold != 1.0:
+            ax.axvline(threshold, color="#c44e52", lw=1.2, ls="--",
+                       label=f"KEEP threshold {threshold:g}x")
+        for s in slice_names:
+            mine = [row for row in rows if row[1] == s]
+            with_ci = [row for row in mine if row[3] is not None and row[4] is not None]
+            if with_ci:
+                # Clamped: a degenerate interval can sit a rounding error off its estimate.
+                lo = [max(0.0, row[2] - (row[3] or 0.0)) for row in with_ci]
+                hi = [max(0.0, (row[4] or 0.0) - row[2]) for row in with_ci]
+                ax.errorbar([row[2] for row in with_ci], [pos[row[0]] for row in with_ci],
+                            xerr=[lo, hi], fmt="none", ecolor=colors[s], alpha=0.6, lw=1.2)
+            ax.scatter([row[2] for row in mine], [pos[row[0]] for row in mine],
+                       color=colors[s], s=24, zorder=3, label=f"slice {s}")
+        if rows:
+            geo = float(np.exp(np.mean(np.log([row[2] for row in rows]))))
+            ax.axvline(geo, color="#55a868", lw=1.2, ls=":", label="geometric mean")
+            ax.set_title(f"load {level} (x{conc}): geometric mean {geo:.3f}x, "
+                         f"{len(rows)} prompts", fontsize=10)
+        else:
+            _empty(ax, "no prompt completed on both sides")
+            ax.set_title(f"load {level} (x{conc})", fontsize=10)
+        ax.set_xlabel(f"speedup = {reference} / {candidate} latency")
+        ax.grid(alpha=0.3, axis="x")
+    axes[0].set_yticks(range(len(ids)), [p for _, p in ids], fontsize=8)
+    axes[0].set_ylim(len(ids) - 0.5 if ids else 0.5, -0.5)
+    axes[0].set_ylabel("prompt")
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+               ncols=min(len(handles), 6), fontsize=8, frameon=False)
+    fig.suptitle(f"Per-prompt speedup, {candidate} vs {reference} "
+                 "(bars: 95% bootstrap CI over repetitions; > 1x: candidate faster)",
+                 fontsize=11)
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- accept length
+
+
+def accept_length_plot(data: CampaignData) -> bytes:
+    """Histogram of per-request accept length, one series per drafter condition."""
+    fig = Figure(figsize=(7.5, 4.0), layout="constrained")
+    ax = fig.subplots()
+    series = []
+    roles = data.meta.get("conditions", {})
+    for i, cond in enumerate(_conditions(data)):
+        if roles.get(cond, {}).get("role") == "baseline" or cond == data.meta.get("baseline"):
+            continue  # speculation off: an accept length of 1 says nothing
+        ok = _ok(data.of(cond))
+        values = [r.accept_length for r in ok if r.accept_length is not None]
+        verified = [(r.output_tokens or 0, r.spec_verify_ct) for r in ok if r.spec_verify_ct]
+        pooled = sum(t for t, _ in verified) / sum(v for _, v in verified) if verified else None
+        if values:
+            label = f"{cond} (n={len(values)}, per-request mean {np.mean(values):.2f}"
+            label += f", pooled {pooled:.2f})" if pooled is not None else ")"
+            series.append((i, label, values))
+    if series:
+        top = max(max(v) for _, _, v in series)
+        bins = np.linspace(1.0, max(top, 1.0) + 0.25, 25).tolist()
+        for i, label, values in series:
+            ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color=_color(i),
+                    edgecolor=_color(i), lw=1.5,
+                    label=label)
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no drafter condition recorded an accept length")
+    ax.set_xlabel("accept length (tokens per verify step, bonus token included)")
+    ax.set_ylabel("requests")
+    ax.grid(alpha=0.3)
+    ax.set_title("Accept length per request (greedy pass, all load levels)")
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- TTFT, throughput
+
+
+def _boxes(ax: Axes, values: dict[tuple[str, str], list[float]], conds: list[str],
+           levels: list[tuple[str, int]]) -> None:
+    width = 0.8 / max(len(conds), 1)
+    drawn = False
+    for i, cond in enumerate(conds):
+        for j, (level, _) in enumerate(levels):
+            vals = values.get((cond, level), [])
+            x = j + (i - (len(conds) - 1) / 2) * width
+            if not vals:
+                ax.text(x, 0.02, "no ok request", ha="center", va="bottom", fontsize=8, rotation=90,
+                        color="#888888", transform=ax.get_xaxis_transform())
+                continue
+            ax.boxplot([vals], positions=[x], widths=width * 0.8, patch_artist=True,
+                       boxprops={"facecolor": _color(i), "alpha": 0.6},
+                       medianprops={"color": "black"}, flierprops={"markersize": 3})
+            drawn = True
+    for i, cond in enumerate(conds):
+        ax.plot([], [], marker="s", ls="", color=_color(i), alpha=0.6, label=cond)
+    ax.set_xticks(range(len(levels)), [f"{lv} (x{c})" for lv, c in levels])
+    ax.set_xlim(-0.6, len(levels) - 0.4)
+    ax.set_xlabel("load level (concurrency)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    if not drawn:
+        _empty(ax, "no successful requests")
+
+
+def ttft_throughput_plot(data: CampaignData) -> bytes:
+    """Per-request time to first token and output tokens/s, per condition and load level."""
+    conds, levels = _conditions(data), _levels(data)
+    ttft: dict[tuple[str, str], list[float]] = {}
+    tps: dict[tuple[str, str], list[float]] = {}
+    for cond in conds:
+        for level, _ in levels:
+            ok = _ok(data.of(cond, level))
+            ttft[cond, level] = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+            tps[cond, level] = [t for r in ok if (t := r.tokens_per_s) is not None]
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    _boxes(ax1, ttft, conds, levels)
+    ax1.set_ylabel("time to first token (ms)")
+    ax1.set_title("Time to first token per request")
+    _boxes(ax2, tps, conds, levels)
+    ax2.set_ylabel("output tokens/s per request")
+    ax2.set_title("Throughput per request")
+    fig.suptitle("TTFT and throughput (greedy pass, successful requests)")
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- all together
+
+
+def all_plots(data: CampaignData, speedup_min: float = 1.0, seed: int = 0) -> dict[str, bytes]:
+    """Every report plot, keyed by a stable name (the HTML report shows them in this order).
+    Speedup plots: each candidate vs the baseline (threshold ``speedup_min``) and vs the
+    current drafter (threshold 1)."""
+    plots = {"latency_cdf": latency_cdf(data), "ttft_throughput": ttft_throughput_plot(data)}
+    baseline = data.meta.get("baseline")
+    current = data.meta.get("current")
+    for cand in data.meta.get("candidates", []):
+        for ref, threshold in ((baseline, speedup_min), (current, 1.0)):
+            if ref:
+                plots[f"speedup_{cand}_vs_{ref}"] = speedup_plot(data, ref, cand, threshold, seed)
+    plots["accept_length"] = accept_length_plot(data)
+    return plots

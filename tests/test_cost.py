@@ -1,0 +1,149 @@
+"""Cost per successful request and break-even: exact arithmetic on hand-built records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_osprey.campaign import CampaignData
+from pytest_osprey.config import Pilot
+from pytest_osprey.cost import NO_SAVINGS, break_even, cost_summary, cost_table, setup_cost
+from pytest_osprey.records import RequestRecord
+
+
+def make_pilot(**cost: Any) -> Pilot:
+    data: dict[str, Any] = {
+        "target": {"model": "t"},
+        "conditions": {
+            "baseline": {"role": "baseline"},
+            "current": {"role": "current", "drafter": "d0"},
+            "cand": {"role": "candidate", "drafter": "d1"},
+        },
+        "trace": {"files": ["p.jsonl"]},
+        "load": {"levels": {"low": 1, "busy": 4}},
+        "cost": {
+            "device_hour_price": 3.6,
+            "devices_per_server": 2,
+            "currency": "EUR",
+            "setup": {"cand": {"pretraining": 10, "adaptation": 2, "idle_device_hours": 5}},
+            **cost,
+        },
+    }
+    return Pilot.model_validate(data)
+
+
+def rec(
+    condition: str, block: int, start: float, e2e: float, ok: bool = True, load: str = "low"
+) -> RequestRecord:
+    return RequestRecord(
+        run_id="r", condition=condition, block=block, repetition=block, load=load,
+        concurrency=1, prompt_id=f"p{start}", slice="s", domain="d", mode="greedy",
+        sample_index=0, ok=ok, error=None if ok else "boom", e2e_s=e2e, started_at=start,
+        output_tokens=10 if ok else None,
+    )
+
+
+def campaign(records: list[RequestRecord]) -> CampaignData:
+    return CampaignData(Path("."), {"conditions": {}}, records)
+
+
+# baseline: blocks of 0..4 s and 100..104 s -> 8 busy seconds, 4 ok -> 1800 requests/hour.
+BASE = [rec("baseline", 0, 0, 2), rec("baseline", 0, 2, 2),
+        rec("baseline", 1, 100, 3), rec("baseline", 1, 103, 1)]
+# cand: 0..2 s and 100..102 s -> 4 busy seconds, 4 ok -> 3600 requests/hour.
+CAND = [rec("cand", 0, 0, 1), rec("cand", 0, 1, 1), rec("cand", 1, 100, 1), rec("cand", 1, 101, 1)]
+
+
+def test_cost_per_request_exact() -> None:
+    pilot = make_pilot()
+    table = {(c.condition, c.load): c for c in cost_table(pilot, campaign(BASE + CAND))}
+    assert len(table) == 6  # 3 conditions x 2 load levels
+    base, cand = table["baseline", "low"], table["cand", "low"]
+    assert base.hourly_cost == pytest.approx(7.2)
+    assert base.busy_s == pytest.approx(8.0)
+    assert base.requests_per_hour == pytest.approx(1800.0)
+    assert base.cost_per_request == pytest.approx(0.004)
+    assert cand.requests_per_hour == pytest.approx(3600.0)
+    assert cand.cost_per_request == pytest.approx(0.002)
+    assert cand.currency == "EUR" and cand.concurrency == 1 and (cand.ok, cand.total) == (4, 4)
+    # Setup: 10 + 2 + 5 idle hours * 3.6 * 2 devices; a condition without setup costs nothing.
+    assert cand.setup_cost == pytest.approx(48.0)
+    assert setup_cost(pilot, "baseline") == 0.0
+
+
+def test_failed_requests_count_in_busy_time_not_in_successes() -> None:
+    # A failed request from 2 to 6 s stretches block 0 to 6 s; 2 ok in 6 s -> 1200/hour.
+    recs = [rec("cand", 0, 0, 1), rec("cand", 0, 1, 1), rec("cand", 0, 2, 4, ok=False)]
+    (cost,) = [c for c in cost_table(make_pilot(), campaign(recs))
+               if c.condition == "cand" and c.load == "low"]
+    assert (cost.ok, cost.total) == (2, 3)
+    assert cost.busy_s == pytest.approx(6.0)
+    assert cost.requests_per_hour == pytest.approx(1200.0)
+    assert cost.cost_per_request == pytest.approx(7.2 / 1200)
+
+
+def test_break_even_requests_and_days() -> None:
+    pilot = make_pilot(expected_requests_per_day=1000)
+    be = break_even(pilot, campaign(BASE + CAND), "cand", "baseline", "low")
+    assert be.savings_per_request == pytest.approx(0.002)
+    assert be.setup_cost == pytest.approx(48.0)
+    assert be.requests == pytest.approx(24_000)
+    assert be.days == pytest.approx(24.0)
+    assert be.reason is None
+
+
+def test_break_even_without_expected_traffic_has_no_days() -> None:
+    be = break_even(make_pilot(), campaign(BASE + CAND), "cand", "baseline", "low")
+    assert be.requests == pytest.approx(24_000)
+    assert be.days is None
+    assert be.reason is not None and "expected_requests_per_day" in be.reason
+    zero = break_even(make_pilot(expected_requests_per_day=0), campaign(BASE + CAND),
+                      "cand", "baseline", "low")
+    assert zero.requests == pytest.approx(24_000) and zero.days is None
+
+
+@pytest.mark.parametrize(
+    ("cand", "savings"),
+    [
+        # Same busy time as the baseline: savings exactly 0.
+        ([rec("cand", 0, 0, 2), rec("cand", 0, 2, 2), rec("cand", 1, 100, 4),
+          rec("cand", 1, 104, 0)], 0.0),
+        # Slower than the baseline: 16 busy seconds for 4 -> 0.008 per request.
+        ([rec("cand", 0, 0, 4), rec("cand", 0, 4, 4), rec("cand", 1, 100, 4),
+          rec("cand", 1, 104, 4)], -0.004),
+    ],
+    ids=["zero", "negative"],
+)
+def test_no_break_even_when_savings_not_positive(cand: list[RequestRecord], savings: float) -> None:
+    be = break_even(make_pilot(expected_requests_per_day=1000), campaign(BASE + cand),
+                    "cand", "baseline", "low")
+    assert be.savings_per_request == pytest.approx(savings, abs=1e-12)
+    assert be.requests is None and be.days is None
+    assert be.reason == NO_SAVINGS
+
+
+def test_zero_successes_have_no_cost_and_no_break_even() -> None:
+    failed = [rec("cand", 0, 0, 1, ok=False), rec("cand", 0, 1, 1, ok=False)]
+    data = campaign(BASE + failed)
+    table = {(c.condition, c.load): c for c in cost_table(make_pilot(), data)}
+    cost = table["cand", "low"]
+    assert cost.ok == 0 and cost.busy_s == pytest.approx(2.0)
+    assert cost.requests_per_hour is None and cost.cost_per_request is None
+    be = break_even(make_pilot(), data, "cand", "baseline", "low")
+    assert be.savings_per_request is None and be.requests is None
+    assert be.reason is not None and "cand" in be.reason and "baseline" not in be.reason
+    # A level with no records at all: nothing measured, nothing priced.
+    empty = table["cand", "busy"]
+    assert empty.total == 0 and empty.busy_s is None and empty.cost_per_request is None
+
+
+def test_cost_summary_is_json_shaped() -> None:
+    summary = cost_summary(make_pilot(expected_requests_per_day=1000), campaign(BASE + CAND))
+    assert summary["currency"] == "EUR" and summary["primary_load"] == "busy"
+    assert len(summary["table"]) == 6
+    # Primary load "busy" has no records: both references report why there is no break-even.
+    assert [(b["candidate"], b["reference"]) for b in summary["break_even"]] == [
+        ("cand", "baseline"), ("cand", "current")]
+    assert all(b["requests"] is None for b in summary["break_even"])

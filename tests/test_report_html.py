@@ -1,0 +1,226 @@
+"""report.html and its plots, from a synthetic campaign (no engine)."""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_osprey.campaign import CampaignData
+from pytest_osprey.config import Pilot
+from pytest_osprey.cost import cost_summary
+from pytest_osprey.records import RequestRecord
+from pytest_osprey.report.figures import all_figures
+from pytest_osprey.report.html import render_html, write_html
+from pytest_osprey.report.plots import all_plots, prompt_speedups
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SCRIPT = "<script>alert(1)</script>"
+LEVELS = {"low": 1, "busy": 4}
+ROLES = {"baseline": "baseline", "current": "current", "cand": "candidate", "broken": "candidate"}
+PROMPTS = [("p1", "core"), ("p2", "core"), ("p3", "unusual")]
+SPEED = {"baseline": 1.0, "current": 0.8, "cand": 0.6, "broken": 1.0}
+
+
+def rec(cond: str, pid: str, slice_: str, load: str, block: int, **kw: Any) -> RequestRecord:
+    e2e = SPEED[cond] * (1.0 + 0.1 * block + 0.05 * int(pid[1:])) * LEVELS[load]
+    ok = cond != "broken"
+    fields: dict[str, Any] = {
+        "run_id": "r", "condition": cond, "block": block, "repetition": block, "load": load,
+        "concurrency": LEVELS[load], "prompt_id": pid, "slice": slice_, "domain": "d",
+        "mode": "greedy", "sample_index": 0, "ok": ok,
+        "error": None if ok else "engine said <b>no</b>",
+        "ttft_s": 0.1 * e2e if ok else None, "e2e_s": e2e if ok else None,
+        "output_tokens": 20 if ok else None, "output_ids": [1, 2, 3] if ok else [],
+        "output_text": f"answer to {pid}" if ok else "",
+        "spec_verify_ct": 8 if ok and cond in ("current", "cand") else None,
+        "accept_length": 2.5 if ok and cond in ("current", "cand") else None,
+        "started_at": 1000.0 * block + 10 * int(pid[1:]) + (100 if load == "busy" else 0),
+    }
+    fields.update(kw)
+    return RequestRecord(**fields)
+
+
+def make_data(prompts: list[tuple[str, str]] = PROMPTS, blocks: int = 2) -> CampaignData:
+    records = [
+        rec(cond, pid, slice_, load, block)
+        for block in range(blocks)
+        for cond in ROLES
+        for load in LEVELS
+        for pid, slice_ in prompts
+    ]
+    # One divergent, hostile output from the candidate.
+    for i, r in enumerate(records):
+        if (r.condition, r.prompt_id, r.load, r.block) == ("cand", prompts[0][0], "low", 0):
+            records[i] = rec("cand", r.prompt_id, r.slice, "low", 0, output_text=SCRIPT,
+                             output_ids=[1, 2, 9])
+    meta = {
+        "run_id": "run-1", "pilot_name": "<i>pilot</i>", "status": "complete",
+        "trace_hash": "ab" * 32, "config_hash": "cd" * 32, "tool_version": "0.1.0",
+        "baseline": "baseline", "current": "current", "candidates": ["cand", "broken"],
+        "load_levels": LEVELS, "blocks": blocks,
+        "conditions": {c: {"role": role, "error": None, "boot_s": 1.5, "peak_memory_mb": 100.0}
+                       for c, role in ROLES.items()},
+    }
+    return CampaignData(Path("."), meta, records)
+
+
+def make_pilot() -> Pilot:
+    return Pilot.model_validate({
+        "target": {"model": "t"},
+        "conditions": {c: {"role": r} if r == "baseline" else {"role": r, "drafter": "d"}
+                       for c, r in ROLES.items()},
+        "trace": {"files": ["p.jsonl"]},
+        "load": {"levels": LEVELS},
+        "limits": {"cost": {"max_cost_per_request": 0.5}},
+        "cost": {"device_hour_price": 2.0, "expected_requests_per_day": 5000,
+                 "setup": {"cand": {"pretraining": 100.0}}},
+    })
+
+
+def make_summary(data: CampaignData) -> dict[str, Any]:
+    gate = {"kind": "speedup", "id": "cand-vs-baseline-busy", "condition": "cand",
+            "reference": "baseline", "load": "busy", "slice": None, "gating": True,
+            "outcome": "pass", "summary": "speedup 1.667x <ok>", "estimate": 1.667,
+            "ci": [1.5, 1.8], "threshold": 1.1, "p_value": 0.01, "details": {}}
+    return {
+        "schema": 1, "run_id": "run-1", "pilot_name": "<i>pilot</i>", "status": "complete",
+        "trace_hash": "ab" * 32, "config_hash": "cd" * 32,
+        "verdicts": [
+            {"candidate": "cand", "verdict": "KEEP", "reasons": []},
+            {"candidate": "broken", "verdict": "DROP", "reasons": ["completed[broken-low]: 0/6"]},
+            {"candidate": "maybe", "verdict": "INCONCLUSIVE", "reasons": ["speedup: CI straddles"]},
+        ],
+        "gates": [gate, {**gate, "id": "broken-low", "kind": "completed", "outcome": "fail",
+                         "ci": None, "summary": "0/6 completed"}],
+        "figures": [f.as_dict() for f in all_figures(data)],
+        "conditions": data.meta["conditions"],
+        "cost": cost_summary(make_pilot(), data),
+    }
+
+
+@pytest.fixture(scope="module")
+def data() -> CampaignData:
+    return make_data()
+
+
+@pytest.fixture(scope="module")
+def plots(data: CampaignData) -> dict[str, bytes]:
+    return all_plots(data, speedup_min=1.1)
+
+
+@pytest.fixture(scope="module")
+def page(data: CampaignData, plots: dict[str, bytes]) -> str:
+    return render_html(make_summary(data), data, plots, title="Pilot <report>")
+
+
+def test_plots_are_png(plots: dict[str, bytes]) -> None:
+    assert set(plots) == {
+        "latency_cdf", "ttft_throughput", "accept_length", "speedup_cand_vs_baseline",
+        "speedup_cand_vs_current", "speedup_broken_vs_baseline", "speedup_broken_vs_current",
+    }  # "broken" (zero successful requests) still gets its plots, empty panels saying so
+    for key, png in plots.items():
+        assert png.startswith(PNG_MAGIC), key
+        assert len(png) > 5000, key
+
+
+def test_plots_survive_a_single_prompt_and_repetition() -> None:
+    data = make_data(prompts=[("p1", "core")], blocks=1)
+    data.meta["candidates"] = ["cand"]
+    plots = all_plots(data)
+    assert len(plots) == 5
+    assert all(png.startswith(PNG_MAGIC) for png in plots.values())
+
+
+def test_prompt_speedups_geometric_mean_and_ci(data: CampaignData) -> None:
+    rows = {pid: row for pid, *row in prompt_speedups(data, "baseline", "cand", "busy")}
+    assert list(rows) == ["p1", "p2", "p3"]  # by slice, then id
+    slice_, est, low, high = rows["p2"]
+    assert slice_ == "core"
+    assert est == pytest.approx(1 / 0.6)  # each repetition is 1/0.6 times faster
+    # Paired by repetition: block-to-block drift (10% per block here) cancels out.
+    assert low == pytest.approx(est) and high == pytest.approx(est)
+    # A noisy prompt: its interval widens around the estimate.
+    noisy = make_data()
+    noisy.records = [
+        rec("cand", r.prompt_id, r.slice, r.load, r.block, e2e_s=(r.e2e_s or 0) * 1.3)
+        if (r.condition, r.prompt_id, r.block) == ("cand", "p2", 1) else r
+        for r in noisy.records
+    ]
+    _, _, est, low, high = prompt_speedups(noisy, "baseline", "cand", "busy")[1]
+    assert low is not None and high is not None and low < est < high
+    single = prompt_speedups(make_data(blocks=1), "baseline", "cand", "busy")
+    assert all(low is None and high is None for *_, low, high in single)
+    assert prompt_speedups(data, "baseline", "broken", "busy") == []
+
+
+def test_page_has_every_section_in_order(page: str) -> None:
+    ids = ["verdicts", "gates", "figures", "cost", "plots", "outputs", "errors"]
+    at = [page.index(f'id="{i}"') for i in ids]
+    assert at == sorted(at)
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "<title>Pilot &lt;report&gt;</title>" in page
+    assert "Load low (concurrency 1)" in page and "Load busy (concurrency 4)" in page
+    assert "Break-even" in page and "cand-vs-baseline-busy" in page
+
+
+def test_verdicts_come_first_and_are_colored(page: str) -> None:
+    for verdict in ("KEEP", "DROP", "INCONCLUSIVE"):
+        assert f'class="verdict {verdict}"' in page
+    assert page.index('class="verdict KEEP"') < page.index('id="gates"')
+    assert "every gating gate passed" in page and "CI straddles" in page
+
+
+def test_plots_are_embedded_as_png_data_uris(page: str, plots: dict[str, bytes]) -> None:
+    uris = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(uris) == len(plots)
+    assert all(base64.b64decode(u).startswith(PNG_MAGIC) for u in uris)
+
+
+def test_untrusted_text_is_escaped(page: str) -> None:
+    assert "<script" not in page.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<b>no</b>" not in page and "engine said &lt;b&gt;no&lt;/b&gt;" in page
+    assert "<i>pilot</i>" not in page and "&lt;i&gt;pilot&lt;/i&gt;" in page
+    assert "&lt;ok&gt;" in page
+
+
+def test_no_external_resources(page: str) -> None:
+    assert "http://" not in page and "https://" not in page
+    for ref in re.findall(r'(?:src|href)="([^"]*)"', page):
+        assert ref.startswith(("data:image/png;base64,", "#")), ref
+
+
+def test_divergent_outputs_are_shown_side_by_side(page: str) -> None:
+    outputs = page[page.index('id="outputs"'):]
+    assert "cand vs baseline: 1 of 3 prompts diverge" in outputs
+    assert "current vs baseline: 0 of 3 prompts diverge" in outputs
+    assert "<mark>&lt;script&gt;" in outputs and "answer to p1" in outputs
+
+
+def test_cost_section_reads_the_summary(page: str, data: CampaignData) -> None:
+    cost = page[page.index('id="cost"'):page.index('id="plots"')]
+    # broken has no successful request: no cost, and no break-even with a reason.
+    assert "no cost per request for broken" in cost
+    # cand vs baseline at the primary load (busy): 100 setup over positive savings.
+    be = next(b for b in make_summary(data)["cost"]["break_even"]
+              if b["candidate"] == "cand" and b["reference"] == "baseline")
+    assert be["requests"] is not None and math.isfinite(be["requests"])
+    assert f"{be['requests']:,.0f}" in cost
+
+
+def test_page_without_cost_or_verdicts(data: CampaignData) -> None:
+    page = render_html({"gates": []}, data, {})
+    assert "No cost section" in page and "No candidate was judged" in page
+    assert "No plots" in page
+
+
+def test_write_html_is_atomic(tmp_path: Path, data: CampaignData) -> None:
+    path = write_html(tmp_path, make_summary(data), data, {"x": PNG_MAGIC})
+    assert path == tmp_path / "report.html"
+    assert path.read_text("utf-8").startswith("<!DOCTYPE html>")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
