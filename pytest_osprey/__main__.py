@@ -5,6 +5,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+
+def report(directory: Path, config: Path | None) -> int:
+    """Judge a saved campaign again and rewrite summary.json, report.md and report.html."""
+    from .campaign import load_campaign
+    from .config import ConfigError, load_pilot_unchecked
+    from .decision import plan_gates
+    from .judgement import judge
+    from .report.summary import write_reports
+
+    try:
+        pilot = load_pilot_unchecked(config or directory / "pilot.yaml")
+        data = load_campaign(directory)
+        preflight_path = directory / "preflight.json"
+        preflight = json.loads(preflight_path.read_text("utf-8")) if preflight_path.is_file() \
+            else {}
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    conditions = [c for c in pilot.conditions if c in data.meta.get("conditions", {})]
+    judgement = judge(pilot, plan_gates(pilot, conditions), data, preflight)
+    for path in write_reports(directory, judgement, data, pilot):
+        print(path)
+    for v in judgement.verdicts:
+        print(v.line())
+    return 0 if all(v.verdict == "KEEP" for v in judgement.verdicts) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("schema", help="Print the JSON Schema of pilot.yaml (for editor completion)")
     sub.add_parser("reference", help="Print the pilot.yaml reference (Markdown)")
+    rep = sub.add_parser("report", help="Re-judge a results folder and rewrite its reports")
+    rep.add_argument("directory", help="A results folder (holds campaign.json)")
+    rep.add_argument("--config", help="Pilot whose limits to apply (default: the saved copy)")
     args = parser.parse_args(argv)
     if args.command == "schema":
         from .config import json_schema
@@ -22,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         from .reference import render
 
         sys.stdout.write(render())
+    elif args.command == "report":
+        return report(Path(args.directory), Path(args.config) if args.config else None)
     return 0
 
 

@@ -510,7 +510,13 @@ def _resolve_paths(
     )
 
 
-def load_pilot(path: str | os.PathLike[str]) -> Pilot:
+def load_pilot_unchecked(path: str | os.PathLike[str]) -> Pilot:
+    """A pilot whose limits are all that matter (re-judging a saved campaign): validated like
+    :func:`load_pilot`, but its paths are neither resolved nor required to exist."""
+    return load_pilot(path, check_paths=False)
+
+
+def load_pilot(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pilot:
     """Read, validate and resolve a pilot file; every problem is a :class:`ConfigError`."""
     p = Path(path)
     source = str(path)
@@ -543,6 +549,8 @@ def load_pilot(path: str | os.PathLike[str]) -> Pilot:
                 for loc, msg in problems
             )
         )
+    if not check_paths:
+        return pilot
     return _resolve_paths(pilot, p.resolve().parent, source, lines)
 
 

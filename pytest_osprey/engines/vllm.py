@@ -372,7 +372,7 @@ class VLLMEngine:
             fp["pooled_accept_length"] = self.pooled_accept_length()
         if self.server is not None:
             fp["boot_s"] = self.server.boot_s
-            fp["pids"] = self.server.pids()  # lets a test prove the tree is gone afterwards
+            fp["pids"] = sorted(self.server.pids())  # lets a test prove the tree is gone
         return fp
 
     def memory_mb(self) -> float | None:
