@@ -29,10 +29,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
     spec = Speculation(algorithm="assisted", num_draft_tokens=args.k)
     pilot = Pilot(
-        target=Target(model=str(args.models / "tiny-target"), context_length=1024),
+        target=Target(model=str(args.models / "tiny-target"), context_length=1024,
+                      threads=args.threads),
         conditions={
             "baseline": Condition(role="baseline"),
             "tiny-drafter": Condition(role="candidate", drafter=args.models / "tiny-drafter",
@@ -69,7 +71,10 @@ def main() -> None:
             verify[name].append(res.spec_verify_ct or 0)
             outputs[name].append(res.output_ids)
     base_ms = sum(per["baseline"]) / sum(tokens["baseline"]) * 1000
+    import torch
+
     print(f"{len(prompts)} prompts x {args.tokens} tokens, k={args.k}, "
+          f"{torch.get_num_threads()} threads, "
           f"{time.perf_counter() - t0:.0f}s total")
     print(f"{'condition':<20}{'ms/token':>10}{'speedup':>10}{'accept(pooled)':>16}"
           f"{'accept(mean)':>14}{'identical':>11}")

@@ -233,7 +233,8 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
     for w in weights:
         try:
             header = safetensors_header(w)
-            report.checks.append(Check("weights", True, f"{w.name}: {len(header) - 1} tensors"))
+            tensors = sum(k != "__metadata__" for k in header)
+            report.checks.append(Check("weights", True, f"{w.name}: {tensors} tensors"))
         except (ValueError, OSError, json.JSONDecodeError) as exc:
             report.checks.append(Check("weights", False, f"{w.name}: {exc}"))
 

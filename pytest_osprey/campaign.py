@@ -77,6 +77,9 @@ def load_campaign(directory: Path) -> CampaignData:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{meta_path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
     records = list(read_records(records_path)) if records_path.is_file() else []
+    run_id = meta.get("run_id")
+    if run_id is not None:  # records.jsonl is append-only: earlier runs' records stay there
+        records = [r for r in records if r.run_id == run_id]
     return CampaignData(directory, meta, records)
 
 
@@ -156,37 +159,45 @@ class Campaign:
         return load_campaign(self.directory)
 
     async def _run(self) -> None:
-        load = self.pilot.load
-        plan = block_order(self.conditions, load.blocks, load.order)
-        if load.order == "abba":
-            # Interleaving needs every condition up at once; each still boots exactly once.
-            for name in self.conditions:
-                await self._boot(name)
-        for block, names in enumerate(plan):
-            for name in names:
-                if load.order == "sequential" and block == 0:
-                    await self._boot(name)
+        if self.pilot.load.order == "sequential":
+            await self._run_sequential()
+        else:
+            await self._run_interleaved()
+
+    async def _run_sequential(self) -> None:
+        """One engine up at a time (one GPU): boot, all blocks, sampled pass, stop."""
+        for name in self.conditions:
+            await self._boot(name)
+            for block in range(self.pilot.load.blocks):
                 await self._replay_block(name, block)
-                if load.order == "sequential" and block == load.blocks - 1:
-                    await self._sampled_pass(name)
-                    self._stop(self.states[name])
-            assert self._writer is not None
-            self._writer.sync()
-            stop = self.pilot.decision.early_stop and self._interim_look(block)
-            self._save_meta()
-            if stop:
+                self._end_block()
+            await self._sampled_pass(name)
+            self._stop(self.states[name])
+
+    async def _run_interleaved(self) -> None:
+        """ABBA: every condition up at once (each booted once), blocks interleaved, with a
+        group-sequential look after each block when early stopping is on."""
+        load = self.pilot.load
+        for name in self.conditions:
+            await self._boot(name)
+        for block, names in enumerate(block_order(self.conditions, load.blocks, load.order)):
+            for name in names:
+                await self._replay_block(name, block)
+            self._end_block()
+            if self.pilot.decision.early_stop and self._interim_look(block):
                 self.stopped_after_block = block
+                self._save_meta()
                 self.progress(ProgressEvent("all", "done", message=(
                     f"every candidate's speed is decided after block {block + 1} of "
                     f"{load.blocks}: stopping early")))
-                for name in self.conditions:
-                    if load.order == "sequential":
-                        await self._sampled_pass(name)
-                        self._stop(self.states[name])
                 break
-        if load.order == "abba":
-            for name in self.conditions:
-                await self._sampled_pass(name)
+        for name in self.conditions:
+            await self._sampled_pass(name)
+
+    def _end_block(self) -> None:
+        assert self._writer is not None
+        self._writer.sync()
+        self._save_meta()
 
     def _interim_look(self, block: int) -> bool:
         """Group-sequential look after a block: True when every candidate is decided."""
@@ -221,7 +232,13 @@ class Campaign:
         try:
             engine = make_engine(self.pilot, name, boot)
             state.engine = engine
-            await asyncio.to_thread(engine.start)
+            try:
+                await asyncio.to_thread(engine.start)
+            except asyncio.CancelledError:
+                # Ctrl-C: asyncio.run would wait for the boot thread (up to boot_timeout_s);
+                # stopping the server ends its wait for readiness at once.
+                engine.stop()
+                raise
             state.boot_s = time.perf_counter() - t0
             state.fingerprint = engine.fingerprint()
             await self._warmup(name, engine)
@@ -257,7 +274,11 @@ class Campaign:
         if state.engine is None or state.error:
             return
         if block > 0:
-            await asyncio.to_thread(state.engine.flush)
+            try:
+                await asyncio.to_thread(state.engine.flush)
+            except EngineError as exc:
+                self._fail(name, state, f"cache flush before block {block + 1}: {exc}")
+                return
         for level, concurrency in self.pilot.load.levels.items():
             jobs = [(p, 0) for p in self.trace.prompts]
             await self._replay(name, state, level, concurrency, block, "greedy", jobs)
@@ -363,6 +384,18 @@ class Campaign:
             self._note_memory(state)
         entry["ended"] = time.time()
         self.schedule.append(entry)
+        server = getattr(engine, "server", None)
+        code = server.returncode if server is not None else None
+        if server is not None and code is not None:
+            self._fail(name, state, f"server exited with code {code} during block {block + 1} "
+                       f"({mode}, load {level}); log: {server.log_path}")
+
+    def _fail(self, name: str, state: _ConditionState, error: str) -> None:
+        """The condition cannot go on: say why (campaign.json), stop what is left of it."""
+        state.error = error
+        self._stop(state)
+        self.progress(ProgressEvent(name, "error", message=error))
+        self._save_meta()
 
     def _note_memory(self, state: _ConditionState) -> None:
         if state.engine is None:

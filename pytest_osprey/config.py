@@ -350,7 +350,7 @@ class _Loader(yaml.SafeLoader):
             return data
         except yaml.YAMLError:
             raise
-        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        except Exception as exc:  # PyYAML's own: ValueError, KeyError ("!!bool maybe"), ...
             value = str(node.value)
             short = value if len(value) <= 40 else value[:37] + "..."
             raise yaml.constructor.ConstructorError(

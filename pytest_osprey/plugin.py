@@ -6,11 +6,14 @@ Without ``--osprey-config`` nothing here changes a pytest run.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -125,12 +128,30 @@ def pytest_configure(config: pytest.Config) -> None:
     from . import fixtures
 
     config.pluginmanager.register(fixtures, "osprey-fixtures")
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+        def restore() -> None:
+            signal.signal(signal.SIGTERM, previous)
+
+        config.add_cleanup(restore)
     # The acceptance suites are the tests of a pilot run, wherever pytest was started.
     suites = str(SUITES_DIR)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = [suites]
     elif suites not in config.args:
         config.args.append(suites)
+
+
+def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a CI cancel, timeout(1), kill) ends the session the way Ctrl-C does: booted
+    servers are stopped and campaign.json says 'interrupted'."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)  # inside asyncio.run: cancels the campaign's task
+    else:
+        raise KeyboardInterrupt
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

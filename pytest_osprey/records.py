@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -131,15 +133,22 @@ class RecordsError(ValueError):
 
 def read_records(path: Path) -> Iterator[RequestRecord]:
     """Read records.jsonl; a torn last line (crash mid-write) is skipped, others are errors."""
-    with path.open(encoding="utf-8") as fh:
+    with path.open("rb") as fh:  # bytes: a torn write may also cut a UTF-8 sequence
         lines = fh.readlines()
-    for n, line in enumerate(lines, 1):
+    for n, raw in enumerate(lines, 1):
+        torn = n == len(lines) and not raw.endswith(b"\n")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if torn:
+                return
+            raise RecordsError(f"{path}:{n}: not valid UTF-8: {exc.reason}") from None
         if not line.strip():
             continue
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            if n == len(lines) and not line.endswith("\n"):
+            if torn:
                 return
             raise RecordsError(f"{path}:{n}: not valid JSON: {exc.msg}") from None
         if not isinstance(data, dict) or "condition" not in data:
@@ -161,12 +170,23 @@ def read_records(path: Path) -> Iterator[RequestRecord]:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temporary file and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", "utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
+    write_text_atomic(path, text)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, "utf-8")
-    os.replace(tmp, path)
+    """Write ``text`` to a temporary file of its own (two writers never share one), flush it
+    to disk, then rename it over ``path``; on any failure the old file stays and the
+    temporary one is removed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

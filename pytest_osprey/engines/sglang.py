@@ -9,6 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import (
@@ -248,7 +250,13 @@ class SGLangClient:
         deadline = time.monotonic() + FLUSH_RETRY_S
         with self.pool.sync() as client:
             while True:
-                r = client.post("/flush_cache")
+                try:
+                    r = client.post("/flush_cache")
+                except httpx.HTTPError as exc:
+                    raise EngineError(
+                        f"condition {self.condition!r}: /flush_cache failed: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from None
                 if r.status_code == 200:
                     return
                 if r.status_code != 400 or time.monotonic() >= deadline:

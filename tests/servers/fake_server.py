@@ -4,6 +4,20 @@ Speaks just enough of SGLang's native API and vLLM's OpenAI API, and can be told
 misbehave: be slow to become healthy, crash during boot, ignore SIGTERM, spawn children
 (also outside its process group). Run as a script, or through the fake ``sglang`` /
 ``vllm`` packages under ``fakepkgs/`` which forward the engines' real command lines here.
+
+Whole-campaign tests cannot add flags (the command line is the engine's, checked by the
+fake SGLang parser), so further behaviour comes from the environment, all off by default:
+
+- ``OSPREY_FAKE_EVENTS``: a file this server appends one line per event to: ``start PID HOST
+  PORT``, ``child PID``, ``request PID N`` (the N-th /generate arrived), ``answered PID N``
+  (its stream ended with [DONE]), ``crash PID``; a test learns pids and counts from it.
+- ``OSPREY_FAKE_READY_AFTER`` (seconds) / ``OSPREY_FAKE_NEVER_READY=1``: as the flags.
+- ``OSPREY_FAKE_SPAWN_CHILD=1``: as ``--spawn-child``.
+- ``OSPREY_FAKE_DELAY_S``: seconds before answering each /generate.
+- ``OSPREY_FAKE_CRASH_AFTER=N``: exit (code 9) right after answering the N-th /generate.
+- ``OSPREY_FAKE_FAULTS="2=500,3=malformed,4=truncate,5=hang"``: what the N-th /generate
+  gets instead of a good stream (HTTP 500, a chunk that is not JSON, no [DONE], no answer).
+- ``OSPREY_FAKE_TEXT``: the text every /generate streams back (instead of ``t0 t1 ...``).
 """
 
 from __future__ import annotations
@@ -14,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,9 +61,41 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _event(line: str) -> None:
+    """Append one line to $OSPREY_FAKE_EVENTS (a single O_APPEND write: lines never mix)."""
+    path = os.environ.get("OSPREY_FAKE_EVENTS")
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _faults(spec: str) -> dict[int, str]:
+    """``"2=500,5=hang"`` -> {2: "500", 5: "hang"}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        n, _, kind = part.partition("=")
+        out[int(n)] = kind.strip()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
+    env = os.environ
+    args.ready_after = float(env.get("OSPREY_FAKE_READY_AFTER") or args.ready_after)
+    args.never_ready = args.never_ready or env.get("OSPREY_FAKE_NEVER_READY") == "1"
+    args.spawn_child = args.spawn_child or env.get("OSPREY_FAKE_SPAWN_CHILD") == "1"
+    delay_s = float(env.get("OSPREY_FAKE_DELAY_S") or 0)
+    crash_after = int(env.get("OSPREY_FAKE_CRASH_AFTER") or 0)
+    faults = _faults(env.get("OSPREY_FAKE_FAULTS", ""))
+    fixed_text = env.get("OSPREY_FAKE_TEXT")
+    generated = [0]
+    count_lock = threading.Lock()
+    _event(f"start {os.getpid()} {args.host} {args.port}")
     print("fake server argv:", " ".join(argv), flush=True)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -58,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
             start_new_session=args.child_setsid,
         )
         print(f"child pid {child.pid}", flush=True)
+        _event(f"child {child.pid}")
     if args.crash_after is not None:
         time.sleep(args.crash_after)
         print("fatal: boot failed on purpose", flush=True)
@@ -96,6 +144,30 @@ def main(argv: list[str] | None = None) -> None:
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
+
+        def _fault(self, kind: str | None) -> bool:
+            """Misbehave as told for this request; False when it should be answered well."""
+            if kind is None:
+                return False
+            if kind == "500":
+                self._json(500, {"error": "injected failure"})
+            elif kind == "hang":
+                time.sleep(3600)
+            else:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                if kind == "malformed":
+                    self.wfile.write(b"data: {not json\n\ndata: [DONE]\n\n")
+                elif kind == "truncate":
+                    first = {"text": "t0 ", "output_ids": [100],
+                             "meta_info": {"prompt_tokens": 5, "completion_tokens": 1}}
+                    self.wfile.write(f"data: {json.dumps(first)}\n\n".encode())
+                else:
+                    raise ValueError(f"OSPREY_FAKE_FAULTS: unknown fault {kind!r}")
+                self.wfile.flush()
+                self.close_connection = True
+            return True
 
         def do_GET(self) -> None:
             ready = not args.never_ready and time.monotonic() - t_start >= args.ready_after
@@ -137,6 +209,13 @@ def main(argv: list[str] | None = None) -> None:
             if self.path == "/flush_cache":
                 self._json(200, {})
             elif self.path == "/generate":
+                with count_lock:
+                    generated[0] += 1
+                    nth = generated[0]
+                _event(f"request {os.getpid()} {nth}")
+                time.sleep(delay_s)
+                if self._fault(faults.get(nth)):
+                    return
                 n = int(body["sampling_params"]["max_new_tokens"])
                 ids = [100 + i for i in range(n)]
                 events = []
@@ -151,10 +230,16 @@ def main(argv: list[str] | None = None) -> None:
                         if speculates:
                             meta.update(spec_verify_ct=(n + 1) // 2, spec_accept_length=2.0)
                     text = "".join(f"t{i} " for i in range(done))
+                    if fixed_text is not None:
+                        text = fixed_text
                     events.append({"text": text, "output_ids": ids[:done], "meta_info": meta})
                     if done == n:
                         break
                 self._sse(events)
+                _event(f"answered {os.getpid()} {nth}")
+                if crash_after and nth >= crash_after:
+                    _event(f"crash {os.getpid()}")
+                    os._exit(9)
             elif self.path == "/v1/completions":
                 n = int(body["max_tokens"])
                 events = [{"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [100 + i],
