@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Speculation(Strict):
@@ -45,15 +45,22 @@ class Speculation(Strict):
         "vllm: draft_model|ngram|eagle|eagle3. Default: the engine's draft-model method",
     )
     num_draft_tokens: Annotated[int, Field(ge=1, le=64)] = 4
+    """Tokens drafted per step (SGLang: includes the root; vLLM: num_speculative_tokens;
+    transformers: num_assistant_tokens)."""
     num_steps: Annotated[int, Field(ge=1, le=64)] | None = None
+    """SGLang --speculative-num-steps (with eagle_topk 1: num_draft_tokens - 1); vLLM ngram:
+    prompt_lookup_max."""
     eagle_topk: Annotated[int, Field(ge=1, le=64)] | None = None
+    """SGLang --speculative-eagle-topk (tree width)."""
 
 
 class Endpoint(Strict):
     """An already running server: nothing is booted or killed for it."""
 
     url: str
+    """Base URL, e.g. http://127.0.0.1:30000."""
     protocol: Literal["sglang", "openai"]
+    """sglang: native /generate; openai: /v1/completions."""
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the API key"
     )
@@ -68,19 +75,27 @@ class ArtifactPins(Strict):
         None, description="Version prefix the engine must report, e.g. 0.5.23"
     )
     require_license: bool = False
+    """Fail the artifact check when the drafter folder has no LICENSE/COPYING file."""
 
 
 class Condition(Strict):
     role: Role
+    """baseline (speculation off, exactly one), current (the drafter serving today, at most one) or
+    candidate."""
     drafter: Path | None = Field(None, description="Drafter checkpoint folder")
     speculation: Speculation | None = None
+    """Speculation settings; omit on the baseline."""
     endpoint: Endpoint | None = None
+    """Serve this condition from an already running server."""
     dtype: str | None = Field(
         None, description="Override of target.dtype (breaks fairness; for negative controls)"
     )
     engine_args: list[str] = Field(default_factory=list)
+    """Extra engine command-line arguments for this condition."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for this condition's engine."""
     pins: ArtifactPins = Field(default_factory=ArtifactPins)
+    """Artifact pins checked before any boot."""
 
     @model_validator(mode="after")
     def _baseline_has_no_drafter(self) -> Condition:
@@ -95,8 +110,10 @@ class Condition(Strict):
 
 class Target(Strict):
     engine: Engine = "transformers"
+    """transformers (in-process), sglang, vllm, or endpoint."""
     model: str = Field(description="Target checkpoint folder (or a model id a server resolves)")
     dtype: str = "float32"
+    """Precision of every condition (float32, bfloat16, float16)."""
     device: str = Field("cpu", description="transformers engine: cpu, cuda, cuda:1 ...")
     python: str | None = Field(
         None,
@@ -104,17 +121,26 @@ class Target(Strict):
         "pilot file, or a name on PATH; $VARS expand)",
     )
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment for every condition's engine."""
     engine_args: list[str] = Field(default_factory=list)
+    """Extra engine command-line arguments for every condition."""
     host: str = "127.0.0.1"
+    """Interface servers bind to (127.0.0.1 keeps them off the network)."""
     port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Server port; 0 picks a free one per condition."""
     boot_timeout_s: PositiveFloat = 600.0
+    """Seconds a server may take to become healthy."""
     deterministic: bool = Field(
         False, description="Engine's deterministic mode on every condition (SGLang)"
     )
     context_length: Annotated[int, Field(ge=16)] = 2048
+    """Context length (vLLM --max-model-len; transformers: prompt + output limit)."""
     tp_size: Annotated[int, Field(ge=1)] = 1
+    """Tensor-parallel size of a server engine."""
     mem_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    """SGLang --mem-fraction-static / vLLM --gpu-memory-utilization."""
     api_key_env: str | None = None
+    """Name of the environment variable holding the servers' API key (never the key itself)."""
     threads: Annotated[int, Field(ge=1)] | None = Field(
         None, description="transformers engine: torch threads (default: torch's own)"
     )
@@ -122,72 +148,109 @@ class Target(Strict):
 
 class TraceSpec(Strict):
     files: list[Path] = Field(min_length=1)
+    """Prompt trace files (JSONL, see prompts/README.md)."""
     ids: list[str] | None = None
+    """Use only these prompt ids (in trace order)."""
     slices: list[str] | None = None
+    """Use only these slices."""
     limit_per_slice: Annotated[int, Field(ge=1)] | None = None
+    """At most this many prompts per slice (first in trace order)."""
     limit: Annotated[int, Field(ge=1)] | None = None
+    """At most this many prompts."""
     unusual_slice: str = Field("unusual", description="The slice reported (and gated) apart")
 
 
 class SampledPass(Strict):
     enabled: bool = True
+    """Run the sampled pass (distribution check)."""
     temperature: Annotated[float, Field(gt=0, le=10)] = 0.8
+    """Sampling temperature."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling threshold."""
     samples_per_prompt: Annotated[int, Field(ge=1, le=10_000)] = 8
+    """Samples per prompt and condition (seeds shared across conditions)."""
     prompts: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Use the first N prompts of the trace for the sampled pass"
     )
     max_new_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Output budget of the sampled pass (default: the prompt's)."""
 
 
 class Sampling(Strict):
     greedy: bool = True
+    """Run the greedy pass (speed, identity, correctness)."""
     sampled: SampledPass = Field(default_factory=lambda: SampledPass(enabled=False))
+    """The sampled pass."""
     seed: int = 0
+    """Base seed: sampled requests use seed + sample index."""
 
 
 class Load(Strict):
     levels: dict[str, Annotated[int, Field(ge=1, le=100_000)]] = Field(
         default_factory=lambda: {"low": 1, "concurrent": 8}, min_length=1
     )
+    """Load level name -> concurrency (closed loop); low load and concurrency judged apart."""
     warmup_requests: Annotated[int, Field(ge=0)] = 4
+    """Requests per condition after boot, excluded from records."""
     blocks: Annotated[int, Field(ge=1, le=1000)] = 2
+    """Repetitions of the whole trace per condition and load level."""
     order: Literal["abba", "sequential"] = "abba"
+    """abba: conditions interleaved, all up at once; sequential: one engine at a time (one GPU)."""
     request_timeout_s: PositiveFloat = 300.0
+    """Per-request timeout; a timed-out request is recorded as failed."""
 
 
 class LatencyLimit(Strict):
     metric: Literal["ttft", "e2e", "tpot"]
+    """ttft (first token), e2e (completion) or tpot (time per output token)."""
     percentile: Annotated[float, Field(gt=0, lt=100)] = 95
+    """Percentile bounded (its upper confidence bound must be within max_s)."""
     max_s: PositiveFloat
+    """Limit in seconds."""
     load: str | None = Field(None, description="Load level it applies to (default: all)")
 
 
 class QualityLimits(Strict):
     max_genuine_divergences: Annotated[int, Field(ge=0)] = 0
+    """Greedy outputs that may diverge from the baseline where the reference margin exceeds
+    near_tie_epsilon."""
     near_tie_epsilon: Annotated[float, Field(ge=0)] = 0.05
+    """Top-1 minus top-2 logprob at or below which a divergence is a near-tie."""
     max_near_tie_fraction: Fraction = 0.1
+    """Share of prompts that may diverge at near-ties."""
     correctness_margin: Fraction = 0.05
+    """Non-inferiority margin of the expect-check pass rate (paired, exact McNemar)."""
     distribution_alpha: Fraction = 0.01
+    """Significance level of the sampled-distribution test."""
 
 
 class MemoryLimits(Strict):
     max_peak_mb: PositiveFloat | None = None
+    """Peak memory of a candidate (MiB)."""
     max_increase_pct: Annotated[float, Field(ge=0)] | None = None
+    """Peak memory increase over the baseline (%)."""
 
 
 class CostLimits(Strict):
     max_cost_per_request: PositiveFloat | None = None
+    """Cost per successful request at the primary load."""
     max_break_even_days: PositiveFloat | None = None
+    """Days of expected traffic to recover the setup cost."""
 
 
 class Limits(Strict):
     speedup_min: PositiveFloat = 1.0
+    """Completion-latency speedup over the baseline that KEEP requires (CI lower bound above it)."""
     latency: list[LatencyLimit] = Field(default_factory=list)
+    """Latency limits."""
     quality: QualityLimits = Field(default_factory=QualityLimits)
+    """Quality limits."""
     memory: MemoryLimits = Field(default_factory=MemoryLimits)
+    """Memory limits."""
     cost: CostLimits = Field(default_factory=CostLimits)
+    """Cost limits."""
     min_completed_fraction: Fraction = 1.0
+    """Share of requests that must complete."""
 
 
 class Decision(Strict):
@@ -196,8 +259,11 @@ class Decision(Strict):
     )
     primary_slice: str | None = Field(None, description="Slice that must improve (default: all)")
     gate_unusual_slice: bool = False
+    """Gate (not just report) the unusual slice's speedup."""
     confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    """Two-sided confidence of intervals (one-sided error (1 - confidence)/2)."""
     inconclusive: Literal["fail", "pass", "skip"] = "fail"
+    """How an INCONCLUSIVE gate ends its test: fail, pass or skip."""
     early_stop: bool = Field(
         False,
         description="Look after each block (O'Brien-Fleming alpha spending) and stop the "
@@ -207,19 +273,27 @@ class Decision(Strict):
         1.0, description="With early_stop: drop early a candidate shown slower than this"
     )
     bootstrap_resamples: Annotated[int, Field(ge=100, le=1_000_000)] = 2000
+    """Bootstrap resamples per speedup CI."""
 
 
 class SetupCosts(Strict):
     pretraining: Annotated[float, Field(ge=0)] = 0.0
+    """Pretraining cost (currency)."""
     adaptation: Annotated[float, Field(ge=0)] = 0.0
+    """Target-adaptation cost (currency)."""
     idle_device_hours: Annotated[float, Field(ge=0)] = 0.0
+    """Idle device-hours charged to the drafter."""
 
 
 class Cost(Strict):
     device_hour_price: Annotated[float, Field(ge=0)] = 0.0
+    """Price per device-hour."""
     devices_per_server: Annotated[int, Field(ge=1)] = 1
+    """Devices one server occupies."""
     currency: str = "USD"
+    """Currency name in reports."""
     expected_requests_per_day: Annotated[float, Field(ge=0)] | None = None
+    """Expected traffic, for break-even days."""
     setup: dict[str, SetupCosts] = Field(
         default_factory=dict, description="condition name -> its setup costs"
     )
@@ -227,27 +301,41 @@ class Cost(Strict):
 
 class ReportSettings(Strict):
     title: str = "Drafter pilot"
+    """Report title."""
     markdown: bool = True
+    """Write report.md (and $GITHUB_STEP_SUMMARY)."""
     html: bool = True
+    """Write report.html with plots."""
 
 
 class Pilot(Strict):
     """The whole pilot file."""
 
     name: str = "pilot"
+    """Pilot name (results folder prefix)."""
     target: Target
+    """The target model and engine."""
     conditions: dict[str, Condition] = Field(min_length=1)
+    """Condition name -> condition."""
     trace: TraceSpec
+    """The prompt trace."""
     max_new_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    """Output budget of prompts that name none."""
     max_new_tokens_cap: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Cap on every prompt's max_new_tokens (keeps small pilots short)"
     )
     sampling: Sampling = Field(default_factory=Sampling)
+    """Greedy and sampled passes."""
     load: Load = Field(default_factory=Load)
+    """Load levels and blocks."""
     limits: Limits = Field(default_factory=Limits)
+    """Limits the gates judge against."""
     decision: Decision = Field(default_factory=Decision)
+    """How gates become a verdict."""
     cost: Cost = Field(default_factory=Cost)
+    """Cost inputs."""
     report: ReportSettings = Field(default_factory=ReportSettings)
+    """Report settings."""
 
     @field_validator("conditions")
     @classmethod

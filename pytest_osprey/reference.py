@@ -83,7 +83,7 @@ def render() -> str:
             parts.append(doc.splitlines()[0] + "\n")
         parts.append("| key | type | default | meaning |\n|---|---|---|---|")
         for name, field in model.model_fields.items():
-            desc = (field.description or "").replace("|", "\\|")
+            desc = " ".join((field.description or "").split()).replace("|", "\\|")
             parts.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} "
                          f"| {desc} |")
         parts.append("")

@@ -1,0 +1,25 @@
+"""The documented pilot reference is the schema's own rendering: docs cannot drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_osprey.config import Pilot
+from pytest_osprey.reference import render
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "pilot-reference.md"
+
+
+def test_reference_doc_is_current() -> None:
+    assert DOC.read_text("utf-8") == render(), (
+        "docs/pilot-reference.md is stale: python -m pytest_osprey reference > "
+        "docs/pilot-reference.md"
+    )
+
+
+def test_every_field_is_described() -> None:
+    text = render()
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            assert not line.rstrip().endswith("|  |"), f"undocumented field: {line}"
+    assert "## Target" in text and "## Condition" in text and Pilot.__name__ in text
