@@ -46,6 +46,7 @@ class CampaignData:
     directory: Path
     meta: dict[str, Any]
     records: list[RequestRecord]
+    prompts: dict[str, Prompt] | None = None  # the trace, where it can be read (correctness)
 
     def of(
         self, condition: str, load: str | None = None, mode: str = "greedy"
@@ -80,7 +81,26 @@ def load_campaign(directory: Path) -> CampaignData:
     run_id = meta.get("run_id")
     if run_id is not None:  # records.jsonl is append-only: earlier runs' records stay there
         records = [r for r in records if r.run_id == run_id]
-    return CampaignData(directory, meta, records)
+    return CampaignData(directory, meta, records, _saved_trace(meta))
+
+
+def _saved_trace(meta: dict[str, Any]) -> dict[str, Prompt] | None:
+    """The campaign's prompts, if its trace files are still there and unchanged."""
+    from .trace import TraceError, load_trace
+
+    files = meta.get("trace_files") or []
+    try:
+        trace = load_trace(files)
+    except (TraceError, OSError):
+        return None
+    ids = meta.get("prompt_ids") or []
+    prompts = trace.by_id()
+    if not all(i in prompts for i in ids):
+        return None
+    subset = trace.subset(ids=ids) if ids else trace
+    if meta.get("trace_hash") and subset.sha256 != meta["trace_hash"]:
+        return None
+    return subset.by_id()
 
 
 def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
@@ -156,7 +176,9 @@ class Campaign:
                 self._stop(state)
             self._writer.close()
             self._save_meta()
-        return load_campaign(self.directory)
+        data = load_campaign(self.directory)
+        data.prompts = self.trace.by_id()
+        return data
 
     async def _run(self) -> None:
         if self.pilot.load.order == "sequential":

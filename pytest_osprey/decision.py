@@ -13,7 +13,10 @@ from typing import Any, Literal
 from . import stats
 from .campaign import CampaignData, iter_pairs
 from .config import Pilot
+from .correctness import correctness_gate
 from .cost import break_even, condition_cost
+from .distribution import distribution_check, records_to_samples
+from .fairness import fairness_check
 from .quality import greedy_identity
 from .records import RequestRecord
 from .stats_sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
@@ -91,8 +94,12 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
         specs += [GateSpec("completed", c, load=level) for level in pilot.load.levels]
     base = pilot.baseline
     judged = [c for c in conditions if c != base and pilot.conditions[c].role != "baseline"]
+    specs += [GateSpec("fairness", c, reference=base) for c in judged]
     if pilot.sampling.greedy:
         specs += [GateSpec("greedy_identity", c, reference=base) for c in judged]
+        specs += [GateSpec("correctness", c, reference=base) for c in judged]
+    if pilot.sampling.sampled.enabled:
+        specs += [GateSpec("distribution", c, reference=base) for c in judged]
     for cand in [c for c in judged if pilot.conditions[c].role == "candidate"]:
         for ref in [r for r in pilot.references(cand) if r in conditions]:
             for level in pilot.load.levels:
@@ -103,6 +110,9 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
                 "speedup", cand, reference=ref, load=pilot.primary_load, slice=unusual,
                 gating=pilot.decision.gate_unusual_slice,
             ))
+        mem = pilot.limits.memory
+        if mem.max_peak_mb is not None or mem.max_increase_pct is not None:
+            specs.append(GateSpec("memory", cand, reference=pilot.baseline))
         cost = pilot.limits.cost
         if cost.max_cost_per_request is not None:
             specs.append(GateSpec("cost", cand, load=pilot.primary_load))
@@ -201,6 +211,44 @@ def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
     )
 
 
+def _fairness(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+    involved = {spec.condition, *pilot.references(spec.condition)}
+    meta = {**data.meta, "conditions": {
+        n: c for n, c in data.meta.get("conditions", {}).items() if n in involved}}
+    res = fairness_check(meta, [r for r in data.records if r.condition in involved])
+    return GateResult(spec, "pass" if res.ok else "fail", res.summary,
+                      details={"differences": res.differences, "compared": res.compared})
+
+
+def _correctness(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+    assert spec.reference is not None
+    if data.prompts is None:
+        return GateResult(spec, "skip", "the trace files are gone or changed: nothing to check")
+    q = pilot.limits.quality
+    res = correctness_gate(data.of(spec.reference), data.of(spec.condition), data.prompts,
+                           q.correctness_margin, (1 - pilot.decision.confidence) / 2)
+    return GateResult(spec, res.outcome, res.summary, estimate=res.estimate,
+                      ci_low=res.ci_low, ci_high=res.ci_high, threshold=-res.margin,
+                      p_value=res.p_value,
+                      details={"n_pairs": res.n_pairs, "reference_rate": res.reference_rate,
+                               "candidate_rate": res.candidate_rate, "losses": res.losses})
+
+
+def _distribution(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+    assert spec.reference is not None
+    ref = records_to_samples(data.records, spec.reference)
+    cand = records_to_samples(data.records, spec.condition)
+    if not ref or not cand:
+        return GateResult(spec, "fail", "no sampled outputs recorded on both sides")
+    res = distribution_check(ref, cand, alpha=pilot.limits.quality.distribution_alpha,
+                             seed=pilot.sampling.seed)
+    return GateResult(spec, res.outcome, res.summary, estimate=res.tv_mean,
+                      threshold=res.alpha, p_value=None,
+                      details={"min_adjusted_p": res.min_adjusted_p, "tv_null": res.tv_null,
+                               "underpowered": res.underpowered,
+                               "worst": res.worst_detail})
+
+
 def _speedup(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
     assert spec.reference is not None and spec.load is not None
     pairs = list(iter_pairs(data, spec.reference, spec.condition, spec.load, _e2e, spec.slice))
@@ -291,6 +339,34 @@ def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
                       ci_low=res.estimate, threshold=lim.max_s)
 
 
+def _memory(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+    assert spec.reference is not None
+    conds = data.meta.get("conditions", {})
+    peak = conds.get(spec.condition, {}).get("peak_memory_mb")
+    ref = conds.get(spec.reference, {}).get("peak_memory_mb")
+    method = conds.get(spec.condition, {}).get("fingerprint", {}).get("memory_method", "")
+    if peak is None:
+        return GateResult(spec, "fail", "no memory figure was recorded for this condition")
+    lim = pilot.limits.memory
+    problems, parts = [], [f"peak {peak:.0f} MiB" + (f" ({method})" if method else "")]
+    if lim.max_peak_mb is not None:
+        parts.append(f"limit {lim.max_peak_mb:g} MiB")
+        if peak > lim.max_peak_mb:
+            problems.append("over max_peak_mb")
+    if lim.max_increase_pct is not None:
+        if ref is None or ref <= 0:
+            problems.append(f"no baseline figure to compare with ({spec.reference})")
+        else:
+            increase = (peak / ref - 1) * 100
+            parts.append(f"{increase:+.1f}% vs {spec.reference} ({ref:.0f} MiB; limit "
+                         f"+{lim.max_increase_pct:g}%)")
+            if increase > lim.max_increase_pct:
+                problems.append("over max_increase_pct")
+    summary = ", ".join(parts) + (f": {'; '.join(problems)}" if problems else "")
+    return GateResult(spec, "fail" if problems else "pass", summary, estimate=peak,
+                      threshold=lim.max_peak_mb)
+
+
 def _cost(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
     assert spec.load is not None
     limit = pilot.limits.cost.max_cost_per_request
@@ -329,8 +405,12 @@ _PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}
 _EVALUATORS = {
     "completed": _completed,
     "greedy_identity": _greedy,
+    "fairness": _fairness,
+    "correctness": _correctness,
+    "distribution": _distribution,
     "speedup": _speedup,
     "latency": _latency,
+    "memory": _memory,
     "cost": _cost,
     "break_even": _break_even,
 }

@@ -63,8 +63,8 @@ def greedy_identity(
     At the first divergence the reference's top-1/top-2 margin tells a near-tie (margin <=
     epsilon: numerics may flip it, harmless) from a genuine change in what users get.
     """
-    ref = _first_ok(reference)
-    cand = _first_ok(candidate)
+    ref = first_ok_greedy(reference)
+    cand = first_ok_greedy(candidate)
     result = IdentityResult()
     for pid, r in ref.items():
         c = cand.get(pid)
@@ -93,7 +93,8 @@ def greedy_identity(
     return result
 
 
-def _first_ok(records: Sequence[RequestRecord]) -> dict[str, RequestRecord]:
+def first_ok_greedy(records: Sequence[RequestRecord]) -> dict[str, RequestRecord]:
+    """Prompt id -> its first completed greedy record (earliest block, then start time)."""
     out: dict[str, RequestRecord] = {}
     for r in sorted(records, key=lambda r: (r.block, r.started_at or 0.0)):
         if r.ok and r.mode == "greedy" and r.prompt_id not in out:

@@ -1,4 +1,4 @@
-"""Speed, latency and cost: paired speedups with confidence intervals, latency limits, cost."""
+"""Speed, latency, memory and cost: paired speedups with CIs, latency, memory and cost limits."""
 
 from __future__ import annotations
 
@@ -30,4 +30,10 @@ def test_cost(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
 @pytest.mark.osprey(kind="break_even")
 def test_break_even(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
     """Setup cost recovered by the savings per request within limits.cost.max_break_even_days."""
+    assert_gate(osprey_gate_result, osprey_config)
+
+
+@pytest.mark.osprey(kind="memory")
+def test_memory(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """Peak memory within limits.memory (absolute, and increase over the baseline)."""
     assert_gate(osprey_gate_result, osprey_config)

@@ -174,3 +174,18 @@ def test_holm_downgrades_weak_claims(tmp_path: Path) -> None:
 def test_block_order_abba() -> None:
     assert block_order(["a", "b"], 4, "abba") == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
     assert block_order(["a", "b"], 2, "sequential") == [["a", "b"], ["a", "b"]]
+
+
+def test_memory_gate_limits(tmp_path: Path) -> None:
+    pilot = make_pilot(tmp_path, limits={"memory": {"max_peak_mb": 100, "max_increase_pct": 20}})
+    data = campaign(1.5)
+    data.meta["conditions"]["base"]["peak_memory_mb"] = 80.0
+    data.meta["conditions"]["cand"]["peak_memory_mb"] = 90.0  # +12.5%, under 100 MiB
+    assert outcomes(pilot, data)[("memory", "cand-vs-base")] == "pass"
+    data.meta["conditions"]["cand"]["peak_memory_mb"] = 99.0  # +23.8%
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data,
+                   {"artifacts": {}, "command_lines": {}})
+    gate = judged.results[("memory", "cand-vs-base")]
+    assert gate.outcome == "fail" and "max_increase_pct" in gate.summary
+    data.meta["conditions"]["cand"]["peak_memory_mb"] = None
+    assert outcomes(pilot, data)[("memory", "cand-vs-base")] == "fail"

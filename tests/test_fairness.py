@@ -1,0 +1,134 @@
+"""Fairness: conditions may differ in the drafter only (fingerprints, sampling, trace, prompts)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from pytest_osprey.fairness import ADVICE, fairness_check
+from pytest_osprey.records import RequestRecord
+
+
+def fp(**over: Any) -> dict[str, Any]:
+    base = {"engine": "transformers", "version": "5.24.0", "device": "cpu",
+            "device_name": "x86_64", "dtype": "float32", "context_length": 1024,
+            "drafter": None, "threads": 2}
+    return {**base, **over}
+
+
+def meta(**fingerprints: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "trace_hash": "abc",
+        "sampling": {"greedy": True, "sampled": {"temperature": 0.8, "top_p": 1.0}, "seed": 0},
+        "conditions": {name: {"role": "candidate", "error": None, "fingerprint": f}
+                       for name, f in fingerprints.items()},
+    }
+
+
+def rec(cond: str, pid: str, load: str = "low", mode: str = "greedy") -> RequestRecord:
+    return RequestRecord(run_id="r", condition=cond, block=0, repetition=0, load=load,
+                         concurrency=1, prompt_id=pid, slice="core", domain="d",
+                         mode=mode, sample_index=0, ok=True)  # type: ignore[arg-type]
+
+
+def full(conds: list[str], pids: tuple[str, ...] = ("a", "b", "c")) -> list[RequestRecord]:
+    return [rec(c, p, load, mode) for c in conds for p in pids
+            for load, mode in (("low", "greedy"), ("concurrent", "greedy"), ("low", "sampled"))]
+
+
+def test_same_setup_is_fair_even_with_a_different_drafter() -> None:
+    m = meta(baseline=fp(), cand=fp(drafter="d", threads=4))  # drafter/threads not compared
+    res = fairness_check(m, full(["baseline", "cand"]))
+    assert res.ok and not res.differences and not res.not_shown
+    assert res.compared["dtype"] == {"baseline": "float32", "cand": "float32"}
+    assert res.compared["trace_hash"] == {"baseline": "abc", "cand": "abc"}
+    assert "comparable" in res.summary
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("dtype", "bfloat16", "dtype differs: baseline='float32', cand='bfloat16'"),
+        ("device_name", "H100", "device_name differs: baseline='x86_64', cand='H100'"),
+        ("version", "5.25.0", "version differs"),
+        ("engine", "sglang", "engine differs"),
+        ("context_length", 2048, "context_length differs: baseline=1024, cand=2048"),
+    ],
+)
+def test_a_fingerprint_difference_fails_naming_field_and_values(
+    field: str, value: Any, shown: str
+) -> None:
+    res = fairness_check(meta(baseline=fp(), cand=fp(**{field: value})), full(["baseline", "cand"]))
+    assert not res.ok
+    assert any(shown in d for d in res.differences), res.differences
+    assert ADVICE in res.summary
+
+
+def test_dtype_aliases_are_the_same_precision() -> None:
+    res = fairness_check(meta(b=fp(dtype="bf16"), c=fp(dtype="torch.bfloat16")), [])
+    assert res.ok
+
+
+def test_missing_fields_are_not_shown_not_failures() -> None:
+    sglang = {"engine": "sglang", "version": "0.5.23", "device": "NVIDIA H100",
+              "dtype": "bfloat16", "context_length": 4096}
+    vllm_like = {"engine": "sglang", "version": "0.5.23", "dtype": "bfloat16",
+                 "context_length": None}
+    res = fairness_check(meta(base=sglang, cand=vllm_like), full(["base", "cand"]))
+    assert res.ok, res.differences
+    assert res.compared["device_name"] == {"base": "NVIDIA H100", "cand": None}
+    assert "device_name not shown for cand" in res.not_shown
+    assert "context_length not shown for cand" in res.not_shown
+    assert "not shown" in res.summary
+
+
+def test_sampling_and_trace_from_campaign_or_per_condition() -> None:
+    m = meta(base=fp(), cand=fp())
+    m["conditions"]["cand"]["sampling"] = {"greedy": True, "sampled": {"temperature": 1.0}}
+    m["conditions"]["cand"]["trace_hash"] = "def"
+    res = fairness_check(m, [])
+    assert not res.ok
+    assert any(d.startswith("sampling differs: base=") for d in res.differences)
+    assert "trace_hash differs: base='abc', cand='def'" in res.differences
+
+
+def test_conditions_that_did_not_run_are_left_out() -> None:
+    m = meta(base=fp(), cand=fp(), broken={})
+    m["conditions"]["broken"]["error"] = "not booted: OOM"
+    res = fairness_check(m, full(["base", "cand"]))
+    assert res.ok and res.not_compared == ["broken"]
+    assert "broken" not in res.compared["dtype"]
+
+
+def test_every_condition_must_be_sent_the_same_prompts_per_load_and_mode() -> None:
+    records = full(["base", "cand"])
+    records = [r for r in records
+               if not (r.condition == "cand" and r.load == "concurrent" and r.prompt_id == "b")]
+    records += [rec("base", f"x{i}", mode="sampled") for i in range(7)]
+    res = fairness_check(meta(base=fp(), cand=fp()), records)
+    assert not res.ok
+    assert ("load 'concurrent', greedy: cand has no request for 1 prompt(s) the others were "
+            "sent: b") in res.differences
+    sampled = next(d for d in res.differences if "sampled" in d)
+    assert "cand has no request for 7 prompt(s)" in sampled and "(+2 more)" in sampled
+
+
+def test_a_condition_seen_only_in_records_is_compared() -> None:
+    res = fairness_check(meta(base=fp()), full(["base"]) + full(["ghost"], ("a",)))
+    assert not res.ok
+    assert "device_name not shown for ghost" in res.not_shown
+    assert any("ghost has no request for 2 prompt(s)" in d for d in res.differences)
+
+
+def test_a_single_condition_is_trivially_fair() -> None:
+    res = fairness_check(meta(base=fp()), full(["base"]))
+    assert res.ok and res.compared == {}
+
+
+def test_input_is_not_modified() -> None:
+    m = meta(base=fp(), cand=fp(dtype="float16"))
+    before = copy.deepcopy(m)
+    fairness_check(m, [])
+    assert m == before
