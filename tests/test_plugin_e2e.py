@@ -156,3 +156,27 @@ def test_weak_drafter_pilot_fails_on_speed(pytester: pytest.Pytester) -> None:
     outcomes = {(g["kind"], g["id"]): g["outcome"] for g in summary["gates"]}
     assert outcomes[("greedy_identity", "cand-vs-baseline")] == "pass"
     assert outcomes[("artifact", "cand")] == "pass"
+
+
+def test_osprey_server_fixture_for_live_tests(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter", speedup_min=1.0, prompts=2))
+    pytester.makepyfile(test_live="""
+        import asyncio
+        from pytest_osprey.engines import GenerationRequest
+
+        def test_candidate_answers(osprey_server):
+            engine = osprey_server("cand")
+            assert osprey_server("cand") is engine  # booted once per session
+            res = asyncio.run(engine.generate(GenerationRequest("p1", "def add(a, b):", 8)))
+            assert res.ok and len(res.output_ids) == 8 and res.accept_length >= 1.0
+
+        def test_unknown_condition(osprey_server):
+            import pytest
+            with pytest.raises(pytest.UsageError, match="unknown condition 'nope'"):
+                osprey_server("nope")
+    """)
+    result = pytester.runpytest_subprocess(
+        "--osprey-config=pilot.yaml", "--osprey-dry-run", "test_live.py", "-p",
+        "no:cacheprovider", timeout=300,
+    )
+    result.assert_outcomes(passed=5)  # 2 live tests + 3 preflight gates of the dry run
