@@ -36,8 +36,16 @@ pytestmark = [
 def embedded_accept_length(prompt_ids: list[str]) -> float:
     """Pooled accept length of the same drafter, same prompts, greedy, in-process."""
     pilot = load_pilot(PILOT)
-    pilot = pilot.model_copy(update={"target": pilot.target.model_copy(update={
-        "engine": "transformers", "python": None, "env": {}})})
+    cond = pilot.conditions["tiny-drafter"]
+    assert cond.speculation is not None
+    # The same drafter and draft length through transformers' assisted generation.
+    spec = cond.speculation.model_copy(update={"algorithm": "assisted"})
+    pilot = pilot.model_copy(update={
+        "target": pilot.target.model_copy(update={
+            "engine": "transformers", "python": None, "env": {}}),
+        "conditions": {**pilot.conditions,
+                       "tiny-drafter": cond.model_copy(update={"speculation": spec})},
+    })
     engine = TransformersEngine(pilot, "tiny-drafter", BootSpec("tiny-drafter", Path("/tmp")))
     engine.start()
     prompts = load_trace(pilot.trace.files).by_id()
