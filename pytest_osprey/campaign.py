@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import platform
+import random
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -101,6 +102,21 @@ def _saved_trace(meta: dict[str, Any]) -> dict[str, Prompt] | None:
     if meta.get("trace_hash") and subset.sha256 != meta["trace_hash"]:
         return None
     return subset.by_id()
+
+
+def poisson_arrivals(n: int, rate: float, seed: str) -> list[float]:
+    """Arrival times (seconds from the start) of ``n`` requests of a Poisson process.
+
+    Seeded by the level, block and pass, so every condition sees the same arrival times in
+    the same block: an open-loop comparison stays paired.
+    """
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
 
 
 def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
@@ -301,9 +317,9 @@ class Campaign:
             except EngineError as exc:
                 self._fail(name, state, f"cache flush before block {block + 1}: {exc}")
                 return
-        for level, concurrency in self.pilot.load.levels.items():
+        for level in self.pilot.load.levels:
             jobs = [(p, 0) for p in self.trace.prompts]
-            await self._replay(name, state, level, concurrency, block, "greedy", jobs)
+            await self._replay(name, state, level, block, "greedy", jobs)
 
     async def _sampled_pass(self, name: str) -> None:
         sampled = self.pilot.sampling.sampled
@@ -312,15 +328,13 @@ class Campaign:
             return
         prompts = self.trace.prompts[: sampled.prompts] if sampled.prompts else self.trace.prompts
         jobs = [(p, i) for p in prompts for i in range(sampled.samples_per_prompt)]
-        level = min(self.pilot.load.levels, key=lambda k: self.pilot.load.levels[k])
-        await self._replay(name, state, level, self.pilot.load.levels[level], 0, "sampled", jobs)
+        await self._replay(name, state, self.pilot.load.lightest(), 0, "sampled", jobs)
 
     async def _replay(
         self,
         name: str,
         state: _ConditionState,
         level: str,
-        concurrency: int,
         block: int,
         mode: str,
         jobs: list[tuple[Prompt, int]],
@@ -329,14 +343,25 @@ class Campaign:
         assert engine is not None and self._writer is not None
         writer = self._writer
         sampled = self.pilot.sampling.sampled
-        sem = asyncio.Semaphore(concurrency)
+        concurrency = self.pilot.load.concurrency(level)
+        rate = self.pilot.load.rate(level)
+        # Closed loop: a fixed number in flight. Open loop: only the optional cap.
+        sem = asyncio.Semaphore(concurrency) if concurrency else contextlib.nullcontext()
+        arrivals = (
+            poisson_arrivals(len(jobs), rate, f"{self.pilot.sampling.seed}:{level}:{block}:{mode}")
+            if rate is not None
+            else None
+        )
         done = 0
         t_start = time.perf_counter()
         entry = {"block": block, "condition": name, "load": level, "mode": mode,
                  "started": time.time()}
 
-        async def one(prompt: Prompt, index: int) -> None:
+        async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
             nonlocal done
+            lag: float | None = None
+            if arrival_s is not None:
+                await asyncio.sleep(max(0.0, t_start + arrival_s - time.perf_counter()))
             greedy = mode == "greedy"
             request = GenerationRequest(
                 prompt_id=prompt.id,
@@ -351,6 +376,10 @@ class Campaign:
                 timeout_s=self.pilot.load.request_timeout_s,
             )
             async with sem:
+                if arrival_s is not None:
+                    # How late the request left: the generator's own fidelity, and under a cap
+                    # the client-side wait (not in the engine's latency).
+                    lag = time.perf_counter() - (t_start + arrival_s)
                 started = time.time()
                 result = await engine.generate(request)
             record = RequestRecord(
@@ -379,6 +408,8 @@ class Campaign:
                     accept_length=result.accept_length,
                     finish_reason=result.finish_reason,
                     started_at=started,
+                    rate=rate,
+                    dispatch_lag_s=lag,
                 )
             writer.write(record)
             self._records.append(record)
@@ -398,7 +429,10 @@ class Campaign:
 
         sampler = asyncio.create_task(sample_memory())
         try:
-            await asyncio.gather(*(one(p, i) for p, i in jobs))
+            await asyncio.gather(*(
+                one(p, i, None if arrivals is None else arrivals[k])
+                for k, (p, i) in enumerate(jobs)
+            ))
         finally:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -450,7 +484,8 @@ class Campaign:
             "baseline": pilot.baseline,
             "current": pilot.current,
             "candidates": [c for c in pilot.candidates if c in self.conditions],
-            "load_levels": dict(pilot.load.levels),
+            "load_levels": {k: v if isinstance(v, int) else v.model_dump(mode="json")
+                            for k, v in pilot.load.levels.items()},
             "blocks": pilot.load.blocks,
             "block_order": block_order(self.conditions, pilot.load.blocks, pilot.load.order),
             "sampling": pilot.sampling.model_dump(mode="json"),

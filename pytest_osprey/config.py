@@ -15,7 +15,9 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -185,11 +187,42 @@ class Sampling(Strict):
     """Base seed: sampled requests use seed + sample index."""
 
 
+class OpenLoop(Strict):
+    """An open-loop load level: requests arrive as a Poisson process, whatever the server's pace
+    (the same seeded arrival times for every condition in a block)."""
+
+    rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)]
+    """Mean arrival rate (requests per second)."""
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """Cap on requests in flight; an arrival beyond it waits client-side (default: no cap)."""
+
+
+Concurrency = Annotated[int, Field(ge=1, le=100_000)]
+
+
+def _level_kind(value: Any) -> str:
+    return "open-loop" if isinstance(value, Mapping | OpenLoop) else "concurrency"
+
+
+# Tagged so that a wrong level reports one kind's error (a mapping is an open-loop level,
+# anything else a concurrency), not both; the tags are dropped from error locations.
+LoadLevel = Annotated[
+    Annotated[Concurrency, Tag("concurrency")] | Annotated[OpenLoop, Tag("open-loop")],
+    Discriminator(_level_kind),
+]
+_UNION_TAGS = frozenset({"concurrency", "open-loop"})
+
+
+def _default_levels() -> dict[str, LoadLevel]:
+    return {"low": 1, "concurrent": 8}
+
+
 class Load(Strict):
-    levels: dict[str, Annotated[int, Field(ge=1, le=100_000)]] = Field(
-        default_factory=lambda: {"low": 1, "concurrent": 8}, min_length=1
+    levels: dict[str, LoadLevel] = Field(
+        default_factory=_default_levels, min_length=1
     )
-    """Load level name -> concurrency (closed loop); low load and concurrency judged apart."""
+    """Load level name -> concurrency (closed loop: that many requests always in flight) or
+    {rate, max_concurrency} (open loop, Poisson arrivals); each level is judged apart."""
     warmup_requests: Annotated[int, Field(ge=0)] = 4
     """Requests per condition after boot, excluded from records."""
     blocks: Annotated[int, Field(ge=1, le=1000)] = 2
@@ -198,6 +231,46 @@ class Load(Strict):
     """abba: conditions interleaved, all up at once; sequential: one engine at a time (one GPU)."""
     request_timeout_s: PositiveFloat = 300.0
     """Per-request timeout; a timed-out request is recorded as failed."""
+
+    def concurrency(self, level: str) -> int:
+        """Closed loop: its concurrency; open loop: its cap, 0 when uncapped."""
+        value = self.levels[level]
+        return value if isinstance(value, int) else value.max_concurrency or 0
+
+    def rate(self, level: str) -> float | None:
+        """Open loop: the arrival rate (requests/s); closed loop: None."""
+        value = self.levels[level]
+        return None if isinstance(value, int) else value.rate
+
+    def label(self, level: str) -> str:
+        return level_label(self.levels[level])
+
+    def lightest(self) -> str:
+        """The lowest-load level: the smallest closed-loop concurrency, else the lowest rate."""
+        closed = [k for k, v in self.levels.items() if isinstance(v, int)]
+        if closed:
+            return min(closed, key=self.concurrency)
+        return min(self.levels, key=lambda k: self.rate(k) or 0.0)
+
+    def heaviest(self) -> str:
+        """The highest-load level: the largest closed-loop concurrency, else the highest rate
+        (open and closed loads are not comparable, so closed levels come first)."""
+        closed = [k for k, v in self.levels.items() if isinstance(v, int)]
+        if closed:
+            return max(closed, key=self.concurrency)
+        return max(self.levels, key=lambda k: self.rate(k) or 0.0)
+
+
+def level_label(value: Any) -> str:
+    """How a load level reads in reports: ``x4`` (closed loop) or ``Poisson 2/s`` (open loop);
+    ``value`` is the pilot's level or its JSON form from campaign.json."""
+    if isinstance(value, OpenLoop):
+        value = value.model_dump()
+    if isinstance(value, Mapping):
+        text = f"Poisson {value.get('rate', 0):g}/s"
+        cap = value.get("max_concurrency")
+        return f"{text}, <=x{cap}" if cap else text
+    return f"x{value}"
 
 
 class LatencyLimit(Strict):
@@ -255,7 +328,9 @@ class Limits(Strict):
 
 class Decision(Strict):
     primary_load: str | None = Field(
-        None, description="The load level that must improve (default: the highest concurrency)"
+        None,
+        description="The load level that must improve (default: the highest closed-loop "
+        "concurrency, else the highest open-loop rate)",
     )
     primary_slice: str | None = Field(None, description="Slice that must improve (default: all)")
     gate_unusual_slice: bool = False
@@ -370,7 +445,7 @@ class Pilot(Strict):
     def primary_load(self) -> str:
         if self.decision.primary_load:
             return self.decision.primary_load
-        return max(self.load.levels, key=lambda k: self.load.levels[k])
+        return self.load.heaviest()
 
     def references(self, candidate: str) -> list[str]:
         """What a candidate is judged against: the baseline, then the current drafter if any."""
@@ -500,7 +575,7 @@ def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
 
 
 def _unwrap(ann: Any) -> Any:
-    """``X | None`` -> X and ``Annotated[X, ...]`` -> X."""
+    """``X | None`` -> X, ``Annotated[X, ...]`` -> X, ``int | Model`` -> Model."""
     while True:
         origin = get_origin(ann)
         if origin is Annotated:
@@ -508,7 +583,10 @@ def _unwrap(ann: Any) -> Any:
         elif origin in (Union, UnionType):
             args = [a for a in get_args(ann) if a is not type(None)]
             if len(args) != 1:
-                return ann
+                # A scalar-or-model union (a load level): keys can only be the model's.
+                models = [m for a in args if isinstance(m := _unwrap(a), type)
+                          and issubclass(m, BaseModel)]
+                return models[0] if len(models) == 1 else ann
             ann = args[0]
         else:
             return ann
@@ -526,7 +604,8 @@ def _where(source: str, lines: Mapping[tuple[str, ...], int], loc: tuple[Any, ..
 def _format_errors(err: ValidationError, source: str, lines: Mapping[tuple[str, ...], int]) -> str:
     out = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (
+            p.startswith("function-") or p in _UNION_TAGS)))
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         where = _where(source, lines, loc)
         msg = e["msg"].removeprefix("Value error, ")

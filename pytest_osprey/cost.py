@@ -46,6 +46,7 @@ class ConditionCost:
     cost_per_request: float | None  # per successful request; None when none succeeded
     setup_cost: float
     currency: str
+    load_label: str = ""  # x4 (closed loop) or Poisson 2/s (open loop)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,7 +98,8 @@ def condition_cost(pilot: Pilot, data: CampaignData, condition: str, load: str) 
     return ConditionCost(
         condition=condition,
         load=load,
-        concurrency=pilot.load.levels.get(load, recs[0].concurrency if recs else 0),
+        concurrency=(pilot.load.concurrency(load) if load in pilot.load.levels
+                     else recs[0].concurrency if recs else 0),
         ok=ok,
         total=len(recs),
         busy_s=busy,
@@ -106,6 +108,7 @@ def condition_cost(pilot: Pilot, data: CampaignData, condition: str, load: str) 
         cost_per_request=hourly / per_hour if per_hour else None,
         setup_cost=setup_cost(pilot, condition),
         currency=pilot.cost.currency,
+        load_label=pilot.load.label(load) if load in pilot.load.levels else "",
     )
 
 

@@ -45,6 +45,8 @@ class RequestRecord:
     finish_reason: str | None = None
     started_at: float | None = None
     correct: bool | None = None
+    rate: float | None = None  # open-loop level: Poisson arrival rate (requests/s)
+    dispatch_lag_s: float | None = None  # open loop: sent this late after its arrival time
     schema: int = SCHEMA
 
     def to_json(self) -> str:

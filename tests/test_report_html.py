@@ -164,7 +164,7 @@ def test_page_has_every_section_in_order(page: str) -> None:
     assert at == sorted(at)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "<title>Pilot &lt;report&gt;</title>" in page
-    assert "Load low (concurrency 1)" in page and "Load busy (concurrency 4)" in page
+    assert "Load low (x1)" in page and "Load busy (x4)" in page
     assert "Break-even" in page and "cand-vs-baseline-busy" in page
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..campaign import CampaignData
+from ..config import level_label
 from ..records import RequestRecord
 
 
@@ -28,6 +29,10 @@ class Figures:
     accept_length_pooled: float | None  # sum tokens / sum verify steps
     accept_length_mean: float | None  # mean over requests of tokens / verify steps
     peak_memory_mb: float | None
+    load_label: str = ""  # how the load reads: x4 (closed loop) or Poisson 2/s (open loop)
+    # Open loop: how late the client sent requests after their arrival times (its own fidelity,
+    # plus the wait under a max_concurrency cap); None for closed-loop levels.
+    dispatch_lag_p99_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,7 +53,9 @@ def _wall(records: list[RequestRecord]) -> float | None:
     return sum(max(e for _, e in v) - min(s for s, _ in v) for v in by_block.values())
 
 
-def figures_for(data: CampaignData, condition: str, load: str, concurrency: int) -> Figures:
+def figures_for(
+    data: CampaignData, condition: str, load: str, concurrency: int, label: str | None = None
+) -> Figures:
     recs = data.of(condition, load)
     ok = [r for r in recs if r.ok]
     tokens = [r.output_tokens or 0 for r in ok]
@@ -79,16 +86,26 @@ def figures_for(data: CampaignData, condition: str, load: str, concurrency: int)
         accept_length_pooled=pooled,
         accept_length_mean=mean,
         peak_memory_mb=info.get("peak_memory_mb"),
+        load_label=label or f"x{concurrency}",
+        dispatch_lag_p99_s=_pct([r.dispatch_lag_s for r in recs if r.dispatch_lag_s is not None],
+                                99),
     )
 
 
 def all_figures(data: CampaignData) -> list[Figures]:
-    levels: dict[str, int] = data.meta.get("load_levels", {})
+    levels: dict[str, Any] = data.meta.get("load_levels", {})
     return [
-        figures_for(data, cond, level, conc)
+        figures_for(data, cond, level, _concurrency(value), level_label(value))
         for cond in data.meta.get("conditions", {})
-        for level, conc in levels.items()
+        for level, value in levels.items()
     ]
+
+
+def _concurrency(value: Any) -> int:
+    """A saved level's concurrency: closed loop as is, open loop its cap (0: none)."""
+    if isinstance(value, dict):
+        return int(value.get("max_concurrency") or 0)
+    return int(value)
 
 
 def _ms(v: float | None) -> str:
@@ -109,7 +126,7 @@ def table_rows(figs: list[Figures]) -> list[tuple[str, ...]]:
     return [
         (
             f.condition,
-            f"{f.load} (x{f.concurrency})",
+            f"{f.load} ({f.load_label})",
             f"{f.ok}/{f.total}",
             f"{_ms(f.ttft_p50_s)}/{_ms(f.ttft_p95_s)}",
             f"{_ms(f.e2e_p50_s)}/{_ms(f.e2e_p95_s)}",

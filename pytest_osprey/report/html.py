@@ -184,7 +184,7 @@ def _figures(summary: dict[str, Any], data: CampaignData) -> str:
     for level in levels:
         mine = [f for f in figs if f.load == level]
         rows = [[_e(c) for i, c in enumerate(row) if i != 1] for row in table_rows(mine)]
-        out.append(f"<h3>Load {_e(level)} (concurrency {_e(mine[0].concurrency)})</h3>")
+        out.append(f"<h3>Load {_e(level)} ({_e(mine[0].load_label)})</h3>")
         out.append(_table(header, rows, set(range(1, len(header)))))
     if not figs:
         out.append('<p class="note">No figures.</p>')
@@ -216,7 +216,8 @@ def _cost(summary: dict[str, Any]) -> str:
         return f'<span class="over">{text}</span>' if bad else text
 
     rows = [
-        (_e(c.get("condition")), f"{_e(c.get('load'))} (x{_e(c.get('concurrency'))})",
+        (_e(c.get("condition")),
+         f"{_e(c.get('load'))} ({_e(c.get('load_label') or 'x' + str(c.get('concurrency')))})",
          f"{_e(c.get('ok'))}/{_e(c.get('total'))}", _num(c.get("busy_s"), "{:.2f}"),
          _num(c.get("requests_per_hour"), "{:.1f}"),
          over(c.get("cost_per_request"), max_cost), _money(_per_k(c.get("cost_per_request"))),

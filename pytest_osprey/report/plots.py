@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from ..campaign import CampaignData
+from ..config import level_label
 from ..records import RequestRecord
 
 FloatArray = npt.NDArray[np.float64]
@@ -42,11 +43,14 @@ def _conditions(data: CampaignData) -> list[str]:
     return names
 
 
-def _levels(data: CampaignData) -> list[tuple[str, int]]:
-    levels: dict[str, int] = dict(data.meta.get("load_levels", {}))
+def _levels(data: CampaignData) -> list[tuple[str, str]]:
+    """(level name, how its load reads: ``x4`` or ``Poisson 2/s``) in the pilot's order."""
+    levels: dict[str, str] = {
+        k: level_label(v) for k, v in data.meta.get("load_levels", {}).items()
+    }
     for r in data.records:
-        levels.setdefault(r.load, r.concurrency)
-    return list(levels.items()) or [("-", 0)]
+        levels.setdefault(r.load, level_label({"rate": r.rate} if r.rate else r.concurrency))
+    return list(levels.items()) or [("-", "-")]
 
 
 def _color(i: int) -> str:
@@ -83,7 +87,7 @@ def latency_cdf(data: CampaignData) -> bytes:
             drawn = True
         if not drawn:
             _empty(ax, "no successful requests")
-        ax.set_title(f"load {level} (concurrency {conc})")
+        ax.set_title(f"load {level} ({conc})")
         ax.set_xlabel("completion latency (s)")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
@@ -192,11 +196,11 @@ def speedup_plot(
         if rows:
             geo = float(np.exp(np.mean(np.log([row[2] for row in rows]))))
             ax.axvline(geo, color="#55a868", lw=1.2, ls=":", label="geometric mean")
-            ax.set_title(f"load {level} (x{conc}): geometric mean {geo:.3f}x, "
+            ax.set_title(f"load {level} ({conc}): geometric mean {geo:.3f}x, "
                          f"{len(rows)} prompts", fontsize=10)
         else:
             _empty(ax, "no prompt completed on both sides")
-            ax.set_title(f"load {level} (x{conc})", fontsize=10)
+            ax.set_title(f"load {level} ({conc})", fontsize=10)
         ax.set_xlabel(f"speedup = {reference} / {candidate} latency")
         ax.grid(alpha=0.3, axis="x")
     axes[0].set_yticks(range(len(ids)), [p for _, p in ids], fontsize=8)
@@ -255,7 +259,7 @@ def accept_length_plot(data: CampaignData) -> bytes:
 
 
 def _boxes(ax: Axes, values: dict[tuple[str, str], list[float]], conds: list[str],
-           levels: list[tuple[str, int]]) -> None:
+           levels: list[tuple[str, str]]) -> None:
     width = 0.8 / max(len(conds), 1)
     drawn = False
     for i, cond in enumerate(conds):
@@ -272,9 +276,9 @@ def _boxes(ax: Axes, values: dict[tuple[str, str], list[float]], conds: list[str
             drawn = True
     for i, cond in enumerate(conds):
         ax.plot([], [], marker="s", ls="", color=_color(i), alpha=0.6, label=cond)
-    ax.set_xticks(range(len(levels)), [f"{lv} (x{c})" for lv, c in levels])
+    ax.set_xticks(range(len(levels)), [f"{lv} ({c})" for lv, c in levels])
     ax.set_xlim(-0.6, len(levels) - 0.4)
-    ax.set_xlabel("load level (concurrency)")
+    ax.set_xlabel("load level")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     if not drawn:
