@@ -1,5 +1,6 @@
-"""Render the pilot-file reference (docs/pilot-reference.md) from the schema itself,
-so the documentation cannot drift from the code."""
+"""Render references from pydantic models themselves (docs/pilot-reference.md from the pilot
+schema, docs/summary-json.md from the summary.json models), so the documentation cannot drift
+from the code."""
 
 from __future__ import annotations
 
@@ -74,17 +75,30 @@ def _nested(annotation: Any) -> list[type[BaseModel]]:
     return [m for a in get_args(annotation) for m in _nested(a)]
 
 
-def render() -> str:
-    parts = [INTRO]
-    for model in _models(Pilot):
+def render_models(
+    root: type[BaseModel], intro: str, *, defaults: bool = True, paragraph: bool = False
+) -> str:
+    """One section per model reachable from ``root``: the first line of its docstring (the
+    first paragraph with ``paragraph``), then a table of each field's key (its alias where it
+    has one), type, default (unless ``defaults`` is False) and description."""
+    parts = [intro]
+    for model in _models(root):
         parts.append(f"## {model.__name__}\n")
         doc = (model.__doc__ or "").strip()
         if doc and not doc.startswith("!!!") and "BaseModel" not in doc:
-            parts.append(doc.splitlines()[0] + "\n")
-        parts.append("| key | type | default | meaning |\n|---|---|---|---|")
+            lead = " ".join(doc.split("\n\n")[0].split()) if paragraph else doc.splitlines()[0]
+            parts.append(lead + "\n")
+        parts.append("| key | type | default | meaning |\n|---|---|---|---|" if defaults
+                     else "| key | type | meaning |\n|---|---|---|")
         for name, field in model.model_fields.items():
             desc = " ".join((field.description or "").split()).replace("|", "\\|")
-            parts.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} "
-                         f"| {desc} |")
+            default = f" {_default(field)} |" if defaults else ""
+            parts.append(f"| `{field.alias or name}` | {_type_name(field.annotation)} |"
+                         f"{default} {desc} |")
         parts.append("")
     return "\n".join(parts)
+
+
+def render() -> str:
+    """docs/pilot-reference.md."""
+    return render_models(Pilot, INTRO)

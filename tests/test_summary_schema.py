@@ -1,0 +1,423 @@
+"""summary.json: its schema, its reference, and re-judging a saved campaign reproducing it.
+
+The campaign is synthetic (records written as a run would write them, no engine): a fast
+candidate, a slow one with a genuine greedy divergence, a current drafter, near-tie
+divergences, failed expect checks, a sampled pass, and cost, memory and latency limits.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from pytest_osprey import decision
+from pytest_osprey.__main__ import main
+from pytest_osprey.campaign import load_campaign
+from pytest_osprey.config import load_pilot
+from pytest_osprey.cost import BreakEven, ConditionCost
+from pytest_osprey.decision import plan_gates
+from pytest_osprey.judgement import judge
+from pytest_osprey.records import RecordWriter, RequestRecord, write_json_atomic
+from pytest_osprey.report.figures import Figures
+from pytest_osprey.report.summary import write_reports
+from pytest_osprey.report.summary_schema import (
+    GATE_KINDS,
+    SUMMARY_SCHEMA,
+    BreakEvenEntry,
+    CostRow,
+    FigureEntry,
+    GateEntry,
+    Summary,
+    json_schema,
+    render_reference,
+)
+from pytest_osprey.trace import load_trace
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "summary-json.md"
+RUN_ID = "20250101T000000Z-abc123"
+LEVELS = {"low": 1, "busy": 4}
+# Latency factor against the baseline (a speedup of 1/factor) and peak memory (MiB).
+CONDITIONS = {
+    "baseline": ("baseline", 1.0, 1000.0),
+    "current": ("current", 0.8, 1050.0),
+    "cand": ("candidate", 0.6, 1100.0),
+    "slow": ("candidate", 1.02, 1600.0),
+}
+PROMPTS = [(f"p{i:02d}", "unusual" if i % 4 == 0 else "core") for i in range(1, 13)]
+BLOCKS = 2
+SAMPLED = 4  # prompts of the sampled pass, 4 samples each
+
+PILOT = """
+name: schema-pilot
+target: {engine: transformers, model: target, context_length: 1024}
+conditions:
+  baseline: {role: baseline}
+  current: {role: current, drafter: drafters/current}
+  cand: {role: candidate, drafter: drafters/cand}
+  slow: {role: candidate, drafter: drafters/slow}
+trace: {files: [trace.jsonl]}
+sampling:
+  sampled: {enabled: true, samples_per_prompt: 4, prompts: 4}
+load: {levels: {low: 1, busy: 4}, blocks: 2}
+limits:
+  speedup_min: 1.1
+  min_completed_fraction: 0.9
+  quality: {correctness_margin: 0.5}
+  memory: {max_increase_pct: 30}
+  latency: [{metric: ttft, percentile: 75, max_s: 0.5, load: busy}]
+  cost: {max_cost_per_request: 0.01, max_break_even_days: 30}
+decision: {early_stop: true, bootstrap_resamples: 500}
+cost:
+  device_hour_price: 3.0
+  expected_requests_per_day: 20000
+  setup: {cand: {pretraining: 40.0}, slow: {adaptation: 5.0}}
+report: {html: false}
+"""
+
+
+def _text(cond: str, pid: str) -> str:
+    # The slow candidate gets p05 wrong (a genuine divergence and a failed expect check).
+    return f"answer {pid}" if not (cond == "slow" and pid == "p05") else "something else"
+
+
+def _ids(cond: str, pid: str) -> list[int]:
+    n = int(pid[1:])
+    ids = [n, n + 1, n + 2, n + 3, n + 4, n + 5]
+    if cond == "slow" and pid == "p05":
+        ids[2] = 99  # where the baseline's margin is wide: genuine
+    if cond in ("cand", "current") and pid == "p07":
+        ids[4] = 98  # where the baseline's margin is narrow: a near-tie
+    return ids
+
+
+def _records(rng: np.random.Generator) -> list[RequestRecord]:
+    effect = {pid: float(rng.lognormal(0.0, 0.3)) for pid, _ in PROMPTS}
+    out = []
+    for block in range(BLOCKS):
+        for cond, (_, factor, _mb) in CONDITIONS.items():
+            for level, conc in LEVELS.items():
+                for k, (pid, slice_) in enumerate(PROMPTS):
+                    e2e = 0.4 * effect[pid] * factor * conc ** 0.3 * float(rng.lognormal(0, 0.05))
+                    ids = _ids(cond, pid)
+                    ok = not (cond == "current" and level == "busy" and k == 11 and block == 1)
+                    out.append(RequestRecord(
+                        run_id=RUN_ID, condition=cond, block=block, repetition=block, load=level,
+                        concurrency=conc, prompt_id=pid, slice=slice_, domain="d", mode="greedy",
+                        sample_index=0, ok=ok, error=None if ok else "timed out after 300 s",
+                        ttft_s=0.1 * e2e if ok else None, e2e_s=e2e if ok else None,
+                        itl_s=[0.9 * e2e / 5] * 5 if ok else [], prompt_tokens=30,
+                        output_tokens=len(ids) if ok else None, output_ids=ids if ok else [],
+                        output_text=_text(cond, pid) if ok else "",
+                        top2_margin=[2.0, 2.0, 2.0, 2.0, 0.01, 2.0] if cond == "baseline"
+                        else None,
+                        spec_verify_ct=3 if ok and cond != "baseline" else None,
+                        finish_reason="length", started_at=1000.0 * block + k * e2e,
+                    ))
+    for cond in CONDITIONS:  # the sampled pass: one distribution for every condition
+        for pid, slice_ in PROMPTS[:SAMPLED]:
+            for i in range(4):
+                ids = [int(t) for t in rng.integers(0, 5, 6)]
+                out.append(RequestRecord(
+                    run_id=RUN_ID, condition=cond, block=0, repetition=0, load="low",
+                    concurrency=1, prompt_id=pid, slice=slice_, domain="d", mode="sampled",
+                    sample_index=i, ok=True, ttft_s=0.05, e2e_s=0.3, output_tokens=6,
+                    output_ids=ids, output_text="x", started_at=5000.0 + i,
+                ))
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    project: Path
+    results: Path
+    summary: dict[str, Any]
+    text: str
+
+
+def _write_project(root: Path) -> Path:
+    project = root / "project"
+    for d in ("target", "drafters/current", "drafters/cand", "drafters/slow"):
+        (project / d).mkdir(parents=True)
+    lines = [json.dumps({"id": pid, "slice": slice_, "domain": "d", "prompt": f"Say {pid}",
+                         "expect": {"type": "contains", "value": f"answer {pid}"}})
+             for pid, slice_ in PROMPTS]
+    (project / "trace.jsonl").write_text("\n".join(lines) + "\n", "utf-8")
+    (project / "pilot.yaml").write_text(PILOT, "utf-8")
+    return project
+
+
+def _record_campaign(project: Path, results: Path) -> None:
+    """What a campaign leaves in its results folder (campaign.py, fixtures.py)."""
+    pilot = load_pilot(project / "pilot.yaml")
+    trace = load_trace(pilot.trace.files)
+    results.mkdir(parents=True)
+    with RecordWriter(results / "records.jsonl") as writer:
+        for r in _records(np.random.default_rng(7)):
+            writer.write(r)
+    fingerprint = {"engine": "transformers", "version": "4.56.0", "device_name": "cpu",
+                   "dtype": "float32", "context_length": 1024}
+    meta = {
+        "schema": 1, "run_id": RUN_ID, "tool_version": "0.1.0", "pilot_name": pilot.name,
+        "config_hash": pilot.digest(), "pilot_text": PILOT, "trace_hash": trace.sha256,
+        "trace_files": [str(f) for f in trace.files], "prompt_ids": [p.id for p in trace.prompts],
+        "baseline": "baseline", "current": "current", "candidates": ["cand", "slow"],
+        "load_levels": LEVELS, "blocks": BLOCKS,
+        "block_order": [list(CONDITIONS), list(CONDITIONS)[::-1]],
+        "sampling": pilot.sampling.model_dump(mode="json"),
+        "conditions": {
+            name: {"role": role, "error": None, "boot_s": 12.5, "peak_memory_mb": mb,
+                   "fingerprint": fingerprint}
+            for name, (role, _, mb) in CONDITIONS.items()
+        },
+        "schedule": [], "early_stop": True, "sequential": {}, "stopped_after_block": None,
+        "status": "complete", "started_at": 1000.0, "ended_at": 9000.0,
+        "host": {"machine": "x86_64", "node": "n", "python": "3.11"},
+    }
+    write_json_atomic(results / "campaign.json", meta)
+    write_json_atomic(results / "preflight.json", {
+        "artifacts": {c: {"ok": True, "checks": [{"name": "weights", "ok": True,
+                                                  "detail": "readable"}]}
+                      for c in CONDITIONS if c != "baseline"},
+        "command_lines": {c: {"condition": c, "ok": True, "lines": [f"serve {c}"]}
+                          for c in CONDITIONS},
+    })
+    shutil.copyfile(project / "pilot.yaml", results / "pilot.yaml")
+
+
+def _judge_as_the_plugin_does(project: Path, results: Path) -> None:
+    pilot = load_pilot(project / "pilot.yaml")
+    data = load_campaign(results)
+    data.prompts = load_trace(pilot.trace.files).by_id()  # as Campaign.run hands it over
+    preflight = json.loads((results / "preflight.json").read_text("utf-8"))
+    judgement = judge(pilot, plan_gates(pilot, list(pilot.conditions)), data, preflight)
+    write_reports(results, judgement, data, pilot)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    root = tmp_path_factory.mktemp("summary")
+    project = _write_project(root)
+    results = root / "results"
+    _record_campaign(project, results)
+    _judge_as_the_plugin_does(project, results)
+    text = (results / "summary.json").read_text("utf-8")
+    return Run(project, results, json.loads(text), text)
+
+
+def _gate(summary: dict[str, Any], kind: str, id_: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [
+        g for g in summary["gates"] if (g["kind"], g["id"]) == (kind, id_)]
+    assert len(found) == 1, (kind, id_)
+    return found[0]
+
+
+def test_campaign_exercises_every_gate_kind_and_verdict(run: Run) -> None:
+    # Guards the fixture: the other tests mean something only if these all occur.
+    s = run.summary
+    assert {g["kind"] for g in s["gates"]} == set(GATE_KINDS)
+    assert {v["candidate"]: v["verdict"] for v in s["verdicts"]} == {"cand": "KEEP",
+                                                                      "slow": "DROP"}
+    assert _gate(s, "speedup", "cand-vs-baseline-busy")["outcome"] == "pass"
+    assert _gate(s, "speedup", "slow-vs-baseline-busy")["outcome"] in ("fail", "inconclusive")
+    assert _gate(s, "greedy_identity", "slow-vs-baseline")["outcome"] == "fail"
+    identity = _gate(s, "greedy_identity", "cand-vs-baseline")
+    assert identity["outcome"] == "pass" and len(identity["details"]["near_ties"]) == 1
+    assert _gate(s, "memory", "slow-vs-baseline")["outcome"] == "fail"
+    assert "p_holm" in _gate(s, "correctness", "cand-vs-baseline")["details"]
+
+
+def test_summary_validates_against_the_json_schema(run: Run) -> None:
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(run.summary, schema)
+    assert run.summary["schema"] == SUMMARY_SCHEMA
+
+
+def test_files_without_the_later_additions_still_validate(run: Run) -> None:
+    # What summary.json held before the schema was written down is still a valid sheet.
+    old = {k: v for k, v in run.summary.items() if k != "comparison"}
+    added = ("load_label", "dispatch_lag_p99_s", "cost_per_request", "checked", "correct",
+             "correct_fraction")
+    old["figures"] = [{k: v for k, v in f.items() if k not in added} for f in old["figures"]]
+    old["cost"] = {**old["cost"], "table": [{k: v for k, v in c.items() if k != "load_label"}
+                                            for c in old["cost"]["table"]]}
+    jsonschema.validate(old, json_schema())
+    Summary.model_validate(old)
+
+
+def test_an_unbounded_interval_round_trips(run: Run) -> None:
+    # A latency bound from too few samples is inf: json writes Infinity, which reads back.
+    sheet = json.loads(run.text)
+    sheet["gates"][0]["ci"] = [0.1, float("inf")]
+    jsonschema.validate(json.loads(json.dumps(sheet)), json_schema())
+
+
+def test_schema_rejects_a_broken_sheet(run: Run) -> None:
+    bad = json.loads(run.text)
+    bad["gates"][0]["outcome"] = "maybe"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, json_schema())
+    del bad["verdicts"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, json_schema())
+
+
+TOP_KEYS = ["schema", "run_id", "pilot_name", "trace_hash", "config_hash", "status",
+            "verdicts", "gates", "figures", "cost", "conditions", "comparison"]
+GATE_KEYS = ["kind", "id", "condition", "reference", "load", "slice", "gating", "outcome",
+             "summary", "estimate", "ci", "threshold", "p_value", "details"]
+FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", "ttft_p95_s",
+               "e2e_p50_s", "e2e_p95_s", "tpot_p50_s", "tokens_per_s",
+               "request_tokens_per_s_p50", "accept_length_pooled", "accept_length_mean",
+               "peak_memory_mb", "load_label", "dispatch_lag_p99_s", "cost_per_request",
+               "checked", "correct", "correct_fraction"]
+COST_KEYS = ["currency", "device_hour_price", "devices_per_server", "expected_requests_per_day",
+             "primary_load", "limits", "table", "break_even"]
+COST_ROW_KEYS = ["condition", "load", "concurrency", "ok", "total", "busy_s",
+                 "requests_per_hour", "hourly_cost", "cost_per_request", "setup_cost",
+                 "currency", "load_label"]
+BREAK_EVEN_KEYS = ["candidate", "reference", "load", "currency", "setup_cost",
+                   "cost_reference", "cost_candidate", "savings_per_request", "requests",
+                   "days", "reason"]
+
+
+def test_golden_structure(run: Run) -> None:
+    s = run.summary
+    assert list(s) == TOP_KEYS and s["comparison"] is None
+    assert all(list(g) == GATE_KEYS for g in s["gates"])
+    assert all(list(f) == FIGURE_KEYS for f in s["figures"])
+    assert [(f["condition"], f["load"]) for f in s["figures"]] == [
+        (c, level) for c in CONDITIONS for level in LEVELS]
+    assert list(s["cost"]) == COST_KEYS
+    assert list(s["cost"]["limits"]) == ["max_cost_per_request", "max_break_even_days"]
+    assert all(list(c) == COST_ROW_KEYS for c in s["cost"]["table"])
+    assert [list(b) for b in s["cost"]["break_even"]] == [BREAK_EVEN_KEYS] * 4  # 2 x 2 refs
+    assert list(s["verdicts"][0]) == ["candidate", "verdict", "reasons"]
+    assert all(list(c) == ["role", "error", "boot_s", "peak_memory_mb"]
+               for c in s["conditions"].values())
+    # Counts stay integers, CIs pairs.
+    assert _gate(s, "greedy_identity", "cand-vs-baseline")["estimate"] == 0
+    assert '"estimate": 0,' in run.text
+    assert all(g["ci"] is None or len(g["ci"]) == 2 for g in s["gates"])
+
+
+def test_figures_cover_each_condition_and_level(run: Run) -> None:
+    s = run.summary
+    costs = {(c["condition"], c["load"]): c["cost_per_request"] for c in s["cost"]["table"]}
+    for f in s["figures"]:
+        for key in ("ttft_p50_s", "e2e_p95_s", "tpot_p50_s", "tokens_per_s",
+                    "request_tokens_per_s_p50", "peak_memory_mb", "cost_per_request"):
+            assert f[key] is not None and f[key] > 0, (f["condition"], f["load"], key)
+        assert f["cost_per_request"] == costs[(f["condition"], f["load"])]
+        assert f["checked"] == len(PROMPTS)
+        drafted = f["condition"] != "baseline"
+        assert (f["accept_length_pooled"] is not None) == drafted
+        assert f["accept_length_pooled"] == (pytest.approx(2.0) if drafted else None)
+    slow = next(f for f in s["figures"] if (f["condition"], f["load"]) == ("slow", "low"))
+    assert slow["correct"] == len(PROMPTS) - 1
+    assert slow["correct_fraction"] == pytest.approx(11 / 12)
+    current = next(f for f in s["figures"] if (f["condition"], f["load"]) == ("current", "busy"))
+    assert (current["ok"], current["total"]) == (2 * len(PROMPTS) - 1, 2 * len(PROMPTS))
+
+
+def test_rejudging_reproduces_the_summary(
+    run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m pytest_osprey report DIR` on the saved campaign: the same sheet, exactly.
+
+    Nothing is excluded: judging reads only the saved files, the bootstrap and permutation
+    tests are seeded by the pilot, and nothing written depends on the time of judging.
+    """
+    results = tmp_path / "results"
+    shutil.copytree(run.results, results)
+    (results / "summary.json").unlink()
+    assert main(["report", str(results)]) == 1  # one candidate is dropped
+    out = capsys.readouterr().out
+    assert "KEEP cand" in out and "DROP slow" in out
+    again = (results / "summary.json").read_text("utf-8")
+    summary = json.loads(again)
+    # Gate by gate first, so that a difference names its gate.
+    before = {(g["kind"], g["id"]): g for g in run.summary["gates"]}
+    after = {(g["kind"], g["id"]): g for g in summary["gates"]}
+    assert list(after) == list(before)
+    for key, gate in before.items():
+        for field in ("outcome", "estimate", "ci", "threshold", "p_value", "summary",
+                      "details"):
+            assert after[key][field] == gate[field], (key, field)
+    assert summary["verdicts"] == run.summary["verdicts"]
+    assert again == run.text
+    assert (results / "report.md").read_text("utf-8") == (
+        run.results / "report.md").read_text("utf-8")
+
+
+def _undeclared(model: BaseModel, where: str) -> list[str]:
+    out = [f"{where}.{k}" for k in model.model_extra or {}]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value.items() if isinstance(value, dict) else enumerate(
+            value if isinstance(value, list) else [value])
+        for key, item in items:
+            if isinstance(item, BaseModel):
+                out += _undeclared(item, f"{where}.{name}[{key}]")
+    return out
+
+
+def test_every_written_key_is_declared(run: Run) -> None:
+    # Models keep undeclared keys (so nothing is lost): any such key is undocumented.
+    assert _undeclared(Summary.model_validate(run.summary), "summary") == [], (
+        "document new summary.json keys in pytest_osprey/report/summary_schema.py")
+
+
+@pytest.mark.parametrize(("source", "model"), [
+    (Figures, FigureEntry), (ConditionCost, CostRow), (BreakEven, BreakEvenEntry)])
+def test_sources_of_the_sheet_are_declared(source: type, model: type[BaseModel]) -> None:
+    missing = {f.name for f in fields(source)} - set(model.model_fields)
+    assert not missing, f"{source.__name__} fields missing from {model.__name__}: {missing}"
+
+
+def test_gate_entries_match_gate_results() -> None:
+    result = decision.GateResult(decision.GateSpec("completed", "c", load="low"), "pass", "ok")
+    assert list(result.as_dict()) == list(GateEntry.model_fields) == GATE_KEYS
+
+
+def test_every_gate_kind_is_documented(run: Run) -> None:
+    kinds = set(decision._EVALUATORS) | set(decision._PREFLIGHT)
+    assert set(GATE_KINDS) == kinds
+    nested: dict[str, type[BaseModel]] = {"cost": CostRow, "break_even": BreakEvenEntry}
+    for g in run.summary["gates"]:
+        doc = GATE_KINDS[g["kind"]].details
+        for key in g["details"]:
+            known = key in nested[g["kind"]].model_fields if g["kind"] in nested \
+                else f"`{key}`" in doc
+            assert known, f"details key {key!r} of {g['kind']} gates is not documented"
+
+
+def test_reference_doc_is_current() -> None:
+    assert DOC.read_text("utf-8") == render_reference(), (
+        "docs/summary-json.md is stale: python -m pytest_osprey summary-reference > "
+        "docs/summary-json.md"
+    )
+
+
+def test_every_field_is_described() -> None:
+    text = render_reference()
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            assert not line.rstrip().endswith("|  |"), f"undocumented field: {line}"
+    for model in ("Summary", "GateEntry", "FigureEntry", "CostSection", "Gate kinds"):
+        assert f"## {model}" in text
+
+
+def test_cli_prints_the_schema_and_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary-schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == json_schema()
+    assert main(["summary-reference"]) == 0
+    assert capsys.readouterr().out == render_reference()
