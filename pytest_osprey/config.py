@@ -349,6 +349,9 @@ class Decision(Strict):
     )
     bootstrap_resamples: Annotated[int, Field(ge=100, le=1_000_000)] = 2000
     """Bootstrap resamples per speedup CI."""
+    regression_tolerance: Fraction = 0.05
+    """With --osprey-compare: how much worse than the earlier campaign a kept drafter may get
+    (speedup, its own latency, accept length) before it is flagged as a regression."""
 
 
 class SetupCosts(Strict):

@@ -16,6 +16,7 @@ from .config import Pilot
 from .decision import PREFLIGHT, GateResult, GateSpec, evaluate
 from .dryrun import check_command_lines
 from .engines import BootSpec, Engine, EngineError, make_engine
+from .history import compare
 from .judgement import Judgement, judge
 from .plugin import STATE, OspreyState, ProgressPrinter
 from .records import write_json_atomic
@@ -102,9 +103,12 @@ def osprey_results(
     state = _state(request)
     if state.judgement is None:
         state.judgement = judge(state.pilot, state.gates, osprey_campaign, osprey_preflight)
+        if state.previous is not None:
+            state.comparison = compare(state.pilot, osprey_campaign, state.judgement,
+                                       state.previous, state.pilot.decision.regression_tolerance)
         state.results_dir.mkdir(parents=True, exist_ok=True)
         state.reports = write_reports(
-            state.results_dir, state.judgement, osprey_campaign, state.pilot
+            state.results_dir, state.judgement, osprey_campaign, state.pilot, state.comparison
         )
     return state.judgement
 

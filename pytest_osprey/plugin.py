@@ -21,6 +21,7 @@ import pytest
 from .campaign import CampaignData, ProgressEvent
 from .config import ConfigError, Pilot, load_pilot
 from .decision import GateSpec, plan_gates
+from .history import Comparison, Previous
 from .judgement import Judgement
 from .trace import Trace, TraceError, load_trace
 
@@ -45,6 +46,8 @@ class OspreyState:
     campaign_error: str | None = None
     judgement: Judgement | None = None
     reports: list[Path] = field(default_factory=list)
+    previous: Previous | None = None  # --osprey-compare: the earlier campaign
+    comparison: Comparison | None = None
 
 
 STATE = pytest.StashKey[OspreyState]()
@@ -63,6 +66,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Check the pilot, command lines and artifacts only; boot nothing")
     group.addoption("--osprey-conditions", metavar="A,B", default=None,
                     help="Run only these conditions (the baseline is always included)")
+    group.addoption("--osprey-compare", metavar="DIR", default=None,
+                    help="Compare with an earlier accepted campaign of the same trace and flag "
+                         "regressions of the drafters kept there")
 
 
 def _usage(msg: str) -> pytest.UsageError:
@@ -84,6 +90,8 @@ def _select(pilot: Pilot, spec: str | None, source: str) -> list[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "osprey(kind): an acceptance gate of pytest-osprey")
+    if not config.pluginmanager.hasplugin("benchmark"):  # the latency-series suite's marker
+        config.addinivalue_line("markers", "benchmark: pytest-benchmark settings (inactive)")
     path = config.getoption("osprey_config")
     if not path:
         return
@@ -114,6 +122,7 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         results = invocation / "osprey-results" / f"{pilot.name}-{stamp}"
+    earlier = _previous(config.getoption("osprey_compare"), invocation, results, trace)
     config.stash[STATE] = OspreyState(
         pilot=pilot,
         pilot_path=pilot_path,
@@ -124,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
         reuse=reuse,
         gates=plan_gates(pilot, conditions, dry_run=config.getoption("osprey_dry_run")),
         dry_run=config.getoption("osprey_dry_run"),
+        previous=earlier,
     )
     from . import fixtures
 
@@ -144,6 +154,25 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args.append(suites)
 
 
+def _previous(
+    option: str | None, invocation: Path, results: Path, trace: Trace
+) -> Previous | None:
+    """--osprey-compare: the earlier campaign, refused before anything boots if it cannot
+    compare."""
+    if not option:
+        return None
+    from .history import HistoryError, open_previous
+
+    where = invocation / option
+    if where.resolve() == results.resolve():
+        raise _usage(f"--osprey-compare: {where} is this run's own results folder; name an "
+                     "earlier campaign's folder")
+    try:
+        return open_previous(where, trace.sha256)
+    except HistoryError as exc:
+        raise _usage(f"--osprey-compare: {exc}") from None
+
+
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     """SIGTERM (a CI cancel, timeout(1), kill) ends the session the way Ctrl-C does: booted
     servers are stopped and campaign.json says 'interrupted'."""
@@ -155,9 +184,18 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    state = metafunc.config.stash.get(STATE, None)
+    if "osprey_series" in metafunc.fixturenames and state is not None and not state.dry_run:
+        from .latency_series import series_specs
+
+        series = series_specs(state.pilot, state.conditions)
+        metafunc.parametrize("osprey_series", series, ids=[s.id for s in series])
+    if "osprey_history" in metafunc.fixturenames and state is not None \
+            and state.previous is not None and not state.dry_run:
+        kept = state.previous.kept or ["none-kept"]
+        metafunc.parametrize("osprey_history", kept, ids=kept)
     if "osprey_gate" not in metafunc.fixturenames:
         return
-    state = metafunc.config.stash.get(STATE, None)
     marker = metafunc.definition.get_closest_marker("osprey")
     if state is None or marker is None:
         return
@@ -176,7 +214,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     drop: list[pytest.Item] = []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        unplanned = item.get_closest_marker("osprey") is not None and "osprey_gate" not in params
+        unplanned = item.get_closest_marker("osprey") is not None and not (
+            "osprey_gate" in params or "osprey_series" in params or "osprey_history" in params)
         (drop if unplanned else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -247,6 +286,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for v in judgement.verdicts:
         color = {"KEEP": "green", "DROP": "red", "INCONCLUSIVE": "yellow"}[v.verdict]
         tr.write_line(v.line(), **{color: True, "bold": True})
+    if state.comparison is not None:
+        comp = state.comparison
+        tr.write_line(f"compared with {comp.previous_dir} (run {comp.previous_run_id}):")
+        for f in comp.findings:
+            tr.write_line(f"  {'REGRESSION ' if f.regression else ''}{f.text}",
+                          red=f.regression)
+        for note in comp.notes:
+            tr.write_line(f"  {note}")
     for p in state.reports:
         tr.write_line(f"results: {p}")
 

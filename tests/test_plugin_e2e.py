@@ -107,11 +107,12 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter", speedup_min=0.6, prompts=8))
     result = pytester.runpytest_subprocess(
         "--osprey-config=pilot.yaml", "--osprey-results=res", "-p", "no:cacheprovider",
-        timeout=600,
+        "--benchmark-json=bench.json", timeout=600,
     )
     out = result.stdout.str()
     assert result.ret == 0, out
     assert "KEEP cand" in out
+    _check_benchmark_json(pytester)
     assert "test_04_speed_cost.py" in out
     summary = _summary(pytester)
     assert summary["verdicts"][0]["verdict"] == "KEEP"
@@ -128,6 +129,15 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     assert meta["status"] == "complete" and meta["block_order"] == [
         ["baseline", "cand"], ["cand", "baseline"]]
 
+    # Re-judged under the same pilot, booting nothing: the same sheet, to the byte.
+    original = (pytester.path / "res" / "summary.json").read_text()
+    same = pytester.runpytest_subprocess(
+        "--osprey-config=pilot.yaml", "--osprey-reuse=res", "-p", "no:cacheprovider",
+        "-p", "no:benchmark", timeout=300,
+    )
+    assert same.ret == 0 and "booting" not in same.stdout.str()
+    assert (pytester.path / "res" / "summary.json").read_text() == original
+
     # Re-judge the saved campaign with an impossible minimum: boots nothing, now drops.
     pytester.makefile(".yaml", strict=pilot_yaml("tiny-drafter", speedup_min=50, prompts=8))
     again = pytester.runpytest_subprocess(
@@ -137,6 +147,34 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     assert again.ret == pytest.ExitCode.TESTS_FAILED
     assert "DROP cand" in again.stdout.str()
     assert "booting" not in again.stdout.str()
+
+
+def _check_benchmark_json(pytester: pytest.Pytester) -> None:
+    """The recorded latency series in pytest-benchmark's JSON, and its compare tool reads it."""
+    import statistics
+    import subprocess
+    import sys
+
+    bench = json.loads((pytester.path / "bench.json").read_text())
+    got = {b["param"]: b for b in bench["benchmarks"]}
+    want = {f"{c}-{lv}-{m}" for c in ("baseline", "cand") for lv in ("low", "concurrent")
+            for m in ("e2e", "ttft")}  # fmt: skip
+    assert set(got) == want
+    records = [json.loads(line) for line in
+               (pytester.path / "res" / "records.jsonl").read_text().splitlines()]
+    for c in ("baseline", "cand"):
+        e2e = [r["e2e_s"] for r in records
+               if r["condition"] == c and r["load"] == "low" and r["mode"] == "greedy"]
+        entry = got[f"{c}-low-e2e"]
+        assert entry["group"] == "osprey low e2e" and entry["extra_info"]["condition"] == c
+        assert entry["stats"]["rounds"] == len(e2e) == 16
+        assert entry["stats"]["median"] == pytest.approx(statistics.median(e2e))
+        assert entry["stats"]["max"] == pytest.approx(max(e2e))
+    cli = Path(sys.executable).with_name("pytest-benchmark")
+    shown = subprocess.run([str(cli), "compare", str(pytester.path / "bench.json")],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "test_latency_series[cand-low-e2e]" in shown.stdout
 
 
 @pytest.mark.slow

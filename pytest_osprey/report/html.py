@@ -348,13 +348,30 @@ def _errors(data: CampaignData) -> str:
 # --------------------------------------------------------------------------- page
 
 
+def _history(summary: dict[str, Any]) -> str:
+    comp = summary.get("comparison")
+    if not comp:
+        return ""
+    out = ['<h2 id="history">Compared with an earlier campaign</h2>',
+           f'<p class="note">{_e(comp.get("previous_dir"))} (run {_e(comp.get("previous_run_id"))})'
+           f', tolerance {_num(100 * float(comp.get("tolerance") or 0), "{:.0f}")}%.</p>']
+    rows = [(_e(f.get("candidate")), _e(f.get("check")), _e(f.get("load") or "-"),
+             '<span class="over">REGRESSION</span>' if f.get("regression") else "ok",
+             _e(f.get("text"))) for f in comp.get("findings", [])]
+    if rows:
+        out.append(_table(["drafter", "check", "load", "outcome", "finding"], rows, set()))
+    out += [f'<p class="note">{_e(n)}</p>' for n in comp.get("notes", [])]
+    return "".join(out)
+
+
 def render_html(summary: dict[str, Any], data: CampaignData, plots: dict[str, bytes],
                 title: str | None = None) -> str:
     """The whole report page as one string (UTF-8, no external resources)."""
     title = title or summary.get("title") or f"Drafter pilot: {summary.get('pilot_name', '')}"
     body = "".join((
         _header(summary, data, str(title)), _verdicts(summary), _gates(summary),
-        _figures(summary, data), _cost(summary), _plots(plots), _outputs(data), _errors(data),
+        _figures(summary, data), _cost(summary), _history(summary), _plots(plots),
+        _outputs(data), _errors(data),
     ))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

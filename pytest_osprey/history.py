@@ -1,0 +1,218 @@
+"""``--osprey-compare DIR``: this campaign against an earlier accepted one, for the drafters
+kept there.
+
+Only campaigns of the same prompt trace compare (same trace hash), so every prompt pairs with
+itself across the two runs. For each drafter the earlier campaign kept, a regression is:
+
+* its verdict is no longer KEEP;
+* a speedup over the baseline whose confidence interval now lies below the earlier
+  estimate less the tolerance (speed relative to the baseline: robust to a slower machine);
+* its own completion latency, paired by prompt across the runs, confidently slower than
+  before by more than the tolerance (the baseline's change is shown beside it, to tell a
+  drafter regression from a changed machine or engine);
+* its pooled accept length down by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .campaign import CampaignData, iter_pairs, load_campaign
+from .config import Pilot
+from .judgement import Judgement
+from .records import RequestRecord
+from .stats import StatsError, paired_speedup
+
+
+class HistoryError(ValueError):
+    """The earlier campaign cannot be compared with this one (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Previous:
+    directory: Path
+    summary: dict[str, Any]
+    data: CampaignData
+
+    @property
+    def kept(self) -> list[str]:
+        return [v["candidate"] for v in self.summary.get("verdicts", [])
+                if v.get("verdict") == "KEEP"]
+
+
+def open_previous(directory: Path, trace_hash: str) -> Previous:
+    """The earlier campaign, refused (HistoryError) unless it is complete, judged and ran the
+    same prompt trace."""
+    if not directory.is_dir():
+        raise HistoryError(f"{directory}: no such folder")
+    summary_path = directory / "summary.json"
+    if not (directory / "campaign.json").is_file() or not summary_path.is_file():
+        raise HistoryError(f"{directory}: not a judged results folder (needs campaign.json and "
+                           "summary.json)")
+    try:
+        summary = json.loads(summary_path.read_text("utf-8"))
+        data = load_campaign(directory)
+    except (ValueError, OSError) as exc:
+        raise HistoryError(f"{directory}: cannot read it: {exc}") from None
+    if not isinstance(summary, dict):
+        raise HistoryError(f"{summary_path}: not a summary object")
+    status = data.meta.get("status")
+    if status != "complete":
+        raise HistoryError(f"{directory}: that campaign did not complete (status {status}); "
+                           "compare with a finished one")
+    theirs = data.meta.get("trace_hash") or summary.get("trace_hash")
+    if theirs != trace_hash:
+        raise HistoryError(
+            f"{directory}: its prompt trace differs from this pilot's (trace hash "
+            f"{str(theirs)[:12]} there, {trace_hash[:12]} here): results of different prompts "
+            "do not compare; use the same trace files, ids and limits"
+        )
+    return Previous(directory, summary, data)
+
+
+@dataclass
+class Finding:
+    candidate: str
+    check: str  # verdict | speedup | latency | accept_length
+    load: str | None
+    previous: float | str | None
+    current: float | str | None
+    regression: bool
+    text: str
+    ci: list[float] | None = None
+
+
+@dataclass
+class Comparison:
+    previous_dir: str
+    previous_run_id: str | None
+    trace_hash: str
+    tolerance: float
+    kept: list[str]
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def regressions(self, candidate: str | None = None) -> list[Finding]:
+        return [f for f in self.findings if f.regression
+                and (candidate is None or f.candidate == candidate)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare(
+    pilot: Pilot, data: CampaignData, judgement: Judgement, previous: Previous,
+    tolerance: float,
+) -> Comparison:
+    """Every kept drafter's regressions (and the figures checked) against ``previous``."""
+    out = Comparison(str(previous.directory), previous.data.meta.get("run_id"),
+                     str(data.meta.get("trace_hash")), tolerance, previous.kept)
+    if not previous.kept:
+        out.notes.append("no drafter was kept in the earlier campaign: nothing to hold to it")
+    now = {v.candidate: v.verdict for v in judgement.verdicts}
+    for cand in previous.kept:
+        if cand not in data.meta.get("conditions", {}):
+            out.notes.append(f"{cand} was kept before but is not in this campaign")
+            continue
+        verdict = now.get(cand, "not judged")
+        out.findings.append(Finding(cand, "verdict", None, "KEEP", verdict, verdict != "KEEP",
+                                    f"verdict KEEP before, {verdict} now"))
+        out.findings += _speedups(pilot, judgement, previous, cand, tolerance)
+        for level in pilot.load.levels:
+            out.findings += _latency(pilot, data, previous, cand, level, tolerance)
+            out.findings += _accept_length(data, previous, cand, level, tolerance)
+    return out
+
+
+def _speedups(pilot: Pilot, judgement: Judgement, previous: Previous, cand: str,
+              tolerance: float) -> list[Finding]:
+    before = {(g["id"]): g for g in previous.summary.get("gates", [])
+              if g.get("kind") == "speedup" and g.get("condition") == cand}
+    out = []
+    for g in judgement.results.values():
+        spec = g.spec
+        if spec.kind != "speedup" or spec.condition != cand or spec.reference != pilot.baseline:
+            continue
+        old = before.get(spec.id)
+        if old is None or old.get("estimate") is None or g.estimate is None:
+            continue
+        floor = old["estimate"] * (1 - tolerance)
+        worse = g.ci_high is not None and g.ci_high < floor
+        out.append(Finding(
+            cand, "speedup", spec.load, old["estimate"], g.estimate, worse,
+            f"speedup[{spec.id}] {old['estimate']:.3f}x before, {g.estimate:.3f}x now "
+            f"(CI [{_f(g.ci_low)}, {_f(g.ci_high)}])"
+            + (f": below {floor:.3f}x (earlier estimate less {tolerance:.0%})" if worse else ""),
+            ci=[g.ci_low, g.ci_high] if g.ci_low is not None and g.ci_high is not None else None,
+        ))
+    return out
+
+
+def _latency(pilot: Pilot, data: CampaignData, previous: Previous, cand: str, level: str,
+             tolerance: float) -> list[Finding]:
+    """The drafter's completion latency now vs before, paired by prompt across the runs."""
+    res = _across_runs(pilot, data, previous.data, cand, level, 1 - tolerance)
+    if res is None:
+        return []
+    base = _across_runs(pilot, data, previous.data, pilot.baseline, level, 1 - tolerance)
+    worse = res.outcome == "fail"  # confidently below (1 - tolerance) times as fast as before
+    text = (f"{cand} at {level}: {res.estimate:.3f}x as fast as before (CI [{res.ci_low:.3f}, "
+            f"{res.ci_high:.3f}], {res.n_prompts} prompts)")
+    if base is not None:
+        text += f"; the baseline {base.estimate:.3f}x as fast as before"
+        if worse and base.outcome == "fail":
+            text += " (both slower: the machine or engine may have changed)"
+    return [Finding(cand, "latency", level, None, res.estimate, worse, text,
+                    ci=[res.ci_low, res.ci_high])]
+
+
+def _across_runs(pilot: Pilot, now: CampaignData, before: CampaignData, condition: str,
+                 level: str, threshold: float) -> Any:
+    merged = CampaignData(now.directory, now.meta, [
+        *[_renamed(r, "before") for r in before.of(condition, level)],
+        *[_renamed(r, "now") for r in now.of(condition, level)],
+    ])
+    pairs = list(iter_pairs(merged, "before", "now", level, lambda r: r.e2e_s))
+    if len(pairs) < 2:
+        return None
+    try:
+        return paired_speedup({p: b for p, b, _ in pairs}, {p: n for p, _, n in pairs},
+                              threshold=threshold, confidence=pilot.decision.confidence,
+                              n_resamples=pilot.decision.bootstrap_resamples,
+                              seed=pilot.sampling.seed)
+    except StatsError:
+        return None
+
+
+def _renamed(record: RequestRecord, condition: str) -> RequestRecord:
+    return RequestRecord.from_dict({**asdict(record), "condition": condition})
+
+
+def _accept_length(data: CampaignData, previous: Previous, cand: str, level: str,
+                   tolerance: float) -> list[Finding]:
+    def pooled(d: CampaignData) -> float | None:
+        tokens = steps = 0.0
+        for r in d.of(cand, level):
+            if r.ok and r.output_tokens and r.spec_verify_ct:
+                tokens += r.output_tokens
+                steps += r.spec_verify_ct
+            elif r.ok and r.output_tokens and r.accept_length:
+                tokens += r.output_tokens
+                steps += r.output_tokens / r.accept_length
+        return tokens / steps if steps else None
+
+    old, new = pooled(previous.data), pooled(data)
+    if old is None or new is None:
+        return []
+    worse = new < old * (1 - tolerance)
+    return [Finding(cand, "accept_length", level, old, new, worse,
+                    f"{cand} at {level}: accept length {old:.2f} before, {new:.2f} now"
+                    + (f" (down more than {tolerance:.0%})" if worse else ""))]
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.3f}"
