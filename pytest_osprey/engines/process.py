@@ -23,11 +23,12 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 import psutil
 
+from . import gpu_memory
 from .base import BootSpec, EngineError
 
 if TYPE_CHECKING:
@@ -127,6 +128,10 @@ class ServerProcess:
         self._lock = threading.Lock()
         self._stopped = False
         self._t_launch = 0.0
+        # "process" | "device" (GPU, NVML) or "rss": fixed by the first reading once the
+        # server is ready, so one condition's samples never mix kinds of figure.
+        self._memory_basis: str | None = None
+        self._gpu: gpu_memory.Usage | None = None
 
     @property
     def printable_argv(self) -> list[str]:
@@ -279,6 +284,47 @@ class ServerProcess:
                 total += proc.memory_info().rss
                 found = True
         return total / 2**20 if found else None
+
+    def memory_mb(self) -> float | None:
+        """GPU memory of the tree where NVML sees it on a GPU, else its resident memory (MiB);
+        None for a sample of another kind than the first reading's, which never mixes in."""
+        pids = self.pids()
+        if not pids:
+            return None
+        gpu = gpu_memory.usage(pids) if self._memory_basis != "rss" else None
+        basis = gpu.basis if gpu is not None else "rss"
+        if self._memory_basis is None and self.boot_s is not None:
+            self._memory_basis = basis
+        if self._memory_basis not in (None, basis):
+            return None
+        if gpu is not None:
+            self._gpu = gpu
+            return gpu.mib
+        return self.rss_mb()
+
+    def memory_facts(self) -> dict[str, Any]:
+        """What :meth:`memory_mb` measures, for the engine's fingerprint."""
+        self.memory_mb()
+        basis = self._memory_basis or "rss"
+        gpu = self._gpu
+        if basis == "rss" or gpu is None:
+            why = gpu_memory.unavailable() or "NVML sees none of the server's processes on a GPU"
+            return {"kind": "host", "basis": "rss", "scope": "engine", "device": None,
+                    "nvml": why, "nvml_mib": None,
+                    "note": "resident memory of the server's process tree"}  # fmt: skip
+        note = "GPU memory of the server's process tree (NVML, per process)"
+        if basis == "device":
+            note = f"GPU memory used on the server's devices (NVML; {gpu.note})"
+        return {
+            "kind": "gpu",
+            "basis": basis,
+            "scope": "engine",
+            "device": ", ".join(d.describe() for d in gpu.devices),
+            "nvml": None,
+            "nvml_mib": gpu.mib,
+            "gpu_pids": list(gpu.pids),
+            "note": note,
+        }
 
     # ------------------------------------------------------------------ stop
 

@@ -373,11 +373,13 @@ class VLLMEngine:
         if self.server is not None:
             fp["boot_s"] = self.server.boot_s
             fp["pids"] = sorted(self.server.pids())  # lets a test prove the tree is gone
+            fp["memory"] = self.server.memory_facts()
+            fp["memory_method"] = fp["memory"]["note"]
         return fp
 
     def memory_mb(self) -> float | None:
-        """Resident memory of the server's process tree (GPU memory is not counted here)."""
-        return self.server.rss_mb() if self.server is not None else None
+        """GPU memory of the server's process tree where NVML sees it, else resident memory."""
+        return self.server.memory_mb() if self.server is not None else None
 
     def flush(self) -> None:
         """Reset the prefix cache where the server offers it (VLLM_SERVER_DEV_MODE=1)."""
