@@ -92,6 +92,13 @@ class Condition(Strict):
     dtype: str | None = Field(
         None, description="Override of target.dtype (breaks fairness; for negative controls)"
     )
+    quantization: Literal["fp8", "int4"] | None = Field(
+        None,
+        description="transformers engine: the target's weights rounded to this format (fp8 "
+        "e4m3 or symmetric int4, per output channel; compute stays in dtype), as a quantized "
+        "deployment would serve them. Breaks fairness; for precision comparisons and negative "
+        "controls. Server engines: pass their own flag in engine_args",
+    )
     engine_args: list[str] = Field(default_factory=list)
     """Extra engine command-line arguments for this condition."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -489,6 +496,12 @@ def _cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str
     for loc, level in where:
         if level is not None and level not in pilot.load.levels:
             out.append((loc, f"load level {level!r} is not in load.levels ({levels})"))
+    for name, cond in pilot.conditions.items():
+        if cond.quantization and (pilot.target.engine != "transformers" or cond.endpoint):
+            out.append((("conditions", name, "quantization"),
+                        "only the embedded transformers engine rounds weights itself; for "
+                        "sglang/vllm pass the engine's flag (e.g. engine_args: [--quantization, "
+                        "fp8])"))
     for name in pilot.cost.setup:
         if name not in pilot.conditions:
             out.append(

@@ -24,6 +24,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "version": ("version",),
     "device_name": ("device_name", "device"),
     "dtype": ("dtype",),
+    "quantization": ("quantization",),
     "context_length": ("context_length",),
 }
 _DTYPES = {

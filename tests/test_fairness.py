@@ -13,8 +13,8 @@ from pytest_osprey.records import RequestRecord
 
 def fp(**over: Any) -> dict[str, Any]:
     base = {"engine": "transformers", "version": "5.24.0", "device": "cpu",
-            "device_name": "x86_64", "dtype": "float32", "context_length": 1024,
-            "drafter": None, "threads": 2}
+            "device_name": "x86_64", "dtype": "float32", "quantization": "none",
+            "context_length": 1024, "drafter": None, "threads": 2}
     return {**base, **over}
 
 
@@ -51,6 +51,7 @@ def test_same_setup_is_fair_even_with_a_different_drafter() -> None:
     ("field", "value", "shown"),
     [
         ("dtype", "bfloat16", "dtype differs: baseline='float32', cand='bfloat16'"),
+        ("quantization", "int4", "quantization differs: baseline='none', cand='int4'"),
         ("device_name", "H100", "device_name differs: baseline='x86_64', cand='H100'"),
         ("version", "5.25.0", "version differs"),
         ("engine", "sglang", "engine differs"),

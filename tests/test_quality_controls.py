@@ -1,30 +1,39 @@
-"""Negative controls for greedy identity with the real embedded engine and the tiny models.
+"""Negative controls for the quality gates with the real embedded engine and the tiny models.
 
-What the shipped tiny models actually show (24-32 new tokens, the 50 pilot prompts):
+What the shipped tiny models actually show (24 new tokens, the 50 pilot prompts):
 
-* **Precision change** (target in bfloat16 vs the float32 baseline): greedy outputs diverge on
-  a few prompts (3-4 of 50), every time at a near-tie (baseline top-1/top-2 margin < 0.01);
-  float16 and int8 dynamic quantization change nothing. The tiny target is confident almost
-  everywhere, so no precision change we can run here produces a *genuine* divergence. What
-  this control proves is the classification: the flips are found, their margins recorded and
-  classed as near-ties, and a strict pilot (``max_near_tie_fraction: 0``) fails the condition.
+* **Precision change, int4 weights** (the target's weights rounded to symmetric int4 per
+  output channel, as a weight-only quantized deployment serves them): about half the greedy
+  outputs change, most at positions where the float32 reference was confident (margins up to
+  ~0.2 nats, above the near-tie epsilon): *genuine* divergences, so greedy identity fails, and
+  the fairness gate names the quantization. fp8 weights change 3 of 50 (one genuine).
+* **Precision change, bfloat16 compute**: a few outputs (3-4 of 50) flip, every time at a
+  near-tie (margin < 0.01); float16 changes nothing. The control proves the classification:
+  flips found, margins recorded, classed as near-ties, and a strict pilot
+  (``max_near_tie_fraction: 0``) fails the condition.
 * **Assisted greedy decoding with the real tiny drafter** (transformers ``assistant_model``,
   k=4, constant schedule): token-for-token identical on every prompt (16 of 16 tried; the weak
   drafter too), with a real speculation effect (accept length > 1): the gate passes.
+* **Lossy sampler**: an engine that leaves a top-k of 50 on (transformers' default) fails the
+  sampled-distribution gate at the default budget (16 prompts x 32 samples x 8 positions); the
+  same engine with independent seeds passes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_osprey.campaign import CampaignData
 from pytest_osprey.config import Pilot
 from pytest_osprey.decision import GateSpec, evaluate
-from pytest_osprey.engines.base import BootSpec, GenerationRequest
+from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.quality import greedy_identity
 from pytest_osprey.records import RequestRecord
@@ -50,6 +59,7 @@ def _pilot() -> Pilot:
         "conditions": {
             "baseline": {"role": "baseline"},
             "bf16": {"role": "current", "dtype": "bfloat16"},
+            "int4": {"role": "candidate", "quantization": "int4"},
             "drafter": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
                         "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}},
         },
@@ -72,10 +82,12 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pilot, 
     prompts = load_trace([ROOT / "prompts/pilot.jsonl"]).prompts[:PROMPTS]
     logs = tmp_path_factory.mktemp("logs")
     records: list[RequestRecord] = []
+    fingerprints: dict[str, dict[str, object]] = {}
     try:
         for cond in pilot.conditions:
             engine = TransformersEngine(pilot, cond, BootSpec(cond, logs))
             engine.start()
+            fingerprints[cond] = engine.fingerprint()
             try:
                 for p in prompts[: DRAFTED if cond == "drafter" else PROMPTS]:
                     text = render_prompt(p, engine._tokenizer)
@@ -91,7 +103,8 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pilot, 
                 engine.stop()
     finally:
         torch.set_num_threads(threads)
-    meta = {"conditions": {c: {"error": None} for c in pilot.conditions}}
+    meta = {"conditions": {c: {"error": None, "fingerprint": fingerprints[c]}
+                           for c in pilot.conditions}}
     yield pilot, CampaignData(logs, meta, records)
 
 
@@ -117,6 +130,23 @@ def test_precision_change_fails_greedy_identity(campaign: tuple[Pilot, CampaignD
     assert outcome == "fail", summary
 
 
+def test_int4_weights_fail_greedy_identity_with_genuine_divergences(
+    campaign: tuple[Pilot, CampaignData],
+) -> None:
+    pilot, data = campaign
+    q = pilot.limits.quality
+    res = greedy_identity(data.of("baseline"), data.of("int4"), q.near_tie_epsilon)
+    assert res.compared == PROMPTS
+    assert len(res.genuine) > q.max_genuine_divergences, res.divergences
+    assert all(d.margin is not None and d.margin > q.near_tie_epsilon for d in res.genuine)
+    outcome, summary = _gate(pilot, data, "int4")
+    assert outcome == "fail" and f"{len(res.genuine)} genuine divergence" in summary, summary
+    fair = evaluate(GateSpec("fairness", "int4", reference="baseline"), pilot, data, {})
+    assert fair.outcome == "fail"
+    assert "quantization differs: baseline='none'" in fair.summary, fair.summary
+    assert "int4='int4'" in fair.summary, fair.summary
+
+
 def test_assisted_greedy_with_the_real_drafter_is_identical(
     campaign: tuple[Pilot, CampaignData],
 ) -> None:
@@ -127,3 +157,115 @@ def test_assisted_greedy_with_the_real_drafter_is_identical(
     assert max(accepted) > 1.5, accepted  # drafts were really accepted: speculation ran
     outcome, summary = _gate(pilot, data, "drafter")
     assert outcome == "pass", summary
+
+
+SAMPLED_PROMPTS, SAMPLES, POSITIONS = 16, 32, 8  # the distribution check's default budget
+
+
+class _TopK50(TransformersEngine):
+    """The embedded engine with a real-world sampler bug: transformers' default top-k of 50
+    left on, so the tail of the distribution is never sampled."""
+
+    def start(self) -> None:
+        super().start()
+        generate = self._model.generate
+
+        def truncated(*args: Any, **kwargs: Any) -> Any:
+            return generate(*args, **{**kwargs, "top_k": 50})
+
+        self._model.generate = truncated
+
+
+class _HotSampler(TransformersEngine):
+    """A sampler slightly off: temperature 1.0 when asked for 0.8."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if request.temperature == 0.8:
+            request = replace(request, temperature=1.0)
+        return await super().generate(request)
+
+
+class _OtherSeeds(TransformersEngine):
+    """The same engine and sampler with independent seeds: a fresh draw of the same law."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        seed = None if request.seed is None else request.seed + 100_000
+        return await super().generate(replace(request, seed=seed))
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignData]:
+    """Sampled records at temperature 0.8 from three real engines, one at a time."""
+    if MODELS is None:
+        pytest.skip("tiny models not found (fixtures/models)")
+    import torch
+
+    threads = torch.get_num_threads()
+    pilot = Pilot.model_validate({
+        "target": {"model": str(MODELS / "tiny-target"), "dtype": "float32",
+                   "context_length": 1024, "threads": 1},
+        "conditions": {"baseline": {"role": "baseline"}, "same": {"role": "candidate"},
+                       "lossy": {"role": "candidate"}, "hot": {"role": "candidate"}},
+        "trace": {"files": [str(ROOT / "prompts/pilot.jsonl")]},
+        "sampling": {"sampled": {"enabled": True, "temperature": 0.8,
+                                 "samples_per_prompt": SAMPLES, "prompts": SAMPLED_PROMPTS,
+                                 "max_new_tokens": POSITIONS}},
+    })  # fmt: skip
+    prompts = load_trace([ROOT / "prompts/pilot.jsonl"]).prompts[:SAMPLED_PROMPTS]
+    logs = tmp_path_factory.mktemp("sampled")
+    engines: dict[str, type[TransformersEngine]] = {
+        "baseline": TransformersEngine, "same": _OtherSeeds, "lossy": _TopK50}
+    if os.environ.get("OSPREY_MEASURE_HOT"):  # a figure for the notes, not a CI test
+        engines["hot"] = _HotSampler
+    records: list[RequestRecord] = []
+    try:
+        for cond, cls in engines.items():
+            engine = cls(pilot, cond, BootSpec(cond, logs))
+            engine.start()
+            try:
+                for p in prompts:
+                    text = render_prompt(p, engine._tokenizer)
+                    for i in range(SAMPLES):
+                        req = GenerationRequest(p.id, text, POSITIONS, temperature=0.8,
+                                                seed=i, want_margins=False)
+                        res = asyncio.run(engine.generate(req))
+                        records.append(RequestRecord(
+                            run_id="controls", condition=cond, block=0, repetition=0,
+                            load="low", concurrency=1, prompt_id=p.id, slice=p.slice,
+                            domain=p.domain, mode="sampled", sample_index=i, ok=res.ok,
+                            error=res.error, output_ids=res.output_ids,
+                        ))  # fmt: skip
+            finally:
+                engine.stop()
+    finally:
+        torch.set_num_threads(threads)
+    return pilot, CampaignData(logs, {"conditions": {c: {"error": None} for c in engines}},
+                               records)
+
+
+@pytest.mark.slow
+def test_lossy_sampler_fails_the_distribution_check(
+    sampled: tuple[Pilot, CampaignData],
+) -> None:
+    pilot, data = sampled
+    assert all(r.ok for r in data.records)
+    res = evaluate(GateSpec("distribution", "lossy", reference="baseline"), pilot, data, {})
+    assert res.outcome == "fail", res.summary
+    assert not res.details["underpowered"]
+    if data.of("hot", mode="sampled"):
+        hot = evaluate(GateSpec("distribution", "hot", reference="baseline"), pilot, data, {})
+        print(f"temperature 1.0 vs 0.8 on the real engine: {hot.outcome}: {hot.summary}")
+        free = evaluate(GateSpec("distribution", "hot", reference="same"), pilot, data, {})
+        print(f"... with independent seeds: {free.outcome}: {free.summary}")
+
+
+@pytest.mark.slow
+def test_same_sampler_with_other_seeds_passes_the_distribution_check(
+    sampled: tuple[Pilot, CampaignData],
+) -> None:
+    pilot, data = sampled
+    same = [r.output_ids for r in data.of("same", mode="sampled")]
+    base = [r.output_ids for r in data.of("baseline", mode="sampled")]
+    assert same != base  # independent draws, not a replay of the baseline's
+    res = evaluate(GateSpec("distribution", "same", reference="baseline"), pilot, data, {})
+    assert res.outcome == "pass", res.summary

@@ -233,14 +233,20 @@ class SGLangClient:
         }
         states = info.get("internal_states")
         first = states[0] if isinstance(states, list) and states else {}
-        accept = first.get("avg_spec_accept_length") if isinstance(first, dict) else None
+        first = first if isinstance(first, dict) else {}
+        accept = first.get("avg_spec_accept_length")
+        # Top level where the scheduler's init info is merged in; else a scheduler's state.
+        kv_tokens = info.get("max_total_num_tokens") or first.get("max_total_num_tokens")
         return {
             "engine": "sglang",
             "version": info.get("version"),
             "device": info.get("device_name") or info.get("device"),
             "dtype": info.get("dtype"),
+            # server_info carries every server argument: null there means unquantized.
+            "quantization": (info.get("quantization") or "none") if "quantization" in info
+            else None,
             "context_length": info.get("context_length"),
-            "kv_capacity_tokens": info.get("max_total_num_tokens"),
+            "kv_capacity_tokens": kv_tokens,
             "avg_spec_accept_length": accept,
             "args": args,
         }
@@ -316,11 +322,13 @@ class SGLangEngine:
         if self.server is not None:
             fp["boot_s"] = self.server.boot_s
             fp["pids"] = sorted(self.server.pids())  # lets a test prove the tree is gone
+            fp["memory"] = self.server.memory_facts()
+            fp["memory_method"] = fp["memory"]["note"]
         return fp
 
     def memory_mb(self) -> float | None:
-        """Resident memory of the server's process tree (GPU memory is not counted here)."""
-        return self.server.rss_mb() if self.server is not None else None
+        """GPU memory of the server's process tree where NVML sees it, else resident memory."""
+        return self.server.memory_mb() if self.server is not None else None
 
     def flush(self) -> None:
         if self.client is not None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import os
 import platform
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .quantize import round_weights
 
 if TYPE_CHECKING:
     import torch
@@ -100,6 +103,15 @@ class TransformersEngine:
         self._forwards = 0
         self._hook: Any = None
         self.load_seconds: float | None = None
+        self._cuda = False
+        # All conditions run in this one process. Under ABBA they are loaded at once, and a
+        # process-wide figure (NVML, torch's peaks) would be the same for every condition:
+        # each is then given its own share (see memory_mb). One at a time, the process is it.
+        embedded = [c for c in pilot.conditions.values() if c.endpoint is None]
+        self._shared = pilot.load.order != "sequential" and len(embedded) > 1
+        self._weights_bytes = 0  # allocated on the GPU by loading this condition's models
+        self._work_bytes = 0  # most allocated on the GPU during one of its requests
+        self._gpu_basis: str | None = None  # NVML's basis ("process"/"device") or "allocator"
         self.validate(pilot, condition)
 
     @staticmethod
@@ -129,9 +141,18 @@ class TransformersEngine:
         if target.threads:
             torch.set_num_threads(target.threads)
         dtype = _dtype(self.dtype_name)
+        self._cuda = target.device.startswith("cuda") and torch.cuda.is_available()
+        before = 0
+        if self._cuda:
+            dev = torch.device(target.device)
+            before = torch.cuda.memory_allocated(dev)
+            if not self._shared:
+                torch.cuda.reset_peak_memory_stats(dev)  # peaks from this condition on
         try:
             self._tokenizer = AutoTokenizer.from_pretrained(target.model)
             self._model = AutoModelForCausalLM.from_pretrained(target.model, dtype=dtype)
+            if self.cond.quantization:
+                round_weights(self._model, self.cond.quantization)
             self._model.to(target.device).eval()
             if self.cond.drafter is not None:
                 self._drafter = AutoModelForCausalLM.from_pretrained(
@@ -146,6 +167,8 @@ class TransformersEngine:
                 gc.assistant_confidence_threshold = 0.0
         except (OSError, ValueError, RuntimeError) as exc:
             raise EngineError(f"{self.condition}: cannot load models: {exc}") from exc
+        if self._cuda:
+            self._weights_bytes = torch.cuda.memory_allocated(dev) - before
 
         def count(*_: Any) -> None:
             self._forwards += 1
@@ -159,6 +182,15 @@ class TransformersEngine:
             self._hook.remove()
             self._hook = None
         self._model = self._drafter = self._tokenizer = None
+        if self._cuda:
+            import gc
+
+            import torch
+
+            # Hand the cached blocks back, so that the next condition's figures (one at a
+            # time) do not include this one's.
+            gc.collect()
+            torch.cuda.empty_cache()
 
     # -- serving ----------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -211,8 +243,19 @@ class TransformersEngine:
         if self._drafter is not None:
             kwargs["assistant_model"] = self._drafter
         self._forwards = 0
+        track = self._cuda and self._shared
+        if track:
+            # The campaign runs one condition's requests at a time, so the peak over this
+            # call is this condition's working memory (KV cache, activations, logits).
+            dev = torch.device(device)
+            torch.cuda.synchronize(dev)
+            base = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
         with torch.inference_mode():
             out = self._model.generate(**enc, **kwargs)
+        if track:
+            torch.cuda.synchronize(dev)
+            self._work_bytes = max(self._work_bytes, torch.cuda.max_memory_allocated(dev) - base)
         e2e = time.perf_counter() - start
         ids = out.sequences[0, n_prompt:].tolist()
         margins = None
@@ -250,6 +293,7 @@ class TransformersEngine:
         else:
             device_name = platform.processor() or platform.machine()
         spec = self.cond.speculation
+        memory = self.memory_facts()
         return {
             "engine": "transformers",
             "version": transformers.__version__,
@@ -257,6 +301,7 @@ class TransformersEngine:
             "device": device,
             "device_name": device_name,
             "dtype": self.dtype_name,
+            "quantization": self.cond.quantization or "none",
             "context_length": target.context_length,
             "threads": torch.get_num_threads(),
             "model": target.model,
@@ -265,18 +310,55 @@ class TransformersEngine:
             "drafter_digest": _folder_digest(self.cond.drafter) if self.cond.drafter else None,
             "num_draft_tokens": (spec.num_draft_tokens if spec else 4) if self._drafter else None,
             "load_seconds": self.load_seconds,
-            "memory_method": "cuda max_memory_allocated"
-            if device.startswith("cuda")
-            else "weights + buffers of the loaded models",
+            # A dynamic KV cache per request: no fixed capacity to report.
+            "kv_capacity_tokens": None,
+            "memory": memory,
+            "memory_method": memory["note"],
+        }
+
+    def memory_facts(self) -> dict[str, Any]:
+        """What :meth:`memory_mb` measures, for the fingerprint."""
+        if not self._cuda:
+            why = gpu_memory.unavailable() if self.pilot.target.device.startswith("cuda") else None
+            return {"kind": "host", "basis": "weights", "scope": "condition", "device": None,
+                    "nvml": why, "nvml_mib": None,
+                    "note": "weights + buffers of the loaded models"}  # fmt: skip
+        import torch
+
+        self.memory_mb()  # fixes the basis
+        dev = torch.device(self.pilot.target.device)
+        props = torch.cuda.get_device_properties(dev)
+        nvml = gpu_memory.usage([os.getpid()])
+        basis = self._gpu_basis or "allocator"
+        source = {
+            "process": "NVML for this process",
+            "device": "NVML for the whole device",
+            "allocator": "torch's allocator only",
+        }[basis]
+        if self._shared:
+            note = (
+                f"this condition's GPU share: its weights + its peak working memory + the "
+                f"process's memory outside torch's allocator ({source})"
+            )
+        else:
+            note = f"GPU memory of this process: max of torch's reserved peak and {source}"
+        return {
+            "kind": "gpu",
+            "basis": basis,
+            "scope": "condition" if self._shared else "engine",
+            "device": f"{props.name} ({props.total_memory / 2**20:.0f} MiB)",
+            "nvml": gpu_memory.unavailable()
+            or (nvml.note or None if nvml is not None else "NVML does not list this process"),
+            "nvml_mib": nvml.mib if nvml is not None else None,
+            "weights_mib": self._weights_bytes / 2**20,
+            "note": note,
         }
 
     def memory_mb(self) -> float | None:
-        import torch
-
         if self._model is None:
             return None
-        if self.pilot.target.device.startswith("cuda") and torch.cuda.is_available():
-            return float(torch.cuda.max_memory_allocated()) / 2**20
+        if self._cuda:
+            return self._gpu_mb()
         # In-process conditions share one process, so its RSS cannot tell them apart:
         # report what each condition holds (target + drafter weights and buffers).
         total = 0
@@ -285,6 +367,23 @@ class TransformersEngine:
                 total += sum(t.numel() * t.element_size() for t in m.parameters())
                 total += sum(t.numel() * t.element_size() for t in m.buffers())
         return total / 2**20
+
+    def _gpu_mb(self) -> float:
+        import torch
+
+        dev = torch.device(self.pilot.target.device)
+        nvml = gpu_memory.usage([os.getpid()])
+        if self._gpu_basis is None:
+            self._gpu_basis = nvml.basis if nvml is not None else "allocator"
+        nvml_mib = nvml.mib if nvml is not None and nvml.basis == self._gpu_basis else None
+        if self._shared:
+            # NVML minus torch's pool: the CUDA context and libraries' workspaces, which
+            # this condition would need alone too.
+            outside = 0.0
+            if nvml_mib is not None:
+                outside = max(0.0, nvml_mib - torch.cuda.memory_reserved(dev) / 2**20)
+            return outside + (self._weights_bytes + self._work_bytes) / 2**20
+        return max(torch.cuda.max_memory_reserved(dev) / 2**20, nvml_mib or 0.0)
 
     def flush(self) -> None:
         """Nothing is cached across requests in-process (a fresh KV cache per generate)."""
