@@ -4,6 +4,10 @@ Times are ``time.perf_counter`` seconds from submission. TTFT is the arrival of 
 chunk that carries content. A chunk carrying several tokens (speculative decoding accepts
 several at once) spreads the gap since the previous chunk evenly over its tokens, so the
 inter-token list has exactly one entry per token after the first.
+
+Streams to a plain-HTTP server (a booted engine, a local endpoint) go through the lean
+HTTP/1.1 client in ``http1``; others (HTTPS, a proxy set in the environment) through httpx.
+Both yield the same chunks and raise the same kinds of error.
 """
 
 from __future__ import annotations
@@ -17,9 +21,22 @@ from typing import Any
 
 import httpx
 
+from . import http1
 from .base import GenerationResult
+from .http1 import DONE
 
-DONE = "[DONE]"
+__all__ = [
+    "DONE",
+    "ClientPool",
+    "StreamError",
+    "TokenClock",
+    "bearer",
+    "guarded",
+    "sse_data",
+    "stream_error",
+    "stream_json",
+]
+
 _BODY_PREVIEW = 500
 
 
@@ -80,7 +97,7 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         yield "\n".join(buf)
 
 
-async def stream_json(
+def stream_json(
     client: httpx.AsyncClient,
     url: str,
     body: Mapping[str, Any],
@@ -91,28 +108,71 @@ async def stream_json(
     Raises StreamError on a non-200 answer, a chunk that is not a JSON object, an error
     object in the stream, or a stream that ends before [DONE].
     """
+    origin = http1.lean_origin(client)
+    if origin is None or not url.startswith("/"):
+        return _stream_httpx(client, url, body, headers)
+    return _stream_lean(origin, client, url, body, headers)
+
+
+def _chunk(data: str, url: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise StreamError(
+            f"malformed JSON in stream from {url}: {exc.msg}: {data[:200]!r}"
+        ) from None
+    if not isinstance(chunk, dict):
+        raise StreamError(f"stream chunk is not a JSON object: {data[:200]!r}")
+    error = stream_error(chunk)
+    if error is not None:
+        raise StreamError(f"server error in stream from {url}: {error}")
+    return chunk
+
+
+def _truncated(url: str) -> StreamError:
+    return StreamError(f"stream from {url} ended before 'data: [DONE]' (truncated)")
+
+
+def _http_error(status: int, raw: bytes, url: str) -> StreamError:
+    text = raw[:_BODY_PREVIEW].decode("utf-8", "replace").strip()
+    return StreamError(f"HTTP {status} from {url}: {text or '(empty body)'}")
+
+
+async def _stream_httpx(
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None,
+) -> AsyncIterator[tuple[float, dict[str, Any]]]:
     async with client.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code != 200:
-            raw = await response.aread()
-            text = raw[:_BODY_PREVIEW].decode("utf-8", "replace").strip()
-            raise StreamError(f"HTTP {response.status_code} from {url}: {text or '(empty body)'}")
+            raise _http_error(response.status_code, await response.aread(), url)
         async for data in sse_data(response):
             now = time.perf_counter()
             if data.strip() == DONE:
                 return
-            try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError as exc:
-                raise StreamError(
-                    f"malformed JSON in stream from {url}: {exc.msg}: {data[:200]!r}"
-                ) from None
-            if not isinstance(chunk, dict):
-                raise StreamError(f"stream chunk is not a JSON object: {data[:200]!r}")
-            error = stream_error(chunk)
-            if error is not None:
-                raise StreamError(f"server error in stream from {url}: {error}")
-            yield now, chunk
-    raise StreamError(f"stream from {url} ended before 'data: [DONE]' (truncated)")
+            yield now, _chunk(data, url)
+    raise _truncated(url)
+
+
+async def _stream_lean(
+    origin: http1.Origin,
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None,
+) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+    async with http1.post_json(origin, client, url, body, headers) as response:
+        if response.status != 200:
+            raise _http_error(response.status, await response.preview(_BODY_PREVIEW), url)
+        encoding = response.head.get("content-encoding", "identity")
+        if encoding.lower() != "identity":
+            raise StreamError(f"stream from {url} is {encoding}-encoded")
+        async for now, data in response.events():
+            yield now, _chunk(data, url)
+        if response.done:
+            return
+    raise _truncated(url)
 
 
 def stream_error(chunk: Mapping[str, Any]) -> str | None:
@@ -154,6 +214,9 @@ class ClientPool:
     def __init__(self, base_url: str, headers: Mapping[str, str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.headers = dict(headers or {})
+        # Made here, once: loading the CA bundle takes tens of ms, and get() runs on the first
+        # request of each event loop, inside its TTFT.
+        self._ssl = httpx.create_ssl_context()
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
         self._clients = weakref.WeakKeyDictionary()
 
@@ -167,6 +230,7 @@ class ClientPool:
                 # The request's own deadline (guarded) bounds the total; these bound stalls.
                 timeout=httpx.Timeout(None, connect=30.0),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+                verify=self._ssl,
             )
             self._clients[loop] = client
         return client
@@ -179,6 +243,7 @@ class ClientPool:
         """Close the current loop's client (others close with their loops)."""
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
+            http1.release(client)
             await client.aclose()
 
 

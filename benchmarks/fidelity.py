@@ -1,0 +1,484 @@
+"""Timing fidelity of the streaming clients against a server whose truth is known.
+
+Starts ``stub_server.py`` in its own process (so the client's CPU is measured alone), then
+at each concurrency runs a closed loop (a warm-up of CONCURRENCY requests, then REQUESTS
+requests from CONCURRENCY workers whose first requests are spread over one scripted request
+duration) through:
+
+- ``osprey-sglang``: ``SGLangClient.generate`` (native /generate, cumulative SSE);
+- ``osprey-openai``: ``OpenAIClient.generate`` (/v1/completions, the vLLM engine's path);
+- ``vllm-bench``: vLLM's own benchmark request function, in ``vllm_client_driver.py`` under
+  ``--vllm-python`` (skipped without it).
+
+Each client's TTFT is compared with the stub's log: "vs stub" is the first chunk's write
+minus the request's receipt, "vs script" the scheduled TTFT. ITL is compared per chunk (one
+decoding step), where both clients are comparable: vLLM's client keeps one entry per chunk;
+ours splits a chunk's gap evenly over its tokens (one entry per token after the first, the
+first chunk's extra tokens at 0), so its entries are summed back per chunk with the stub's
+chunk sizes (exact, as the split is even). CPU is ``time.process_time`` over the recorded load,
+per content chunk received. Errors count failed requests, outputs that match no request, and
+wrong token counts, ids or text. The JSON also has, on the one clock all processes share, the
+request path (submission to the stub's receipt) and each chunk's lag (client stamp minus the
+stub's write): TTFT error vs stub = request path + first chunk's lag.
+
+    python benchmarks/fidelity.py --out fidelity.json \
+        [--vllm-python /path/to/venv/bin/python] [--levels 1:64,64:1024,256:2048]
+
+About 2 minutes on 2 cores. The stub, the client and anything else running share the CPUs:
+read the load average printed at the end with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from pytest_osprey.engines.base import GenerationRequest, GenerationResult
+from pytest_osprey.engines.sglang import SGLangClient
+from pytest_osprey.engines.vllm import OpenAIClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stub_server import (
+    Schedule,
+    expected_ids,
+    expected_text,
+    request_number,
+    schedule_args,
+    schedule_argv,
+    schedule_from,
+)
+
+HERE = Path(__file__).resolve().parent
+PROMPT = "Tell me a story about a fast fish."  # as vllm_client_driver.py
+# Targets of the fidelity issue.
+TTFT_P50_MS, TTFT_P99_MS, TARGET_CONCURRENCY = 0.5, 2.0, 64
+# "No worse than vLLM's client", within run-to-run noise.
+SAME_MS, SAME_CPU = 0.05, 1.10
+
+
+@dataclass
+class Outcome:
+    """One request as a client measured it (times in seconds)."""
+
+    ok: bool
+    error: str = ""
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    text: str = ""
+    tokens: int | None = None
+    ids: list[int] | None = None
+    t_start: float | None = None  # perf_counter at submission
+
+
+@dataclass
+class ClientRun:
+    client: str
+    api: str  # the stub route it used: "sglang" | "openai"
+    concurrency: int
+    itl_per_token: bool  # True: ours (even split per token); False: one entry per chunk
+    cpu_s: float
+    wall_s: float
+    outcomes: list[Outcome]
+
+
+class _Client(Protocol):
+    async def generate(self, req: GenerationRequest) -> GenerationResult: ...
+
+
+# --------------------------------------------------------------------------- loads
+
+
+async def _closed_loop(
+    client: _Client, req: GenerationRequest, count: int, concurrency: int, ramp_s: float
+) -> list[Outcome]:
+    out: list[Outcome] = []
+    left = count
+
+    async def worker(i: int) -> None:
+        nonlocal left
+        await asyncio.sleep(i * ramp_s / concurrency)
+        while left > 0:
+            left -= 1
+            t_start = time.perf_counter()  # TokenClock starts microseconds later
+            r = await client.generate(req)
+            out.append(
+                Outcome(
+                    ok=r.ok,
+                    error=r.error or "",
+                    ttft_s=r.ttft_s,
+                    itl_s=list(r.itl_s),
+                    text=r.output_text,
+                    tokens=len(r.output_ids),
+                    ids=list(r.output_ids),
+                    t_start=t_start,
+                )
+            )
+
+    await asyncio.gather(*(worker(i) for i in range(min(concurrency, count))))
+    return out
+
+
+def run_osprey(
+    name: str, url: str, concurrency: int, requests: int, tokens: int, ramp_s: float
+) -> ClientRun:
+    """One level through our client, on a fresh loop (hence fresh connections)."""
+    client: SGLangClient | OpenAIClient
+    if name == "osprey-sglang":
+        client, api = SGLangClient(url, "fidelity"), "sglang"
+    else:
+        client, api = OpenAIClient(url, "fidelity", "stub"), "openai"
+    # No logprobs: the same payload as vLLM's client asks for.
+    req = GenerationRequest("fidelity", PROMPT, tokens, want_margins=False, timeout_s=300.0)
+
+    async def go() -> tuple[list[Outcome], float, float]:
+        await _closed_loop(client, req, concurrency, concurrency, ramp_s)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        outcomes = await _closed_loop(client, req, requests, concurrency, ramp_s)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        await client.pool.aclose()
+        return outcomes, cpu, wall
+
+    outcomes, cpu, wall = asyncio.run(go())
+    return ClientRun(name, api, concurrency, True, cpu, wall, outcomes)
+
+
+def run_vllm(
+    python: str, url: str, levels: Sequence[tuple[int, int]], tokens: int, ramp_s: float
+) -> tuple[list[ClientRun], str | None]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "vllm.json"
+        spec = ",".join(f"{c}:{n}" for c, n in levels)
+        subprocess.run(
+            [python, str(HERE / "vllm_client_driver.py"), "--url", url, "--levels", spec,
+             "--tokens", str(tokens), "--ramp-s", repr(ramp_s), "--out", str(out)],
+            check=True,
+        )  # fmt: skip
+        return read_vllm_output(out)
+
+
+def read_vllm_output(path: Path) -> tuple[list[ClientRun], str | None]:
+    """The driver's JSON as ClientRuns (and vLLM's version)."""
+    data = json.loads(path.read_text())
+    runs = []
+    for level in data["levels"]:
+        outcomes = [
+            Outcome(
+                ok=bool(r["success"]),
+                error=str(r.get("error") or ""),
+                ttft_s=float(r["ttft"]) if r.get("success") else None,
+                itl_s=[float(x) for x in r.get("itl") or []],
+                text=str(r.get("generated_text") or ""),
+                tokens=r.get("output_tokens"),
+                ids=None,  # vLLM's client does not ask for token ids
+                t_start=r.get("start_time"),
+            )
+            for r in level["results"]
+        ]
+        runs.append(
+            ClientRun(
+                "vllm-bench",
+                "openai",
+                int(level["concurrency"]),
+                False,
+                float(level["cpu_s"]),
+                float(level["wall_s"]),
+                outcomes,
+            )
+        )
+    version = data.get("vllm_version")
+    return runs, str(version) if version is not None else None
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _chunk_gaps(outcome: Outcome, sizes: Sequence[int], per_token: bool) -> list[float] | None:
+    """The client's gap before each chunk after the first, or None if the shape is off."""
+    if not per_token:
+        return list(outcome.itl_s) if len(outcome.itl_s) == len(sizes) - 1 else None
+    if len(outcome.itl_s) != sum(sizes) - 1:
+        return None
+    gaps = []
+    pos = sizes[0] - 1  # the first chunk's extra tokens, at 0
+    for size in sizes[1:]:
+        gaps.append(sum(outcome.itl_s[pos : pos + size]))
+        pos += size
+    return gaps
+
+
+def _ms(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None, "max": None}
+    a = np.abs(np.asarray(values)) * 1e3
+    return {
+        "p50": float(np.median(a)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
+
+
+def _signed_ms(values: Sequence[float]) -> float | None:
+    return float(np.median(values) * 1e3) if values else None
+
+
+def analyse(run: ClientRun, log: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Errors of one client run against the stub's log (entries keyed by request number)."""
+    ttft_stub: list[float] = []
+    ttft_script: list[float] = []
+    itl_stub: list[float] = []
+    itl_script: list[float] = []
+    send_lag: list[float] = []
+    chunk_lag: list[float] = []
+    problems: dict[str, int] = {}
+    chunks = 0
+
+    def problem(kind: str) -> None:
+        problems[kind] = problems.get(kind, 0) + 1
+
+    for o in run.outcomes:
+        if not o.ok:
+            problem(f"failed: {o.error.strip().splitlines()[-1][:120] if o.error else '?'}")
+            continue
+        n = request_number(o.text)
+        entry = log.get(n) if n is not None else None
+        if n is None or entry is None or entry["api"] != run.api:
+            problem("output matches no request")
+            continue
+        tokens = int(entry["tokens"])
+        writes = [float(t) for t in entry["t_write"]]
+        plan = [(float(at), int(size)) for at, size in entry["plan"]]
+        sizes = [size for _, size in plan]
+        chunks += len(writes)
+        if not entry["complete"] or len(writes) != len(plan):
+            problem("stream not completed by the stub")
+            continue
+        if o.text != expected_text(n, tokens):
+            problem("wrong text")
+        if o.tokens != tokens:
+            problem("wrong token count")
+        if o.ids is not None and o.ids != expected_ids(tokens):
+            problem("wrong token ids")
+        if o.ttft_s is None:
+            problem("no TTFT")
+            continue
+        t_recv = float(entry["t_recv"])
+        ttft_stub.append(o.ttft_s - (writes[0] - t_recv))
+        ttft_script.append(o.ttft_s - plan[0][0])
+        gaps = _chunk_gaps(o, sizes, run.itl_per_token)
+        if gaps is None:
+            problem("ITL list does not fit the chunks")
+            continue
+        for j, gap in enumerate(gaps, start=1):
+            itl_stub.append(gap - (writes[j] - writes[j - 1]))
+            itl_script.append(gap - (plan[j][0] - plan[j - 1][0]))
+        if o.t_start is not None:
+            # One clock across processes: where the TTFT error arises (request path vs
+            # response path), and how late each chunk was stamped after it was written.
+            send_lag.append(t_recv - o.t_start)
+            arrival = o.t_start + o.ttft_s
+            chunk_lag.append(arrival - writes[0])
+            for j, gap in enumerate(gaps, start=1):
+                arrival += gap
+                chunk_lag.append(arrival - writes[j])
+    return {
+        "client": run.client,
+        "api": run.api,
+        "concurrency": run.concurrency,
+        "requests": len(run.outcomes),
+        "errors": sum(problems.values()),
+        "problems": problems,
+        "chunks": chunks,
+        "cpu_ms_per_chunk": run.cpu_s * 1e3 / chunks if chunks else None,
+        "cpu_s": run.cpu_s,
+        "wall_s": run.wall_s,
+        "ttft_err_vs_stub_ms": _ms(ttft_stub),
+        "ttft_err_vs_stub_signed_p50_ms": _signed_ms(ttft_stub),
+        "ttft_err_vs_script_ms": _ms(ttft_script),
+        "itl_err_vs_stub_ms": _ms(itl_stub),
+        "itl_err_vs_script_ms": _ms(itl_script),
+        "send_lag_ms": _ms(send_lag),
+        "chunk_lag_ms": _ms(chunk_lag),
+    }
+
+
+def _pair(stat: Mapping[str, float | None]) -> str:
+    p50, p99 = stat["p50"], stat["p99"]
+    return "-" if p50 is None or p99 is None else f"{p50:.3f} / {p99:.2f}"
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = (
+        "| client | conc | N | errors | TTFT err vs stub p50/p99 ms | TTFT err vs script "
+        "p50/p99 ms | ITL err vs stub p50/p99 ms | ITL err vs script p50/p99 ms | chunk lag "
+        "p50/p99 ms | CPU ms/chunk | wall s |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        cpu = r["cpu_ms_per_chunk"]
+        lines.append(
+            f"| {r['client']} | {r['concurrency']} | {r['requests']} | {r['errors']} "
+            f"| {_pair(r['ttft_err_vs_stub_ms'])} | {_pair(r['ttft_err_vs_script_ms'])} "
+            f"| {_pair(r['itl_err_vs_stub_ms'])} | {_pair(r['itl_err_vs_script_ms'])} "
+            f"| {_pair(r['chunk_lag_ms'])} | {'-' if cpu is None else f'{cpu:.3f}'} "
+            f"| {r['wall_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The issue's targets, checked."""
+    out = []
+    by = {(r["client"], r["concurrency"]): r for r in rows}
+    for r in rows:
+        ours = r["client"].startswith("osprey")
+        stub = r["ttft_err_vs_stub_ms"]
+        if ours and r["concurrency"] == TARGET_CONCURRENCY and stub["p50"] is not None:
+            ok = stub["p50"] <= TTFT_P50_MS and stub["p99"] <= TTFT_P99_MS
+            out.append(
+                f"{'PASS' if ok else 'FAIL'} {r['client']} c={r['concurrency']}: |TTFT err| "
+                f"p50 {stub['p50']:.3f} ms (<= {TTFT_P50_MS}), p99 {stub['p99']:.2f} ms "
+                f"(<= {TTFT_P99_MS})"
+            )
+        if ours and r["concurrency"] >= 256:
+            out.append(
+                f"{'PASS' if r['errors'] == 0 else 'FAIL'} {r['client']} "
+                f"c={r['concurrency']}: {r['errors']} client errors"
+            )
+        ref = by.get(("vllm-bench", r["concurrency"]))
+        if ours and ref is not None:
+            worse = []
+            for key in ("ttft_err_vs_stub_ms", "itl_err_vs_stub_ms"):
+                mine, theirs = r[key]["p50"], ref[key]["p50"]
+                if mine is not None and theirs is not None and mine > theirs + SAME_MS:
+                    worse.append(f"{key[:-3]} p50 {mine:.3f} > {theirs:.3f} ms")
+            mine_cpu, their_cpu = r["cpu_ms_per_chunk"], ref["cpu_ms_per_chunk"]
+            if mine_cpu is not None and their_cpu is not None and mine_cpu > their_cpu * SAME_CPU:
+                worse.append(f"CPU/chunk {mine_cpu:.3f} > {their_cpu:.3f} ms")
+            out.append(
+                f"{'PASS' if not worse else 'FAIL'} {r['client']} c={r['concurrency']} "
+                f"vs vllm-bench (p50 errors +{SAME_MS} ms, CPU x{SAME_CPU}): "
+                + ("; ".join(worse) if worse else "no worse")
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+class Stub:
+    """stub_server.py in a child process."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "stub_server.py"), "--port", "0",
+             *schedule_argv(schedule)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("listening "):
+            self.proc.kill()
+            raise RuntimeError(f"stub server did not start: {line!r}")
+        self.url = line.split(" ", 1)[1]
+
+    def log(self) -> dict[int, dict[str, Any]]:
+        with urllib.request.urlopen(f"{self.url}/log", timeout=60) as r:
+            entries = json.loads(r.read())["requests"]
+        return {int(e["n"]): e for e in entries}
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def parse_levels(spec: str) -> list[tuple[int, int]]:
+    out = []
+    for part in spec.split(","):
+        conc, _, count = part.partition(":")
+        out.append((int(conc), int(count)))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON results")
+    ap.add_argument("--levels", default="1:64,64:1024,256:2048", help="CONCURRENCY:REQUESTS,...")
+    ap.add_argument("--tokens", type=int, default=30, help="tokens per request")
+    ap.add_argument("--vllm-python", help="a Python with vLLM installed (else vLLM is skipped)")
+    ap.add_argument(
+        "--clients", default="osprey-sglang,osprey-openai,vllm-bench", help="which to run"
+    )
+    ap.add_argument(
+        "--no-ramp", dest="ramp", action="store_false", help="start all workers at once"
+    )
+    schedule_args(ap)
+    args = ap.parse_args(argv)
+    schedule = schedule_from(args)
+    levels = parse_levels(args.levels)
+    clients = args.clients.split(",")
+    # Workers start spread over one request's duration: started together, their requests
+    # reach the stub in one burst, and its receipt stamps lag by its own queueing, an error
+    # no client made.
+    ramp_s = schedule.duration(args.tokens) if args.ramp else 0.0
+    stub = Stub(schedule)
+    runs: list[ClientRun] = []
+    version = None
+    started = time.perf_counter()
+    try:
+        for c, n in levels:
+            for name in ("osprey-sglang", "osprey-openai"):
+                if name in clients:
+                    runs.append(run_osprey(name, stub.url, c, n, args.tokens, ramp_s))
+        if "vllm-bench" in clients and args.vllm_python:
+            vllm_runs, version = run_vllm(args.vllm_python, stub.url, levels, args.tokens, ramp_s)
+            runs += vllm_runs
+        log = stub.log()
+    finally:
+        stub.close()
+    rows = [analyse(r, log) for r in runs]
+    rows.sort(key=lambda r: (r["concurrency"], r["client"]))
+    report: dict[str, Any] = {
+        "schedule": {
+            "ttft_ms": schedule.ttft_s * 1e3,
+            "gap_ms": schedule.gap_s * 1e3,
+            "chunks": list(schedule.chunks),
+            "jitter": schedule.jitter,
+            "seed": schedule.seed,
+            "tokens": args.tokens,
+            "ramp_s": ramp_s,
+        },
+        "vllm_version": version,
+        "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "elapsed_s": time.perf_counter() - started,
+        "rows": rows,
+        "verdicts": verdicts(rows),
+    }
+    args.out.write_text(json.dumps(report, indent=2))
+    print(table(rows))
+    print()
+    for line in report["verdicts"]:
+        print(line)
+    print(
+        f"\nvLLM {version or '(not run)'}; load average {os.getloadavg()[0]:.2f} on "
+        f"{os.cpu_count()} CPUs; {report['elapsed_s']:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
