@@ -177,7 +177,7 @@ class SampledPass(Strict):
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling threshold."""
     samples_per_prompt: Annotated[int, Field(ge=1, le=10_000)] = 8
-    """Samples per prompt and condition (seeds shared across conditions)."""
+    """Samples per prompt and condition (independent draws per condition)."""
     prompts: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Use the first N prompts of the trace for the sampled pass"
     )
@@ -191,7 +191,8 @@ class Sampling(Strict):
     sampled: SampledPass = Field(default_factory=lambda: SampledPass(enabled=False))
     """The sampled pass."""
     seed: int = 0
-    """Base seed: sampled requests use seed + sample index."""
+    """Base seed: a sampled request's seed derives from it, the condition and the sample
+    index (distinct per condition, so the conditions' samples are independent)."""
 
 
 class OpenLoop(Strict):

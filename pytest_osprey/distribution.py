@@ -24,7 +24,9 @@ entropy is about 6.5 nats), so with 32 samples nearly every token is seen once a
 would merge everything into "other" and see nothing. The evidence there is in *repeats*, which
 the unpooled tables keep, and permutation makes the tests exact at any sample size. Permuting
 whole samples between the conditions is exact under H0 (the samples of a prompt are
-exchangeable), so the dependence between positions of one sample needs no model.
+exchangeable), so the dependence between positions of one sample needs no model. The two sides
+must be drawn independently (the campaign seeds each condition apart): draws that share their
+random numbers come out coupled, and the test then loses most of its power.
 
 Combination, with the family-wise error controlled exactly: per prompt the position
 statistics are summed and standardised by their permutation mean and SD; the b-th permutation

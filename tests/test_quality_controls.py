@@ -15,25 +15,27 @@ What the shipped tiny models actually show (24 new tokens, the 50 pilot prompts)
   k=4, constant schedule): token-for-token identical on every prompt (16 of 16 tried; the weak
   drafter too), with a real speculation effect (accept length > 1): the gate passes.
 * **Lossy sampler**: an engine that leaves a top-k of 50 on (transformers' default) fails the
-  sampled-distribution gate at the default budget (16 prompts x 32 samples x 8 positions); the
-  same engine with independent seeds passes it.
+  sampled-distribution gate at the default budget (16 prompts x 32 samples x 8 positions);
+  the same engine passes it. Each condition draws with its own seeds, as the campaign does.
+  A sampler only slightly off (temperature 1.0 served for 0.8) is found on some draws, not
+  all, on this very flat target (entropy ~6.5 nats): 2 of 3 independent realizations, p=0.003,
+  0.003, 0.19 (benchmarks/distribution_power.py measures it, slowly, on real trajectories);
+  with seeds shared across conditions it went undetected (p=0.05: coupled samples).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_osprey.campaign import CampaignData
+from pytest_osprey.campaign import CampaignData, sample_seed
 from pytest_osprey.config import Pilot
 from pytest_osprey.decision import GateSpec, evaluate
-from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
+from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.quality import greedy_identity
 from pytest_osprey.records import RequestRecord
@@ -60,6 +62,7 @@ def _pilot() -> Pilot:
             "baseline": {"role": "baseline"},
             "bf16": {"role": "current", "dtype": "bfloat16"},
             "int4": {"role": "candidate", "quantization": "int4"},
+            "same": {"role": "candidate"},
             "drafter": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
                         "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}},
         },
@@ -147,6 +150,18 @@ def test_int4_weights_fail_greedy_identity_with_genuine_divergences(
     assert "int4='int4'" in fair.summary, fair.summary
 
 
+def test_an_identical_condition_passes_greedy_identity(
+    campaign: tuple[Pilot, CampaignData],
+) -> None:
+    pilot, data = campaign
+    res = evaluate(GateSpec("greedy_identity", "same", reference="baseline"), pilot, data, {})
+    assert res.outcome == "pass", res.summary
+    fair = evaluate(GateSpec("fairness", "same", reference="baseline"), pilot, data, {})
+    # Judged against the current condition too (bf16): that dtype is the only difference.
+    differences = [d for d in fair.summary.split("not shown")[0].splitlines() if "differs" in d]
+    assert len(differences) == 1 and "dtype differs" in differences[0], fair.summary
+
+
 def test_assisted_greedy_with_the_real_drafter_is_identical(
     campaign: tuple[Pilot, CampaignData],
 ) -> None:
@@ -176,23 +191,6 @@ class _TopK50(TransformersEngine):
         self._model.generate = truncated
 
 
-class _HotSampler(TransformersEngine):
-    """A sampler slightly off: temperature 1.0 when asked for 0.8."""
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if request.temperature == 0.8:
-            request = replace(request, temperature=1.0)
-        return await super().generate(request)
-
-
-class _OtherSeeds(TransformersEngine):
-    """The same engine and sampler with independent seeds: a fresh draw of the same law."""
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        seed = None if request.seed is None else request.seed + 100_000
-        return await super().generate(replace(request, seed=seed))
-
-
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignData]:
     """Sampled records at temperature 0.8 from three real engines, one at a time."""
@@ -205,7 +203,7 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignDa
         "target": {"model": str(MODELS / "tiny-target"), "dtype": "float32",
                    "context_length": 1024, "threads": 1},
         "conditions": {"baseline": {"role": "baseline"}, "same": {"role": "candidate"},
-                       "lossy": {"role": "candidate"}, "hot": {"role": "candidate"}},
+                       "lossy": {"role": "candidate"}},
         "trace": {"files": [str(ROOT / "prompts/pilot.jsonl")]},
         "sampling": {"sampled": {"enabled": True, "temperature": 0.8,
                                  "samples_per_prompt": SAMPLES, "prompts": SAMPLED_PROMPTS,
@@ -214,9 +212,7 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignDa
     prompts = load_trace([ROOT / "prompts/pilot.jsonl"]).prompts[:SAMPLED_PROMPTS]
     logs = tmp_path_factory.mktemp("sampled")
     engines: dict[str, type[TransformersEngine]] = {
-        "baseline": TransformersEngine, "same": _OtherSeeds, "lossy": _TopK50}
-    if os.environ.get("OSPREY_MEASURE_HOT"):  # a figure for the notes, not a CI test
-        engines["hot"] = _HotSampler
+        "baseline": TransformersEngine, "same": TransformersEngine, "lossy": _TopK50}
     records: list[RequestRecord] = []
     try:
         for cond, cls in engines.items():
@@ -227,7 +223,8 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignDa
                     text = render_prompt(p, engine._tokenizer)
                     for i in range(SAMPLES):
                         req = GenerationRequest(p.id, text, POSITIONS, temperature=0.8,
-                                                seed=i, want_margins=False)
+                                                seed=sample_seed(0, cond, i),
+                                                want_margins=False)
                         res = asyncio.run(engine.generate(req))
                         records.append(RequestRecord(
                             run_id="controls", condition=cond, block=0, repetition=0,
@@ -247,20 +244,17 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignDa
 def test_lossy_sampler_fails_the_distribution_check(
     sampled: tuple[Pilot, CampaignData],
 ) -> None:
+    """top-k 50 left on: caught at the default budget, each condition drawing with its own
+    seeds as the campaign does."""
     pilot, data = sampled
     assert all(r.ok for r in data.records)
     res = evaluate(GateSpec("distribution", "lossy", reference="baseline"), pilot, data, {})
     assert res.outcome == "fail", res.summary
     assert not res.details["underpowered"]
-    if data.of("hot", mode="sampled"):
-        hot = evaluate(GateSpec("distribution", "hot", reference="baseline"), pilot, data, {})
-        print(f"temperature 1.0 vs 0.8 on the real engine: {hot.outcome}: {hot.summary}")
-        free = evaluate(GateSpec("distribution", "hot", reference="same"), pilot, data, {})
-        print(f"... with independent seeds: {free.outcome}: {free.summary}")
 
 
 @pytest.mark.slow
-def test_same_sampler_with_other_seeds_passes_the_distribution_check(
+def test_same_sampler_passes_the_distribution_check(
     sampled: tuple[Pilot, CampaignData],
 ) -> None:
     pilot, data = sampled
