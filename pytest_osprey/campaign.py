@@ -366,7 +366,6 @@ class Campaign:
             else None
         )
         done = 0
-        t_start = time.perf_counter()
         entry = {"block": block, "condition": name, "load": level, "mode": mode,
                  "started": time.time()}
 
@@ -440,11 +439,13 @@ class Campaign:
                 self._note_memory(state)
                 await asyncio.sleep(0.25)
 
-        sampler = asyncio.create_task(sample_memory())
         # What exists now lives through the replay: frozen, a full collection does not walk
-        # it, so no 50-100 ms collector pause lands inside a measured request.
+        # it, so no 50-100 ms collector pause lands inside a measured request. Before the
+        # clock starts: open-loop arrival times count from t_start.
         gc.collect()
         gc.freeze()
+        t_start = time.perf_counter()
+        sampler = asyncio.create_task(sample_memory())
         try:
             await asyncio.gather(*(
                 one(p, i, None if arrivals is None else arrivals[k])
