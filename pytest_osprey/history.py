@@ -25,7 +25,8 @@ from .campaign import CampaignData, iter_pairs, load_campaign
 from .config import Pilot
 from .judgement import Judgement
 from .records import RequestRecord
-from .stats import StatsError, paired_speedup
+from .report.figures import figures_for
+from .stats import SpeedupResult, StatsError, paired_speedup
 
 
 class HistoryError(ValueError):
@@ -130,7 +131,7 @@ def compare(
 
 def _speedups(pilot: Pilot, judgement: Judgement, previous: Previous, cand: str,
               tolerance: float) -> list[Finding]:
-    before = {(g["id"]): g for g in previous.summary.get("gates", [])
+    before = {g["id"]: g for g in previous.summary.get("gates", [])
               if g.get("kind") == "speedup" and g.get("condition") == cand}
     out = []
     for g in judgement.results.values():
@@ -171,7 +172,7 @@ def _latency(pilot: Pilot, data: CampaignData, previous: Previous, cand: str, le
 
 
 def _across_runs(pilot: Pilot, now: CampaignData, before: CampaignData, condition: str,
-                 level: str, threshold: float) -> Any:
+                 level: str, threshold: float) -> SpeedupResult | None:
     merged = CampaignData(now.directory, now.meta, [
         *[_renamed(r, "before") for r in before.of(condition, level)],
         *[_renamed(r, "now") for r in now.of(condition, level)],
@@ -194,18 +195,8 @@ def _renamed(record: RequestRecord, condition: str) -> RequestRecord:
 
 def _accept_length(data: CampaignData, previous: Previous, cand: str, level: str,
                    tolerance: float) -> list[Finding]:
-    def pooled(d: CampaignData) -> float | None:
-        tokens = steps = 0.0
-        for r in d.of(cand, level):
-            if r.ok and r.output_tokens and r.spec_verify_ct:
-                tokens += r.output_tokens
-                steps += r.spec_verify_ct
-            elif r.ok and r.output_tokens and r.accept_length:
-                tokens += r.output_tokens
-                steps += r.output_tokens / r.accept_length
-        return tokens / steps if steps else None
-
-    old, new = pooled(previous.data), pooled(data)
+    old = figures_for(previous.data, cand, level, 0).accept_length_pooled
+    new = figures_for(data, cand, level, 0).accept_length_pooled
     if old is None or new is None:
         return []
     worse = new < old * (1 - tolerance)
