@@ -23,13 +23,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_osprey.distribution import (  # noqa: E402
+from pytest_osprey.judgement.distribution import (  # noqa: E402
     DEFAULT_POSITIONS,
     DEFAULT_PROMPTS,
     DEFAULT_SAMPLES,
     distribution_check,
 )
-from pytest_osprey.trace import load_trace, render_prompt  # noqa: E402
+from pytest_osprey.pilot.trace import render_prompt  # noqa: E402
+from pytest_osprey.pilot.trace_file import load_trace  # noqa: E402
 
 Samples = dict[str, list[list[int]]]
 

@@ -14,10 +14,11 @@ import statistics
 import time
 from pathlib import Path
 
-from pytest_osprey.config import Condition, Pilot, Speculation, Target, TraceSpec
 from pytest_osprey.engines import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.trace import load_trace, render_prompt
+from pytest_osprey.pilot.schema import Condition, Pilot, Speculation, Target, TraceSpec
+from pytest_osprey.pilot.trace import render_prompt
+from pytest_osprey.pilot.trace_file import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_osprey.stats import FloatArray, paired_speedup, required_pairs
-from pytest_osprey.stats_sequential import (
+from pytest_osprey.judgement.sequential import (
     LatencyModel,
     SequentialPlan,
     as_blocks,
     obrien_fleming_plan,
     sequential_speedup,
 )
+from pytest_osprey.judgement.stats import FloatArray, paired_speedup, required_pairs
 
 
 @dataclass(frozen=True)

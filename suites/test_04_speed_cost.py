@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_osprey.config import Pilot
-from pytest_osprey.decision import GateResult
-from pytest_osprey.fixtures import assert_gate
+from pytest_osprey.judgement import GateResult
+from pytest_osprey.pilot import Pilot
+from pytest_osprey.pytest_adapter import assert_gate
 
 
 @pytest.mark.osprey(kind="speedup")

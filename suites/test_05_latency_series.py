@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from pytest_osprey.campaign import CampaignData
-from pytest_osprey.latency_series import ReplayClock, SeriesSpec, series_values
+from pytest_osprey.report.series import ReplayClock, SeriesSpec, series_values
+from pytest_osprey.results import SavedCampaign
 
 REPLAY = ReplayClock()
 
@@ -17,7 +17,7 @@ REPLAY = ReplayClock()
 @pytest.mark.osprey(kind="series")
 @pytest.mark.benchmark(timer=REPLAY, disable_gc=False, warmup=False)
 def test_latency_series(
-    osprey_series: SeriesSpec, osprey_campaign: CampaignData, request: pytest.FixtureRequest
+    osprey_series: SeriesSpec, osprey_campaign: SavedCampaign, request: pytest.FixtureRequest
 ) -> None:
     """The recorded series, replayed into pytest-benchmark one request per round."""
     values = series_values(osprey_campaign, osprey_series)
@@ -31,8 +31,8 @@ def test_latency_series(
     benchmark.group = osprey_series.group
     benchmark.extra_info.update(
         condition=osprey_series.condition, load=osprey_series.load,
-        metric=osprey_series.metric, unit="s", run_id=osprey_campaign.meta.get("run_id"),
-        trace_hash=osprey_campaign.meta.get("trace_hash"),
+        metric=osprey_series.metric, unit="s", run_id=osprey_campaign.meta.run_id,
+        trace_hash=osprey_campaign.meta.trace_hash,
     )  # fmt: skip
     REPLAY.load(values)
     benchmark.pedantic(REPLAY.step, rounds=len(values), iterations=1, warmup_rounds=0)

@@ -13,9 +13,9 @@ def test_no_regression(
     osprey_history: str, osprey_results: Judgement, request: pytest.FixtureRequest
 ) -> None:
     """A drafter kept before: nothing the comparison checks got worse beyond the tolerance."""
-    from pytest_osprey.plugin import STATE
+    from pytest_osprey.pytest_adapter import pilot_run
 
-    comparison = request.config.stash[STATE].comparison
+    comparison = pilot_run(request.config).comparison
     assert comparison is not None
     if osprey_history == "none-kept":
         pytest.skip("; ".join(comparison.notes) or "no drafter was kept in the earlier campaign")

@@ -14,7 +14,9 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from pytest_osprey.artifact import (
+from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.preflight.artifact import (
     ArtifactReport,
     Check,
     check_all,
@@ -22,7 +24,6 @@ from pytest_osprey.artifact import (
     family,
     safetensors_header,
 )
-from pytest_osprey.config import Pilot, load_pilot
 
 VOCAB = {"<s>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4, "d": 5, "e": 6, "f": 7}
 

@@ -19,7 +19,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from pytest_osprey.config import ConfigError, Pilot, json_schema, load_pilot
+from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.schema import ConfigError, Pilot, json_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")

@@ -14,7 +14,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pytest_osprey.config import ConfigError, Pilot, load_pilot
+from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.schema import ConfigError, Pilot
 
 ROOT = Path(__file__).resolve().parent.parent
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.correctness import (
+from pytest_osprey.judgement.correctness import (
     check,
     correctness_by_prompt,
     correctness_gate,
     last_number,
     strip_fence,
 )
-from pytest_osprey.records import RequestRecord
-from pytest_osprey.trace import Prompt
+from pytest_osprey.pilot.trace import Prompt
+from pytest_osprey.results.records import RequestRecord
 
 
 def prompt(pid: str = "p", expect: dict[str, Any] | None = None, slice_: str = "core") -> Prompt:

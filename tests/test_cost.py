@@ -7,10 +7,16 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.campaign import CampaignData
-from pytest_osprey.config import Pilot
-from pytest_osprey.cost import NO_SAVINGS, break_even, cost_summary, cost_table, setup_cost
-from pytest_osprey.records import RequestRecord
+from pytest_osprey.judgement.cost import (
+    NO_SAVINGS,
+    break_even,
+    cost_summary,
+    cost_table,
+    setup_cost,
+)
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.records import RequestRecord
 
 
 def make_pilot(**cost: Any) -> Pilot:
@@ -45,8 +51,8 @@ def rec(
     )
 
 
-def campaign(records: list[RequestRecord]) -> CampaignData:
-    return CampaignData(Path("."), {"conditions": {}}, records)
+def campaign(records: list[RequestRecord]) -> SavedCampaign:
+    return SavedCampaign(Path("."), {"conditions": {}}, records)
 
 
 # baseline: blocks of 0..4 s and 100..104 s -> 8 busy seconds, 4 ok -> 1800 requests/hour.
@@ -140,7 +146,8 @@ def test_zero_successes_have_no_cost_and_no_break_even() -> None:
 
 
 def test_cost_summary_is_json_shaped() -> None:
-    summary = cost_summary(make_pilot(expected_requests_per_day=1000), campaign(BASE + CAND))
+    summary = cost_summary(make_pilot(expected_requests_per_day=1000),
+                           campaign(BASE + CAND)).model_dump()
     assert summary["currency"] == "EUR" and summary["primary_load"] == "busy"
     assert len(summary["table"]) == 6
     # Primary load "busy" has no records: both references report why there is no break-even.

@@ -8,11 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_osprey.campaign import CampaignData, block_order
-from pytest_osprey.config import Pilot
-from pytest_osprey.decision import GateSpec, plan_gates, sequential_look
+from pytest_osprey.campaign.runner import block_order
 from pytest_osprey.judgement import judge
-from pytest_osprey.records import RequestRecord
+from pytest_osprey.judgement.gates import GateSpec, plan_gates, sequential_look
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.preflight_file import Preflight
+from pytest_osprey.results.records import RequestRecord
 
 
 def make_pilot(tmp_path: Path, **over: Any) -> Pilot:
@@ -34,7 +36,7 @@ def make_pilot(tmp_path: Path, **over: Any) -> Pilot:
 def campaign(
     speedup: float, *, prompts: int = 20, blocks: int = 4, seed: int = 0,
     tokens: tuple[list[int], list[int]] | None = None, fail_cand: int = 0,
-) -> CampaignData:
+) -> SavedCampaign:
     """Lognormal latencies with prompt effects; the candidate is ``speedup`` times faster."""
     rng = np.random.default_rng(seed)
     base = rng.lognormal(0.0, 0.5, prompts)
@@ -56,12 +58,12 @@ def campaign(
                     ))
     meta = {"conditions": {"base": {"error": None}, "cand": {"error": None}},
             "load_levels": {"low": 1, "high": 4}}
-    return CampaignData(Path("."), meta, records)
+    return SavedCampaign(Path("."), meta, records)
 
 
-def outcomes(pilot: Pilot, data: CampaignData) -> dict[tuple[str, str], str]:
+def outcomes(pilot: Pilot, data: SavedCampaign) -> dict[tuple[str, str], str]:
     specs = plan_gates(pilot, ["base", "cand"])
-    judged = judge(pilot, specs, data, {"artifacts": {}, "command_lines": {}})
+    judged = judge(pilot, specs, data, Preflight())
     return {k: v.outcome for k, v in judged.results.items()}
 
 
@@ -79,8 +81,7 @@ def test_plan_names_and_primary(tmp_path: Path) -> None:
 def test_clear_speedup_keeps(tmp_path: Path) -> None:
     pilot = make_pilot(tmp_path)
     data = campaign(1.5)
-    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data,
-                   {"artifacts": {}, "command_lines": {}})
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
     assert [v.verdict for v in judged.verdicts] == ["KEEP"]
     gate = judged.results[("speedup", "cand-vs-base-high")]
     assert gate.ci_low is not None and gate.ci_high is not None
@@ -89,8 +90,7 @@ def test_clear_speedup_keeps(tmp_path: Path) -> None:
 
 def test_slowdown_drops_with_reason(tmp_path: Path) -> None:
     pilot = make_pilot(tmp_path)
-    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(0.7),
-                   {"artifacts": {}, "command_lines": {}})
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(0.7), Preflight())
     verdict = judged.verdicts[0]
     assert verdict.verdict == "DROP"
     assert any("speedup[cand-vs-base-high]" in r for r in verdict.reasons)
@@ -99,8 +99,7 @@ def test_slowdown_drops_with_reason(tmp_path: Path) -> None:
 def test_straddling_is_inconclusive_with_more_pairs(tmp_path: Path) -> None:
     pilot = make_pilot(tmp_path, limits={"speedup_min": 1.05})
     data = campaign(1.05, prompts=6, blocks=1)
-    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data,
-                   {"artifacts": {}, "command_lines": {}})
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
     gate = judged.results[("speedup", "cand-vs-base-high")]
     assert gate.outcome == "inconclusive"
     assert "more paired prompts" in gate.summary
@@ -124,9 +123,8 @@ def test_greedy_divergence_is_genuine_and_fails(tmp_path: Path) -> None:
 def test_condition_error_fails_its_gates(tmp_path: Path) -> None:
     pilot = make_pilot(tmp_path)
     data = campaign(1.5)
-    data.meta["conditions"]["cand"]["error"] = "cand: boot timed out after 600 s"
-    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data,
-                   {"artifacts": {}, "command_lines": {}})
+    data.meta.conditions["cand"].error = "cand: boot timed out after 600 s"
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
     gate = judged.results[("speedup", "cand-vs-base-high")]
     assert gate.outcome == "fail" and "boot timed out" in gate.summary
     assert judged.verdicts[0].verdict == "DROP"
@@ -151,8 +149,8 @@ def test_sequential_look_stops_early_on_clear_effect(tmp_path: Path) -> None:
 
 
 def test_holm_downgrades_weak_claims(tmp_path: Path) -> None:
-    from pytest_osprey.decision import GateResult
-    from pytest_osprey.judgement import apply_holm
+    from pytest_osprey.judgement.gates import GateResult
+    from pytest_osprey.judgement.judge import apply_holm
 
     pilot = make_pilot(tmp_path)
     spec_a = GateSpec("speedup", "cand", reference="base", load="high")
@@ -179,13 +177,12 @@ def test_block_order_abba() -> None:
 def test_memory_gate_limits(tmp_path: Path) -> None:
     pilot = make_pilot(tmp_path, limits={"memory": {"max_peak_mb": 100, "max_increase_pct": 20}})
     data = campaign(1.5)
-    data.meta["conditions"]["base"]["peak_memory_mb"] = 80.0
-    data.meta["conditions"]["cand"]["peak_memory_mb"] = 90.0  # +12.5%, under 100 MiB
+    data.meta.conditions["base"].peak_memory_mb = 80.0
+    data.meta.conditions["cand"].peak_memory_mb = 90.0  # +12.5%, under 100 MiB
     assert outcomes(pilot, data)[("memory", "cand-vs-base")] == "pass"
-    data.meta["conditions"]["cand"]["peak_memory_mb"] = 99.0  # +23.8%
-    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data,
-                   {"artifacts": {}, "command_lines": {}})
+    data.meta.conditions["cand"].peak_memory_mb = 99.0  # +23.8%
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
     gate = judged.results[("memory", "cand-vs-base")]
     assert gate.outcome == "fail" and "max_increase_pct" in gate.summary
-    data.meta["conditions"]["cand"]["peak_memory_mb"] = None
+    data.meta.conditions["cand"].peak_memory_mb = None
     assert outcomes(pilot, data)[("memory", "cand-vs-base")] == "fail"

@@ -37,15 +37,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.distribution import (
+from pytest_osprey.judgement.distribution import (
     END,
     FAMILIES,
     _one_prompt,
     distribution_check,
     records_to_samples,
 )
-from pytest_osprey.records import RequestRecord
-from pytest_osprey.stats import StatsError
+from pytest_osprey.judgement.stats import StatsError
+from pytest_osprey.results.records import RequestRecord
 
 SIG = 0.001
 CHAT_LIKE = (1.5, 4.0)  # Zipf exponents: mean next-token entropy about 1 nat
@@ -273,7 +273,8 @@ def tiny_target_logits() -> Iterator[tuple[np.ndarray, int]]:
     """Raw logits (prompts, prefixes, positions, vocab) after T=1 prefixes, and the EOS id."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from pytest_osprey.trace import load_trace, render_prompt
+    from pytest_osprey.pilot.trace import render_prompt
+    from pytest_osprey.pilot.trace_file import load_trace
 
     model_dir = next((p for p in (ROOT / "fixtures/models/tiny-target",
                                   Path("/tmp/models-try/tiny-target"))  # until fixtures land

@@ -15,11 +15,11 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_osprey.config import Pilot
 from pytest_osprey.engines import process as proc
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
 from pytest_osprey.engines.sglang import SGLangEngine
 from pytest_osprey.engines.vllm import VLLMEngine
+from pytest_osprey.pilot.schema import Pilot
 
 SERVERS = Path(__file__).parent / "servers"
 FAKE = SERVERS / "fake_server.py"

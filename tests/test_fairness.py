@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.fairness import ADVICE, fairness_check
-from pytest_osprey.records import RequestRecord
+from pytest_osprey.judgement.fairness import ADVICE, fairness_check
+from pytest_osprey.results.records import RequestRecord
 
 
 def fp(**over: Any) -> dict[str, Any]:

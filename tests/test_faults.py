@@ -37,16 +37,12 @@ from servers.pilot_run import (
 )
 from servers.scripted import Reply, ScriptedServer
 
-from pytest_osprey.campaign import Campaign, load_campaign
-from pytest_osprey.config import Pilot
-from pytest_osprey.records import (
-    RecordWriter,
-    RequestRecord,
-    read_records,
-    write_json_atomic,
-    write_text_atomic,
-)
-from pytest_osprey.trace import load_trace
+from pytest_osprey.campaign.runner import Campaign
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.results.files import write_json_atomic, write_text_atomic
+from pytest_osprey.results.folder import load_campaign
+from pytest_osprey.results.records import RecordWriter, RequestRecord, read_records
 
 INTERRUPTED = pytest.ExitCode.INTERRUPTED
 FAILED = pytest.ExitCode.TESTS_FAILED
@@ -321,7 +317,7 @@ def test_server_crash_in_the_last_block_is_named(tmp_path: Path) -> None:
         assert leftovers(mark) == []
     finally:
         kill_marked(mark)
-    assert campaign.meta["status"] == "complete"
+    assert campaign.meta.status == "complete"
     assert len([r for r in campaign.records if r.condition == "cand" and r.ok]) == 2
     assert campaign.condition_error("cand"), "campaign.json does not name the crash"
 
@@ -372,7 +368,7 @@ def test_request_faults_are_failed_records_and_the_campaign_goes_on(faults: Outc
 _WRITER = """
 import sys
 from pathlib import Path
-from pytest_osprey.records import write_json_atomic
+from pytest_osprey.results.files import write_json_atomic
 path = Path(sys.argv[1])
 docs = [{"n": i, "pad": [i] * 200_000} for i in range(2)]
 print("ready", flush=True)
@@ -513,5 +509,5 @@ def test_a_rerun_into_the_same_folder_is_judged_on_its_own_records(tmp_path: Pat
     assert len(first.records) == 3
     lines = (tmp_path / "res" / "records.jsonl").read_text().splitlines()
     assert len(lines) == 6  # append-only: the first run's records are kept
-    assert {r.run_id for r in second.records} == {second.meta["run_id"]}
+    assert {r.run_id for r in second.records} == {second.meta.run_id}
     assert len(load_campaign(tmp_path / "res").records) == 3

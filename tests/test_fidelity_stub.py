@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import fidelity as fid
 import pytest
+import stub_server as stub
 from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines.base import GenerationRequest, GenerationResult
 from pytest_osprey.engines.sglang import SGLangClient
 from pytest_osprey.engines.vllm import OpenAIClient
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import fidelity as fid
-import stub_server as stub
 
 FAST = stub.Schedule(ttft_s=0.005, gap_s=0.002, chunks=(1, 3, 2), jitter=0.2, seed=3)
 TOKENS = 10  # chunks of 1, 3, 2, 1, 3

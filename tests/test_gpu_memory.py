@@ -18,10 +18,10 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_osprey.config import Condition, Load, Pilot, Speculation, Target, TraceSpec
 from pytest_osprey.engines import BootSpec, gpu_memory
 from pytest_osprey.engines.process import ServerProcess
 from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.pilot.schema import Condition, Load, Pilot, Speculation, Target, TraceSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -138,7 +138,7 @@ def test_no_module_gives_none_and_a_reason(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     try:
         assert gpu_memory.usage([os.getpid()]) is None
-        assert gpu_memory.tree_usage(os.getpid()) is None
+        assert gpu_memory.usage(gpu_memory.process_tree(os.getpid())) is None
         assert gpu_memory.devices() is None
         assert not gpu_memory.available()
         assert "nvidia-ml-py" in (gpu_memory.unavailable() or "")
@@ -186,7 +186,7 @@ def test_tree_summed_over_devices_and_others_left_out(nvml: Any, tree: tuple[int
         FakeGPU(name=b"NVIDIA H200", used=500 * MIB, procs=[(child, 50 * MIB)]),
         FakeGPU(procs=[(os.getpid(), 1000 * MIB)]),
     ])  # fmt: skip
-    got = gpu_memory.tree_usage(parent)
+    got = gpu_memory.usage(gpu_memory.process_tree(parent))
     assert got is not None
     assert got.basis == "process" and got.mib == pytest.approx(150)
     assert got.pids == tuple(sorted((parent, child)))
@@ -206,7 +206,7 @@ def test_used_memory_not_available_falls_back_to_device(nvml: Any, tree: tuple[i
         FakeGPU(used=3000 * MIB, procs=[(child, NOT_AVAILABLE)]),
         FakeGPU(used=999 * MIB, procs=[(os.getpid(), 10 * MIB)]),  # not ours: not counted
     ])  # fmt: skip
-    got = gpu_memory.tree_usage(parent)
+    got = gpu_memory.usage(gpu_memory.process_tree(parent))
     assert got is not None
     assert got.basis == "device" and got.mib == pytest.approx(10_000)
     assert "usedGpuMemory" in got.note and "whole device" in got.note
@@ -215,7 +215,7 @@ def test_used_memory_not_available_falls_back_to_device(nvml: Any, tree: tuple[i
 def test_hidden_pids_fall_back_to_device(nvml: Any, tree: tuple[int, int]) -> None:
     parent, _ = tree
     nvml([FakeGPU(used=2048 * MIB, procs=[(NO_SUCH_PID, 2000 * MIB)]), FakeGPU(used=1 * MIB)])
-    got = gpu_memory.tree_usage(parent)
+    got = gpu_memory.usage(gpu_memory.process_tree(parent))
     assert got is not None
     assert got.basis == "device" and got.mib == pytest.approx(2048)
     assert "pid namespace" in got.note
@@ -224,9 +224,9 @@ def test_hidden_pids_fall_back_to_device(nvml: Any, tree: tuple[int, int]) -> No
 def test_tree_not_on_a_gpu_gives_none(nvml: Any, tree: tuple[int, int]) -> None:
     parent, _ = tree
     nvml([FakeGPU(used=4000 * MIB, procs=[(os.getpid(), 4000 * MIB)])])
-    assert gpu_memory.tree_usage(parent) is None
+    assert gpu_memory.usage(gpu_memory.process_tree(parent)) is None
     assert gpu_memory.unavailable() is None  # NVML works; the tree is just not on a GPU
-    assert gpu_memory.tree_usage(NO_SUCH_PID) is None
+    assert gpu_memory.usage(gpu_memory.process_tree(NO_SUCH_PID)) is None
 
 
 def test_query_errors_never_escape(nvml: Any) -> None:

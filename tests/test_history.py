@@ -13,8 +13,8 @@ import pytest
 from servers.pilot_run import QUIET, write_trace
 from servers.scripted import Reply, ScriptedServer
 
-from pytest_osprey.campaign import load_campaign
-from pytest_osprey.history import HistoryError, open_previous
+from pytest_osprey.judgement.history import HistoryError, open_previous
+from pytest_osprey.results.folder import load_campaign
 
 
 class _Speed:
@@ -136,7 +136,7 @@ def test_compare_refuses_an_interrupted_campaign(runs: dict[str, Any], tmp_path:
     meta["status"] = "interrupted"
     (copy / "campaign.json").write_text(json.dumps(meta))
     with pytest.raises(HistoryError, match="did not complete"):
-        open_previous(copy, load_campaign(copy).meta["trace_hash"])
+        open_previous(copy, str(load_campaign(copy).meta.trace_hash))
 
 
 def test_compare_refusal_is_a_usage_error(runs: dict[str, Any]) -> None:
@@ -168,4 +168,4 @@ def test_report_command_rejudges_with_the_comparison(runs: dict[str, Any], tmp_p
     after = json.loads((copy / "summary.json").read_text())
     assert after["comparison"]["findings"] == before["comparison"]["findings"]
     assert "Compared with an earlier campaign" in (copy / "report.md").read_text()
-    assert main(["report", str(copy), "--compare", str(tmp_path / "nope")]) == 2
+    assert main(["report", str(copy), "--compare", str(tmp_path / "nope")]) == 4

@@ -15,10 +15,11 @@ from scipy import stats
 from servers.pilot_run import write_trace
 from servers.scripted import Reply, ScriptedServer
 
-from pytest_osprey.campaign import Campaign, poisson_arrivals
-from pytest_osprey.config import ConfigError, Pilot, level_label, load_pilot
-from pytest_osprey.report.figures import all_figures
-from pytest_osprey.trace import load_trace
+from pytest_osprey.campaign.runner import Campaign, poisson_arrivals
+from pytest_osprey.judgement.figures import all_figures
+from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.schema import ConfigError, Pilot, level_label
+from pytest_osprey.pilot.trace_file import load_trace
 
 
 def test_arrivals_are_a_poisson_process_of_the_given_rate() -> None:
@@ -127,7 +128,7 @@ def test_open_loop_sends_on_schedule_and_pairs_conditions(tmp_path: Path) -> Non
     lags = [r.dispatch_lag_s for r in data.records]
     assert all(lag is not None and lag >= 0 for lag in lags)
     assert float(np.median([lag for lag in lags if lag is not None])) < 0.05
-    assert data.meta["load_levels"] == {"poisson": {"rate": rate, "max_concurrency": None}}
+    assert data.meta.load_levels == {"poisson": {"rate": rate, "max_concurrency": None}}
     figs = all_figures(data)
     assert {f.load_label for f in figs} == {"Poisson 25/s"}
     assert all(f.dispatch_lag_p99_s is not None and f.dispatch_lag_p99_s < 0.5 for f in figs)

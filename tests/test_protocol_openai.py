@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from servers.scripted import Reply, ScriptedServer
 
-from pytest_osprey.config import Pilot
 from pytest_osprey.engines import vllm as vl
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
 from pytest_osprey.engines.endpoint import EndpointEngine
+from pytest_osprey.pilot.schema import Pilot
 
 
 def pilot(**conditions: Any) -> Pilot:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from servers.scripted import Reply, ScriptedServer
 
-from pytest_osprey.config import Pilot
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.base import EngineError, GenerationRequest
 from pytest_osprey.engines.endpoint import EndpointEngine
 from pytest_osprey.engines.process import mask_argv
+from pytest_osprey.pilot.schema import Pilot
 
 FAKEPKGS = Path(__file__).parent / "servers" / "fakepkgs"
 

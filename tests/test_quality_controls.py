@@ -32,14 +32,17 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.campaign import CampaignData, sample_seed
-from pytest_osprey.config import Pilot
-from pytest_osprey.decision import GateSpec, evaluate
+from pytest_osprey.campaign.runner import sample_seed
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.quality import greedy_identity
-from pytest_osprey.records import RequestRecord
-from pytest_osprey.trace import load_trace, render_prompt
+from pytest_osprey.judgement.gates import GateSpec, evaluate
+from pytest_osprey.judgement.identity import greedy_identity
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.pilot.trace import render_prompt
+from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.preflight_file import Preflight
+from pytest_osprey.results.records import RequestRecord
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -74,7 +77,7 @@ def _pilot() -> Pilot:
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pilot, CampaignData]]:
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pilot, SavedCampaign]]:
     """Every condition's greedy records on the first prompts (one engine at a time)."""
     if MODELS is None:
         pytest.skip("tiny models not found (fixtures/models)")
@@ -108,15 +111,16 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pilot, 
         torch.set_num_threads(threads)
     meta = {"conditions": {c: {"error": None, "fingerprint": fingerprints[c]}
                            for c in pilot.conditions}}
-    yield pilot, CampaignData(logs, meta, records)
+    yield pilot, SavedCampaign(logs, meta, records)
 
 
-def _gate(pilot: Pilot, data: CampaignData, cond: str) -> tuple[str, str]:
-    res = evaluate(GateSpec("greedy_identity", cond, reference="baseline"), pilot, data, {})
+def _gate(pilot: Pilot, data: SavedCampaign, cond: str) -> tuple[str, str]:
+    res = evaluate(GateSpec("greedy_identity", cond, reference="baseline"), pilot, data,
+                   Preflight())
     return res.outcome, res.summary
 
 
-def test_precision_change_fails_greedy_identity(campaign: tuple[Pilot, CampaignData]) -> None:
+def test_precision_change_fails_greedy_identity(campaign: tuple[Pilot, SavedCampaign]) -> None:
     pilot, data = campaign
     assert all(r.ok for r in data.records), [r.error for r in data.records if not r.ok]
     q = pilot.limits.quality
@@ -134,7 +138,7 @@ def test_precision_change_fails_greedy_identity(campaign: tuple[Pilot, CampaignD
 
 
 def test_int4_weights_fail_greedy_identity_with_genuine_divergences(
-    campaign: tuple[Pilot, CampaignData],
+    campaign: tuple[Pilot, SavedCampaign],
 ) -> None:
     pilot, data = campaign
     q = pilot.limits.quality
@@ -144,26 +148,27 @@ def test_int4_weights_fail_greedy_identity_with_genuine_divergences(
     assert all(d.margin is not None and d.margin > q.near_tie_epsilon for d in res.genuine)
     outcome, summary = _gate(pilot, data, "int4")
     assert outcome == "fail" and f"{len(res.genuine)} genuine divergence" in summary, summary
-    fair = evaluate(GateSpec("fairness", "int4", reference="baseline"), pilot, data, {})
+    fair = evaluate(GateSpec("fairness", "int4", reference="baseline"), pilot, data, Preflight())
     assert fair.outcome == "fail"
     assert "quantization differs: baseline='none'" in fair.summary, fair.summary
     assert "int4='int4'" in fair.summary, fair.summary
 
 
 def test_an_identical_condition_passes_greedy_identity(
-    campaign: tuple[Pilot, CampaignData],
+    campaign: tuple[Pilot, SavedCampaign],
 ) -> None:
     pilot, data = campaign
-    res = evaluate(GateSpec("greedy_identity", "same", reference="baseline"), pilot, data, {})
+    res = evaluate(GateSpec("greedy_identity", "same", reference="baseline"), pilot, data,
+                   Preflight())
     assert res.outcome == "pass", res.summary
-    fair = evaluate(GateSpec("fairness", "same", reference="baseline"), pilot, data, {})
+    fair = evaluate(GateSpec("fairness", "same", reference="baseline"), pilot, data, Preflight())
     # Judged against the current condition too (bf16): that dtype is the only difference.
     differences = [d for d in fair.summary.split("not shown")[0].splitlines() if "differs" in d]
     assert len(differences) == 1 and "dtype differs" in differences[0], fair.summary
 
 
 def test_assisted_greedy_with_the_real_drafter_is_identical(
-    campaign: tuple[Pilot, CampaignData],
+    campaign: tuple[Pilot, SavedCampaign],
 ) -> None:
     pilot, data = campaign
     res = greedy_identity(data.of("baseline"), data.of("drafter"), 0.0)
@@ -192,7 +197,7 @@ class _TopK50(TransformersEngine):
 
 
 @pytest.fixture(scope="module")
-def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignData]:
+def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, SavedCampaign]:
     """Sampled records at temperature 0.8 from three real engines, one at a time."""
     if MODELS is None:
         pytest.skip("tiny models not found (fixtures/models)")
@@ -236,30 +241,31 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, CampaignDa
                 engine.stop()
     finally:
         torch.set_num_threads(threads)
-    return pilot, CampaignData(logs, {"conditions": {c: {"error": None} for c in engines}},
+    return pilot, SavedCampaign(logs, {"conditions": {c: {"error": None} for c in engines}},
                                records)
 
 
 @pytest.mark.slow
 def test_lossy_sampler_fails_the_distribution_check(
-    sampled: tuple[Pilot, CampaignData],
+    sampled: tuple[Pilot, SavedCampaign],
 ) -> None:
     """top-k 50 left on: caught at the default budget, each condition drawing with its own
     seeds as the campaign does."""
     pilot, data = sampled
     assert all(r.ok for r in data.records)
-    res = evaluate(GateSpec("distribution", "lossy", reference="baseline"), pilot, data, {})
+    res = evaluate(GateSpec("distribution", "lossy", reference="baseline"), pilot, data,
+                   Preflight())
     assert res.outcome == "fail", res.summary
     assert not res.details["underpowered"]
 
 
 @pytest.mark.slow
 def test_same_sampler_passes_the_distribution_check(
-    sampled: tuple[Pilot, CampaignData],
+    sampled: tuple[Pilot, SavedCampaign],
 ) -> None:
     pilot, data = sampled
     same = [r.output_ids for r in data.of("same", mode="sampled")]
     base = [r.output_ids for r in data.of("baseline", mode="sampled")]
     assert same != base  # independent draws, not a replay of the baseline's
-    res = evaluate(GateSpec("distribution", "same", reference="baseline"), pilot, data, {})
+    res = evaluate(GateSpec("distribution", "same", reference="baseline"), pilot, data, Preflight())
     assert res.outcome == "pass", res.summary

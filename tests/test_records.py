@@ -11,14 +11,13 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.records import (
+from pytest_osprey.results.files import write_json_atomic, write_text_atomic
+from pytest_osprey.results.records import (
     SCHEMA,
     RecordsError,
     RecordWriter,
     RequestRecord,
     read_records,
-    write_json_atomic,
-    write_text_atomic,
 )
 
 # The fields DESIGN.md promises in every record.

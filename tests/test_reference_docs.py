@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_osprey.config import Pilot
-from pytest_osprey.reference import render
+from pytest_osprey.pilot.reference import render
+from pytest_osprey.pilot.schema import Pilot
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "pilot-reference.md"
 

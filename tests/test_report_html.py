@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.campaign import CampaignData
-from pytest_osprey.config import Pilot
-from pytest_osprey.cost import cost_summary
-from pytest_osprey.records import RequestRecord
-from pytest_osprey.report.figures import all_figures
+from pytest_osprey.judgement.cost import cost_summary
+from pytest_osprey.judgement.figures import all_figures
+from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.html import render_html, write_html
 from pytest_osprey.report.plots import all_plots, prompt_speedups
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.records import RequestRecord
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCRIPT = "<script>alert(1)</script>"
@@ -45,7 +45,7 @@ def rec(cond: str, pid: str, slice_: str, load: str, block: int, **kw: Any) -> R
     return RequestRecord(**fields)
 
 
-def make_data(prompts: list[tuple[str, str]] = PROMPTS, blocks: int = 2) -> CampaignData:
+def make_data(prompts: list[tuple[str, str]] = PROMPTS, blocks: int = 2) -> SavedCampaign:
     records = [
         rec(cond, pid, slice_, load, block)
         for block in range(blocks)
@@ -66,7 +66,7 @@ def make_data(prompts: list[tuple[str, str]] = PROMPTS, blocks: int = 2) -> Camp
         "conditions": {c: {"role": role, "error": None, "boot_s": 1.5, "peak_memory_mb": 100.0}
                        for c, role in ROLES.items()},
     }
-    return CampaignData(Path("."), meta, records)
+    return SavedCampaign(Path("."), meta, records)
 
 
 def make_pilot() -> Pilot:
@@ -82,7 +82,7 @@ def make_pilot() -> Pilot:
     })
 
 
-def make_summary(data: CampaignData) -> dict[str, Any]:
+def make_summary(data: SavedCampaign) -> dict[str, Any]:
     gate = {"kind": "speedup", "id": "cand-vs-baseline-busy", "condition": "cand",
             "reference": "baseline", "load": "busy", "slice": None, "gating": True,
             "outcome": "pass", "summary": "speedup 1.667x <ok>", "estimate": 1.667,
@@ -97,24 +97,24 @@ def make_summary(data: CampaignData) -> dict[str, Any]:
         ],
         "gates": [gate, {**gate, "id": "broken-low", "kind": "completed", "outcome": "fail",
                          "ci": None, "summary": "0/6 completed"}],
-        "figures": [f.as_dict() for f in all_figures(data)],
-        "conditions": data.meta["conditions"],
-        "cost": cost_summary(make_pilot(), data),
+        "figures": [f.model_dump() for f in all_figures(data)],
+        "conditions": {n: c.model_dump() for n, c in data.meta.conditions.items()},
+        "cost": cost_summary(make_pilot(), data).model_dump(),
     }
 
 
 @pytest.fixture(scope="module")
-def data() -> CampaignData:
+def data() -> SavedCampaign:
     return make_data()
 
 
 @pytest.fixture(scope="module")
-def plots(data: CampaignData) -> dict[str, bytes]:
+def plots(data: SavedCampaign) -> dict[str, bytes]:
     return all_plots(data, speedup_min=1.1)
 
 
 @pytest.fixture(scope="module")
-def page(data: CampaignData, plots: dict[str, bytes]) -> str:
+def page(data: SavedCampaign, plots: dict[str, bytes]) -> str:
     return render_html(make_summary(data), data, plots, title="Pilot <report>")
 
 
@@ -130,13 +130,13 @@ def test_plots_are_png(plots: dict[str, bytes]) -> None:
 
 def test_plots_survive_a_single_prompt_and_repetition() -> None:
     data = make_data(prompts=[("p1", "core")], blocks=1)
-    data.meta["candidates"] = ["cand"]
+    data.meta.candidates = ["cand"]
     plots = all_plots(data)
     assert len(plots) == 5
     assert all(png.startswith(PNG_MAGIC) for png in plots.values())
 
 
-def test_prompt_speedups_geometric_mean_and_ci(data: CampaignData) -> None:
+def test_prompt_speedups_geometric_mean_and_ci(data: SavedCampaign) -> None:
     rows = {pid: row for pid, *row in prompt_speedups(data, "baseline", "cand", "busy")}
     assert list(rows) == ["p1", "p2", "p3"]  # by slice, then id
     slice_, est, low, high = rows["p2"]
@@ -202,7 +202,7 @@ def test_divergent_outputs_are_shown_side_by_side(page: str) -> None:
     assert "<mark>&lt;script&gt;" in outputs and "answer to p1" in outputs
 
 
-def test_cost_section_reads_the_summary(page: str, data: CampaignData) -> None:
+def test_cost_section_reads_the_summary(page: str, data: SavedCampaign) -> None:
     cost = page[page.index('id="cost"'):page.index('id="plots"')]
     # broken has no successful request: no cost, and no break-even with a reason.
     assert "no cost per request for broken" in cost
@@ -213,13 +213,13 @@ def test_cost_section_reads_the_summary(page: str, data: CampaignData) -> None:
     assert f"{be['requests']:,.0f}" in cost
 
 
-def test_page_without_cost_or_verdicts(data: CampaignData) -> None:
+def test_page_without_cost_or_verdicts(data: SavedCampaign) -> None:
     page = render_html({"gates": []}, data, {})
     assert "No cost section" in page and "No candidate was judged" in page
     assert "No plots" in page
 
 
-def test_write_html_is_atomic(tmp_path: Path, data: CampaignData) -> None:
+def test_write_html_is_atomic(tmp_path: Path, data: SavedCampaign) -> None:
     path = write_html(tmp_path, make_summary(data), data, {"x": PNG_MAGIC})
     assert path == tmp_path / "report.html"
     assert path.read_text("utf-8").startswith("<!DOCTYPE html>")

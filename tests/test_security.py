@@ -36,11 +36,11 @@ from servers.pilot_run import (
     write_trace,
 )
 
-from pytest_osprey.config import Pilot
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
 from pytest_osprey.engines.process import choose_port
 from pytest_osprey.engines.sglang import SGLangEngine, sglang_argv
 from pytest_osprey.engines.vllm import VLLMEngine, vllm_argv
+from pytest_osprey.pilot.schema import Pilot
 
 XSS = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"

@@ -8,23 +8,21 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.stats import (
-    MAX_PAIRS,
-    StatsError,
-    accept_length,
-    holm,
-    mcnemar_noninferiority,
-    paired_speedup,
-    percentile_upper_bound,
-    prompt_log_ratios,
-    required_pairs,
-    tost_paired,
-)
-from pytest_osprey.stats_sequential import (
+from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
+from pytest_osprey.judgement.sequential import (
     SequentialPlan,
     obf_spending,
     obrien_fleming_plan,
     sequential_speedup,
+)
+from pytest_osprey.judgement.stats import (
+    MAX_PAIRS,
+    StatsError,
+    holm,
+    paired_speedup,
+    percentile_upper_bound,
+    prompt_log_ratios,
+    required_pairs,
 )
 
 # --------------------------------------------------------------------------- paired speedup
@@ -234,47 +232,6 @@ def test_percentile_bound_errors() -> None:
 # --------------------------------------------------------------------------- TOST
 
 
-def test_tost_matches_hand_computation() -> None:
-    rng = np.random.default_rng(3)
-    ref = rng.normal(10, 1, 30)
-    cand = ref + rng.normal(0.05, 0.2, 30)
-    res = tost_paired(ref.tolist(), cand.tolist(), margin=0.3, alpha=0.05)
-    d = cand - ref
-    se = d.std(ddof=1) / math.sqrt(30)
-    p1 = stats.t.sf((d.mean() + 0.3) / se, 29)
-    p2 = stats.t.cdf((d.mean() - 0.3) / se, 29)
-    assert res.p_value == pytest.approx(max(p1, p2))
-    assert res.ci_low == pytest.approx(d.mean() - stats.t.ppf(0.95, 29) * se)
-    assert res.outcome == ("pass" if res.p_value < 0.05 else "inconclusive") == "pass"
-
-
-def test_tost_fail_and_inconclusive() -> None:
-    rng = np.random.default_rng(4)
-    ref = rng.normal(10, 1, 20)
-    assert tost_paired(
-        ref.tolist(), (ref + 1.0 + rng.normal(0, 0.1, 20)).tolist(), 0.3
-    ).outcome == ("fail")
-    noisy = ref + rng.normal(0, 1.0, 20)
-    assert tost_paired(ref.tolist(), noisy.tolist(), 0.3).outcome == "inconclusive"
-
-
-def test_tost_zero_variance() -> None:
-    same = tost_paired([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], margin=0.1)
-    assert (same.estimate, same.ci_low, same.ci_high, same.p_value) == (0.0, 0.0, 0.0, 0.0)
-    assert same.outcome == "pass"
-    shifted = tost_paired([1.0, 2.0], [1.5, 2.5], margin=0.1)
-    assert shifted.outcome == "fail" and shifted.p_value == 1.0
-
-
-def test_tost_errors() -> None:
-    with pytest.raises(StatsError, match="differ in length"):
-        tost_paired([1.0, 2.0], [1.0], 0.1)
-    with pytest.raises(StatsError, match="at least 2 pairs"):
-        tost_paired([1.0], [1.0], 0.1)
-    with pytest.raises(StatsError, match="margin"):
-        tost_paired([1.0, 2.0], [1.0, 2.0], 0.0)
-
-
 # --------------------------------------------------------------------------- McNemar
 
 
@@ -299,7 +256,7 @@ def test_mcnemar_clear_loss_fails() -> None:
 
 def _brute_force_p(n: int, gains: int, losses: int, margin: float) -> float:
     """Independent exact unconditional p-value: explicit loops, Wald-free Tango ordering."""
-    from pytest_osprey.stats import _tango_z
+    from pytest_osprey.judgement.noninferiority import _tango_z
 
     z_obs = float(_tango_z(n, gains, losses, -margin))
     cells = [(x, y) for x in range(n + 1) for y in range(n + 1 - x)]
@@ -333,7 +290,7 @@ def test_mcnemar_margin_zero_close_to_classic() -> None:
 
 
 def test_mcnemar_ci_endpoints_invert_the_score_test() -> None:
-    from pytest_osprey.stats import _tango_z
+    from pytest_osprey.judgement.noninferiority import _tango_z
 
     res = mcnemar_noninferiority(*_pairs(40, 3, 9, 8), margin=0.1, alpha=0.05)
     z = stats.norm.ppf(0.95)
@@ -470,17 +427,3 @@ def test_sequential_errors() -> None:
 
 # --------------------------------------------------------------------------- accept length
 
-
-def test_accept_length_pooled_and_per_request() -> None:
-    pooled, per_request = accept_length([10, 20, 5], [5, 4, 0])
-    assert pooled == pytest.approx(30 / 9)
-    assert per_request == pytest.approx((2 + 5) / 2)
-
-
-def test_accept_length_errors() -> None:
-    with pytest.raises(StatsError, match="speculation never ran"):
-        accept_length([3, 4], [0, 0])
-    with pytest.raises(StatsError, match="differ in length"):
-        accept_length([3], [1, 2])
-    with pytest.raises(StatsError, match=">= 0"):
-        accept_length([3, -1], [1, 2])

@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.stats import (
+from pytest_osprey.judgement.sequential import (
+    LatencyModel,
+    as_blocks,
+    obrien_fleming_plan,
+    sequential_speedup,
+)
+from pytest_osprey.judgement.stats import (
     FloatArray,
     mcnemar_noninferiority,
     paired_speedup,
     percentile_upper_bound,
     tost_paired,
-)
-from pytest_osprey.stats_sequential import (
-    LatencyModel,
-    as_blocks,
-    obrien_fleming_plan,
-    sequential_speedup,
 )
 
 SIG = 0.001  # significance of the Monte-Carlo checks themselves
@@ -202,7 +202,7 @@ def test_holm_controls_familywise_error() -> None:
     """5 true nulls among 8 tests: P(any true null rejected at 0.05) <= 0.05."""
     n_sims = 4000
     rng = np.random.default_rng(909)
-    from pytest_osprey.stats import holm
+    from pytest_osprey.judgement.stats import holm
 
     hits = 0
     for _ in range(n_sims):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +18,27 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from pytest_osprey import decision
 from pytest_osprey.__main__ import main
-from pytest_osprey.campaign import load_campaign
-from pytest_osprey.config import load_pilot
-from pytest_osprey.cost import BreakEven, ConditionCost
-from pytest_osprey.decision import plan_gates
+from pytest_osprey.judgement import gates as decision
 from pytest_osprey.judgement import judge
-from pytest_osprey.records import RecordWriter, RequestRecord, write_json_atomic
-from pytest_osprey.report.figures import Figures
+from pytest_osprey.judgement.cost import BreakEven, ConditionCost
+from pytest_osprey.judgement.figures import Figures
+from pytest_osprey.judgement.gates import plan_gates
+from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.trace_file import load_trace
 from pytest_osprey.report.summary import write_reports
 from pytest_osprey.report.summary_schema import (
     GATE_KINDS,
     SUMMARY_SCHEMA,
-    BreakEvenEntry,
-    CostRow,
-    FigureEntry,
     GateEntry,
     Summary,
     json_schema,
     render_reference,
 )
-from pytest_osprey.trace import load_trace
+from pytest_osprey.results.files import write_json_atomic
+from pytest_osprey.results.folder import load_campaign
+from pytest_osprey.results.preflight_file import read_preflight
+from pytest_osprey.results.records import RecordWriter, RequestRecord
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "summary-json.md"
 RUN_ID = "20250101T000000Z-abc123"
@@ -196,7 +195,8 @@ def _judge_as_the_plugin_does(project: Path, results: Path) -> None:
     pilot = load_pilot(project / "pilot.yaml")
     data = load_campaign(results)
     data.prompts = load_trace(pilot.trace.files).by_id()  # as Campaign.run hands it over
-    preflight = json.loads((results / "preflight.json").read_text("utf-8"))
+    preflight = read_preflight(results / "preflight.json")
+    assert preflight is not None
     judgement = judge(pilot, plan_gates(pilot, list(pilot.conditions)), data, preflight)
     write_reports(results, judgement, data, pilot)
 
@@ -376,11 +376,13 @@ def test_every_written_key_is_declared(run: Run) -> None:
         "document new summary.json keys in pytest_osprey/report/summary_schema.py")
 
 
-@pytest.mark.parametrize(("source", "model"), [
-    (Figures, FigureEntry), (ConditionCost, CostRow), (BreakEven, BreakEvenEntry)])
-def test_sources_of_the_sheet_are_declared(source: type, model: type[BaseModel]) -> None:
-    missing = {f.name for f in fields(source)} - set(model.model_fields)
-    assert not missing, f"{source.__name__} fields missing from {model.__name__}: {missing}"
+def test_the_sheet_declares_each_shape_once() -> None:
+    # The figures and cost rows judging computes are the summary's own models, not copies.
+    assert Summary.model_fields["figures"].annotation == list[Figures]
+    cost = Summary.model_fields["cost"].annotation
+    assert cost is not None
+    assert cost.model_fields["table"].annotation == list[ConditionCost]
+    assert cost.model_fields["break_even"].annotation == list[BreakEven]
 
 
 def test_gate_entries_match_gate_results() -> None:
@@ -391,7 +393,7 @@ def test_gate_entries_match_gate_results() -> None:
 def test_every_gate_kind_is_documented(run: Run) -> None:
     kinds = set(decision._EVALUATORS) | set(decision._PREFLIGHT)
     assert set(GATE_KINDS) == kinds
-    nested: dict[str, type[BaseModel]] = {"cost": CostRow, "break_even": BreakEvenEntry}
+    nested: dict[str, type[BaseModel]] = {"cost": ConditionCost, "break_even": BreakEven}
     for g in run.summary["gates"]:
         doc = GATE_KINDS[g["kind"]].details
         for key in g["details"]:
@@ -412,7 +414,7 @@ def test_every_field_is_described() -> None:
     for line in text.splitlines():
         if line.startswith("| `"):
             assert not line.rstrip().endswith("|  |"), f"undocumented field: {line}"
-    for model in ("Summary", "GateEntry", "FigureEntry", "CostSection", "Gate kinds"):
+    for model in ("Summary", "GateEntry", "Figures", "CostSection", "Gate kinds"):
         assert f"## {model}" in text
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_osprey.config import Pilot
 from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
 from pytest_osprey.engines.vllm import VLLMEngine
+from pytest_osprey.pilot.schema import Pilot
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .base import BootSpec, Engine, EngineError, GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
-    from ..config import Pilot
+    from ..pilot.schema import Pilot
 
 __all__ = [
     "BootSpec",

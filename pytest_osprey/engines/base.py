@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..results.records import Measurement
+
 
 class EngineError(RuntimeError):
     """An engine could not start or serve; the message names the condition and the cause."""
@@ -28,26 +30,8 @@ class GenerationRequest:
         return self.temperature == 0.0
 
 
-@dataclass
-class GenerationResult:
-    """What one request measured. Times are seconds on a monotonic clock, from submission."""
-
-    ok: bool
-    error: str | None = None
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    prompt_tokens: int | None = None
-    output_ids: list[int] = field(default_factory=list)
-    output_text: str = ""
-    top2_margin: list[float] | None = None
-    spec_verify_ct: int | None = None
-    accept_length: float | None = None
-    finish_reason: str | None = None
-
-    @classmethod
-    def failure(cls, error: str, **kw: Any) -> GenerationResult:
-        return cls(ok=False, error=error, **kw)
+# The engines' result is the saved record's measured part: one declaration.
+GenerationResult = Measurement
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from .sglang import SGLangClient
 from .vllm import OpenAIClient
 
 if TYPE_CHECKING:
-    from ..config import Endpoint, Pilot
+    from ..pilot.schema import Endpoint, Pilot
 
 # What answers 200 when the server is up, per protocol.
 _HEALTH = {"sglang": ("/health", "/health_generate"), "openai": ("/health", "/v1/models")}

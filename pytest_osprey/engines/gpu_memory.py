@@ -185,20 +185,15 @@ def process_tree(pid: int) -> set[int]:
         return set()
 
 
-def tree_usage(pid: int) -> Usage | None:
-    """GPU memory of the process tree rooted at ``pid`` (see :func:`usage`)."""
-    pids = process_tree(pid)
-    return usage(pids) if pids else None
-
-
 def usage(pids: Iterable[int]) -> Usage | None:
     """GPU memory used by ``pids`` summed over every device, or None: NVML unavailable, or
-    none of the pids on a GPU (a CPU server). Never raises."""
-    nv = _load()
+    none of the pids on a GPU (a CPU server), or no pids at all. Never raises."""
+    wanted = set(pids)
+    nv = _load() if wanted else None
     if nv is None:
         return None
     try:
-        return _usage(nv, set(pids))
+        return _usage(nv, wanted)
     except Exception:
         return None
 

@@ -32,7 +32,7 @@ from . import gpu_memory
 from .base import BootSpec, EngineError
 
 if TYPE_CHECKING:
-    from ..config import Pilot, Target
+    from ..pilot.schema import Pilot, Target
 
 MASK = "***"
 TAIL_LINES = 50

@@ -23,7 +23,7 @@ from .process import (
 )
 
 if TYPE_CHECKING:
-    from ..config import Pilot
+    from ..pilot.schema import Pilot
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM")
 DEFAULT_ALGORITHM = "STANDALONE"  # a plain draft model

@@ -22,7 +22,7 @@ from .quantize import round_weights
 if TYPE_CHECKING:
     import torch
 
-    from ..config import Pilot
+    from ..pilot.schema import Pilot
 
 ALGORITHMS = ("assisted",)
 

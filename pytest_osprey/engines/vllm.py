@@ -16,7 +16,7 @@ from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import ServerProcess, api_key_from, choose_port, engine_env, engine_python
 
 if TYPE_CHECKING:
-    from ..config import Pilot
+    from ..pilot.schema import Pilot
 
 METHODS = ("draft_model", "ngram", "eagle", "eagle3")
 DEFAULT_METHOD = "draft_model"

@@ -11,13 +11,14 @@ import html
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..campaign import CampaignData
-from ..records import RequestRecord, write_text_atomic
-from .figures import TABLE_HEADER, Figures, all_figures, table_rows
+from ..judgement.figures import Figures, all_figures
+from ..results.files import write_text_atomic
+from ..results.folder import SavedCampaign
+from ..results.records import RequestRecord
+from .terminal import TABLE_HEADER, table_rows
 
 MAX_DIVERGENT = 20  # divergent prompts shown per condition pair
 SAMPLES_WHEN_IDENTICAL = 3
@@ -117,13 +118,14 @@ def _badge(outcome: object) -> str:
 # --------------------------------------------------------------------------- sections
 
 
-def _header(summary: dict[str, Any], data: CampaignData, title: str) -> str:
+def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
     meta = data.meta
-    run = summary.get("run_id") or meta.get("run_id")
-    trace = str(summary.get("trace_hash") or meta.get("trace_hash") or "")[:12]
-    config = str(summary.get("config_hash") or meta.get("config_hash") or "")[:12]
-    status = summary.get("status") or meta.get("status")
-    conds = summary.get("conditions") or meta.get("conditions", {})
+    run = summary.get("run_id") or meta.run_id
+    trace = str(summary.get("trace_hash") or meta.trace_hash or "")[:12]
+    config = str(summary.get("config_hash") or meta.config_hash or "")[:12]
+    status = summary.get("status") or meta.status
+    conds = summary.get("conditions") or {
+        n: c.model_dump() for n, c in meta.conditions.items()}
     rows = [
         (_e(name), _e(info.get("role")), _num(info.get("boot_s"), "{:.1f}"),
          _num(info.get("peak_memory_mb"), "{:.0f}"), _e(info.get("error") or "-"))
@@ -134,10 +136,10 @@ def _header(summary: dict[str, Any], data: CampaignData, title: str) -> str:
         ("plots", "Plots"), ("outputs", "Outputs")))
     return (
         f"<h1>{_e(title)}</h1>"
-        f'<p class="meta">pilot <b>{_e(summary.get("pilot_name") or meta.get("pilot_name"))}</b>'
+        f'<p class="meta">pilot <b>{_e(summary.get("pilot_name") or meta.pilot_name)}</b>'
         f" &middot; run <code>{_e(run)}</code> &middot; status <b>{_e(status)}</b> &middot; "
         f"trace <code>{_e(trace)}</code> &middot; config <code>{_e(config)}</code> &middot; "
-        f"pytest-osprey {_e(meta.get('tool_version', ''))}</p><nav>{nav}</nav>"
+        f"pytest-osprey {_e(meta.tool_version or '')}</p><nav>{nav}</nav>"
         + _table(("condition", "role", "boot s", "peak MiB", "error"), rows, {2, 3})
     )
 
@@ -173,10 +175,9 @@ def _gates(summary: dict[str, Any]) -> str:
     return '<h2 id="gates">Gates</h2>' + _table(header, rows, {4, 5, 6, 7}, {8: "summary"})
 
 
-def _figures(summary: dict[str, Any], data: CampaignData) -> str:
-    names = {f.name for f in fields(Figures)}
+def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     raw = summary.get("figures")
-    figs = ([Figures(**{k: d.get(k) for k in names}) for d in raw] if raw is not None
+    figs = ([Figures.model_validate(d) for d in raw] if raw is not None
             else all_figures(data))
     out = ['<h2 id="figures">Figures per condition and load level</h2>']
     levels = list(dict.fromkeys(f.load for f in figs))
@@ -295,11 +296,11 @@ def _diverging(ref: str, cand: str) -> tuple[str, str]:
     return mark(ref), mark(cand)
 
 
-def _outputs(data: CampaignData) -> str:
+def _outputs(data: SavedCampaign) -> str:
     out = ['<h2 id="outputs">Outputs (greedy)</h2>']
-    baseline = data.meta.get("baseline")
-    others = [c for c in data.meta.get("conditions", {}) if c != baseline]
-    levels = list(data.meta.get("load_levels", {})) or [None]
+    baseline = data.meta.baseline
+    others = [c for c in data.meta.conditions if c != baseline]
+    levels: list[str | None] = [*data.meta.load_levels] or [None]
     if not baseline or not others:
         return out[0] + '<p class="note">No condition to compare with the baseline.</p>'
     ref = _first_outputs(data.of(baseline, levels[0]))
@@ -328,7 +329,7 @@ def _outputs(data: CampaignData) -> str:
     return "".join(out)
 
 
-def _errors(data: CampaignData) -> str:
+def _errors(data: SavedCampaign) -> str:
     failed = [r for r in data.records if not r.ok]
     if not failed:
         return ""
@@ -364,7 +365,7 @@ def _history(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def render_html(summary: dict[str, Any], data: CampaignData, plots: dict[str, bytes],
+def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, bytes],
                 title: str | None = None) -> str:
     """The whole report page as one string (UTF-8, no external resources)."""
     title = title or summary.get("title") or f"Drafter pilot: {summary.get('pilot_name', '')}"
@@ -381,7 +382,7 @@ def render_html(summary: dict[str, Any], data: CampaignData, plots: dict[str, by
     )
 
 
-def write_html(directory: Path, summary: dict[str, Any], data: CampaignData,
+def write_html(directory: Path, summary: dict[str, Any], data: SavedCampaign,
                plots: dict[str, bytes], title: str | None = None) -> Path:
     """Write ``directory/report.html`` atomically; returns its path."""
     path = directory / "report.html"

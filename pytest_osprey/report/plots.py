@@ -1,6 +1,6 @@
 """Report plots as PNG bytes (matplotlib's Agg canvas; no pyplot, no display, no global state).
 
-Every function reads a :class:`CampaignData` (greedy pass) and copes with empty conditions:
+Every function reads a :class:`SavedCampaign` (greedy pass) and copes with empty conditions:
 a panel with nothing to draw says so instead of failing.
 """
 
@@ -17,9 +17,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from ..campaign import CampaignData
-from ..config import level_label
-from ..records import RequestRecord
+from ..pilot.schema import level_label
+from ..results.folder import SavedCampaign
+from ..results.records import RequestRecord
 
 FloatArray = npt.NDArray[np.float64]
 DPI = 100
@@ -35,18 +35,18 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _conditions(data: CampaignData) -> list[str]:
-    names = list(data.meta.get("conditions", {}))
+def _conditions(data: SavedCampaign) -> list[str]:
+    names = list(data.meta.conditions)
     for r in data.records:
         if r.condition not in names:
             names.append(r.condition)
     return names
 
 
-def _levels(data: CampaignData) -> list[tuple[str, str]]:
+def _levels(data: SavedCampaign) -> list[tuple[str, str]]:
     """(level name, how its load reads: ``x4`` or ``Poisson 2/s``) in the pilot's order."""
     levels: dict[str, str] = {
-        k: level_label(v) for k, v in data.meta.get("load_levels", {}).items()
+        k: level_label(v) for k, v in data.meta.load_levels.items()
     }
     for r in data.records:
         levels.setdefault(r.load, level_label({"rate": r.rate} if r.rate else r.concurrency))
@@ -69,7 +69,7 @@ def _ok(records: list[RequestRecord]) -> list[RequestRecord]:
 # --------------------------------------------------------------------------- latency CDF
 
 
-def latency_cdf(data: CampaignData) -> bytes:
+def latency_cdf(data: SavedCampaign) -> bytes:
     """Completion latency CDF: one panel per load level, one line per condition."""
     levels = _levels(data)
     fig = Figure(figsize=(5.2 * len(levels), 4.0), layout="constrained")
@@ -106,7 +106,7 @@ def _ci(draws: FloatArray) -> tuple[float, float]:
 
 
 def prompt_speedups(
-    data: CampaignData, reference: str, candidate: str, load: str, seed: int = 0
+    data: SavedCampaign, reference: str, candidate: str, load: str, seed: int = 0
 ) -> list[tuple[str, str, float, float | None, float | None]]:
     """Per prompt: (id, slice, speedup, CI low, CI high); speedup = reference / candidate
     completion latency, geometric means over repetitions. The 95% percentile-bootstrap CI
@@ -160,7 +160,7 @@ def _speedup_axis(ax: Axes, low: float, high: float) -> None:
 
 
 def speedup_plot(
-    data: CampaignData, reference: str, candidate: str, threshold: float = 1.0, seed: int = 0
+    data: SavedCampaign, reference: str, candidate: str, threshold: float = 1.0, seed: int = 0
 ) -> bytes:
     """Per-prompt speedup of ``candidate`` over ``reference``: one panel per load level,
     prompts down the side grouped and colored by slice, log-scale speedup axis."""
@@ -221,14 +221,15 @@ def speedup_plot(
 # --------------------------------------------------------------------------- accept length
 
 
-def accept_length_plot(data: CampaignData) -> bytes:
+def accept_length_plot(data: SavedCampaign) -> bytes:
     """Histogram of per-request accept length, one series per drafter condition."""
     fig = Figure(figsize=(7.5, 4.0), layout="constrained")
     ax = fig.subplots()
     series = []
-    roles = data.meta.get("conditions", {})
+    roles = data.meta.conditions
     for i, cond in enumerate(_conditions(data)):
-        if roles.get(cond, {}).get("role") == "baseline" or cond == data.meta.get("baseline"):
+        info = roles.get(cond)
+        if (info is not None and info.role == "baseline") or cond == data.meta.baseline:
             continue  # speculation off: an accept length of 1 says nothing
         ok = _ok(data.of(cond))
         values = [r.accept_length for r in ok if r.accept_length is not None]
@@ -285,7 +286,7 @@ def _boxes(ax: Axes, values: dict[tuple[str, str], list[float]], conds: list[str
         _empty(ax, "no successful requests")
 
 
-def ttft_throughput_plot(data: CampaignData) -> bytes:
+def ttft_throughput_plot(data: SavedCampaign) -> bytes:
     """Per-request time to first token and output tokens/s, per condition and load level."""
     conds, levels = _conditions(data), _levels(data)
     ttft: dict[tuple[str, str], list[float]] = {}
@@ -310,14 +311,14 @@ def ttft_throughput_plot(data: CampaignData) -> bytes:
 # --------------------------------------------------------------------------- all together
 
 
-def all_plots(data: CampaignData, speedup_min: float = 1.0, seed: int = 0) -> dict[str, bytes]:
+def all_plots(data: SavedCampaign, speedup_min: float = 1.0, seed: int = 0) -> dict[str, bytes]:
     """Every report plot, keyed by a stable name (the HTML report shows them in this order).
     Speedup plots: each candidate vs the baseline (threshold ``speedup_min``) and vs the
     current drafter (threshold 1)."""
     plots = {"latency_cdf": latency_cdf(data), "ttft_throughput": ttft_throughput_plot(data)}
-    baseline = data.meta.get("baseline")
-    current = data.meta.get("current")
-    for cand in data.meta.get("candidates", []):
+    baseline = data.meta.baseline
+    current = data.meta.current
+    for cand in data.meta.candidates:
         for ref, threshold in ((baseline, speedup_min), (current, 1.0)):
             if ref:
                 plots[f"speedup_{cand}_vs_{ref}"] = speedup_plot(data, ref, cand, threshold, seed)

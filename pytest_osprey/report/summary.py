@@ -1,4 +1,4 @@
-"""summary.json (the machine-readable sheet) and report.md, written atomically."""
+"""summary.json (the machine-readable sheet), report.md and report.html, written atomically."""
 
 from __future__ import annotations
 
@@ -6,92 +6,45 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..campaign import CampaignData
-from ..config import Pilot
-from ..correctness import correctness_by_prompt
-from ..cost import cost_summary
-from ..history import Comparison
-from ..judgement import Judgement
-from ..records import write_json_atomic, write_text_atomic
-from .figures import TABLE_HEADER, table_rows
-from .html import write_html
-from .plots import all_plots
+from ..judgement.cost import cost_summary
+from ..judgement.history import Comparison
+from ..judgement.judge import Judgement
+from ..pilot.schema import Pilot
+from ..results.files import write_json_atomic, write_text_atomic
+from ..results.folder import SavedCampaign
+from .markdown import markdown
 from .summary_schema import SUMMARY_SCHEMA, Summary
 
 
-def summary_dict(judgement: Judgement, data: CampaignData, pilot: Pilot,
+def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                  comparison: Comparison | None = None) -> dict[str, Any]:
     """summary.json's content, validated against its schema (summary_schema.Summary)."""
     meta = data.meta
-    cost = cost_summary(pilot, data)
-    per_request = {(c["condition"], c["load"]): c["cost_per_request"] for c in cost["table"]}
-    raw = {
+    summary = Summary.model_validate({
         "schema": SUMMARY_SCHEMA,
-        "run_id": meta.get("run_id"),
-        "pilot_name": meta.get("pilot_name"),
-        "trace_hash": meta.get("trace_hash"),
-        "config_hash": meta.get("config_hash"),
-        "status": meta.get("status"),
+        "run_id": meta.run_id,
+        "pilot_name": meta.pilot_name,
+        "trace_hash": meta.trace_hash,
+        "config_hash": meta.config_hash,
+        "status": meta.status,
         "verdicts": [
             {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons}
             for v in judgement.verdicts
         ],
         "gates": [g.as_dict() for g in judgement.results.values()],
-        "figures": [
-            {**f.as_dict(), "cost_per_request": per_request.get((f.condition, f.load)),
-             **_correctness(data, f.condition, f.load)}
-            for f in judgement.figures
-        ],
-        "cost": cost,
+        "figures": judgement.figures,
+        "cost": cost_summary(pilot, data),
         "conditions": {
-            name: {k: info.get(k) for k in ("role", "error", "boot_s", "peak_memory_mb")}
-            for name, info in meta.get("conditions", {}).items()
+            name: {"role": info.role, "error": info.error, "boot_s": info.boot_s,
+                   "peak_memory_mb": info.peak_memory_mb}
+            for name, info in meta.conditions.items()
         },
-        "comparison": comparison.as_dict() if comparison is not None else None,
-    }
-    return Summary.model_validate(raw).model_dump(by_alias=True)
+        "comparison": comparison,
+    })
+    return summary.model_dump(by_alias=True)
 
 
-def _correctness(data: CampaignData, condition: str, load: str) -> dict[str, Any]:
-    """Pass count of the prompts' expect checks at one load level (null without the trace)."""
-    if data.prompts is None:
-        return {"checked": None, "correct": None, "correct_fraction": None}
-    passed = correctness_by_prompt(data.of(condition, load), data.prompts)
-    n = len(passed)
-    return {"checked": n, "correct": sum(passed.values()),
-            "correct_fraction": sum(passed.values()) / n if n else None}
-
-
-def markdown(judgement: Judgement, data: CampaignData, title: str,
-             comparison: Comparison | None = None) -> str:
-    lines = [f"# {title}", ""]
-    for v in judgement.verdicts:
-        lines.append(f"- **{v.verdict}** `{v.candidate}`")
-        lines += [f"  - {r}" for r in v.reasons]
-    if not judgement.verdicts:
-        lines.append("- no candidate was judged")
-    lines += ["", "## Figures", ""]
-    lines.append("| " + " | ".join(TABLE_HEADER) + " |")
-    lines.append("|" + "---|" * len(TABLE_HEADER))
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(judgement.figures)]
-    lines += ["", "## Gates", "", "| gate | outcome | summary |", "|---|---|---|"]
-    for g in judgement.results.values():
-        text = g.summary.splitlines()[0].replace("|", "\\|")
-        lines.append(f"| {g.spec.kind}[{g.spec.id}] | {g.outcome} | {text} |")
-    if comparison is not None:
-        lines += ["", "## Compared with an earlier campaign", "",
-                  f"`{comparison.previous_dir}` (run `{comparison.previous_run_id}`), "
-                  f"tolerance {comparison.tolerance:.0%}.", ""]
-        lines += [f"- {'**REGRESSION** ' if f.regression else ''}{f.text}"
-                  for f in comparison.findings]
-        lines += [f"- {note}" for note in comparison.notes]
-    meta = data.meta
-    lines += ["", f"Run `{meta.get('run_id')}`, trace `{str(meta.get('trace_hash'))[:12]}`, "
-              f"status {meta.get('status')}.", ""]
-    return "\n".join(lines)
-
-
-def write_reports(directory: Path, judgement: Judgement, data: CampaignData,
+def write_reports(directory: Path, judgement: Judgement, data: SavedCampaign,
                   pilot: Pilot, comparison: Comparison | None = None) -> list[Path]:
     """summary.json, report.md (and $GITHUB_STEP_SUMMARY), report.html — each atomically."""
     settings = pilot.report
@@ -99,6 +52,9 @@ def write_reports(directory: Path, judgement: Judgement, data: CampaignData,
     written = [directory / "summary.json"]
     write_json_atomic(written[0], summary)
     if settings.html:
+        from .html import write_html
+        from .plots import all_plots
+
         plots = all_plots(data, pilot.limits.speedup_min, pilot.sampling.seed)
         written.append(write_html(directory, summary, data, plots, settings.title))
     if settings.markdown:

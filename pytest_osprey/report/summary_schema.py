@@ -13,7 +13,10 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..decision import Outcome, Verdict
+from ..judgement.cost import BreakEven, ConditionCost, CostLimitsEntry, CostSection
+from ..judgement.figures import Figures
+from ..judgement.gates import Outcome, Verdict
+from ..judgement.history import Comparison, Finding
 
 SUMMARY_SCHEMA: Final = 1
 """Version of the summary.json format (the ``schema`` key)."""
@@ -79,154 +82,6 @@ class GateEntry(_Sheet):
     """Kind-specific evidence (see Gate kinds below); `{}` when none."""
 
 
-class FigureEntry(_Sheet):
-    """Measured figures of one condition at one load level (`figures[]`), from the completed
-    greedy requests of that level; null where nothing was measured."""
-
-    condition: str
-    """Condition name."""
-    load: str
-    """Load level name."""
-    concurrency: int
-    """Requests in flight at once (closed loop); for an open-loop level its cap, 0 when
-    uncapped."""
-    ok: int
-    """Completed requests (count)."""
-    total: int
-    """Requests sent (count); `total - ok` failed."""
-    ttft_p50_s: float | None
-    """Median time to first token (seconds)."""
-    ttft_p95_s: float | None
-    """95th percentile time to first token (seconds)."""
-    e2e_p50_s: float | None
-    """Median completion latency, request sent to last token (seconds)."""
-    e2e_p95_s: float | None
-    """95th percentile completion latency (seconds)."""
-    tpot_p50_s: float | None
-    """Median time per output token after the first, (e2e - ttft) / (tokens - 1): the mean
-    inter-token latency of a request (seconds per token)."""
-    tokens_per_s: float | None
-    """Aggregate throughput: output tokens of the completed requests / busy wall time of the
-    level, summed over blocks (tokens per second)."""
-    request_tokens_per_s_p50: float | None
-    """Median per-request throughput, output tokens / completion latency (tokens per
-    second)."""
-    accept_length_pooled: float | None
-    """Pooled accept length: all output tokens / all verify steps (tokens per step); null
-    without speculation."""
-    accept_length_mean: float | None
-    """Per-request accept length, tokens / verify steps, averaged over requests (tokens per
-    step); null without speculation."""
-    peak_memory_mb: float | None
-    """Peak device memory of the condition over the whole campaign, not per level (MiB)."""
-    load_label: str = ""
-    """How the load level reads in reports: `x4` (closed loop) or `Poisson 2/s` (open
-    loop)."""
-    dispatch_lag_p99_s: float | None = None
-    """Open loop: 99th percentile of how late requests were sent after their Poisson arrival
-    times, the client's own lag plus any wait under the in-flight cap (seconds); null for
-    closed-loop levels."""
-    cost_per_request: float | None = None
-    """Serving cost per successful request at this level (`cost.currency`), as in the
-    cost table; null when no request succeeded."""
-    checked: int | None = None
-    """Prompts with an `expect` check whose output was checked at this level (count; first
-    completed greedy output of each); null when the trace could not be read."""
-    correct: int | None = None
-    """Of those, outputs that passed their check (count); null as `checked`."""
-    correct_fraction: float | None = None
-    """`correct / checked` (0-1); null when nothing was checked."""
-
-
-class CostLimitsEntry(_Sheet):
-    """The pilot's cost limits (`cost.limits`)."""
-
-    max_cost_per_request: float | None
-    """`limits.cost.max_cost_per_request` (currency per successful request); null: none."""
-    max_break_even_days: float | None
-    """`limits.cost.max_break_even_days` (days); null: none."""
-
-
-class CostRow(_Sheet):
-    """Serving cost of one condition at one load level (`cost.table[]`)."""
-
-    condition: str
-    """Condition name."""
-    load: str
-    """Load level name."""
-    concurrency: int
-    """As in figures: requests in flight (open loop: its cap, 0 when uncapped)."""
-    ok: int
-    """Successful requests (count)."""
-    total: int
-    """Requests sent (count)."""
-    busy_s: float | None
-    """Busy wall time of the level's requests, failed ones included, per block from first
-    start to last finish, summed (seconds)."""
-    requests_per_hour: float | None
-    """Successful requests per busy hour (requests per hour)."""
-    hourly_cost: float
-    """`device_hour_price * devices_per_server` (currency per hour)."""
-    cost_per_request: float | None
-    """`hourly_cost / requests_per_hour` (currency per successful request); null when none
-    succeeded."""
-    setup_cost: float
-    """Pretraining + adaptation + idle device hours priced (currency)."""
-    currency: str
-    """Currency code of the amounts."""
-    load_label: str = ""
-    """As in figures: `x4` (closed loop) or `Poisson 2/s` (open loop)."""
-
-
-class BreakEvenEntry(_Sheet):
-    """When a candidate's setup cost is paid back by its savings per request
-    (`cost.break_even[]`), at the primary load level."""
-
-    candidate: str
-    """Candidate condition name."""
-    reference: str
-    """Condition it saves against."""
-    load: str
-    """Load level of the costs compared."""
-    currency: str
-    """Currency code of the amounts."""
-    setup_cost: float
-    """Candidate's setup cost (currency)."""
-    cost_reference: float | None
-    """Reference's cost per successful request (currency)."""
-    cost_candidate: float | None
-    """Candidate's cost per successful request (currency)."""
-    savings_per_request: float | None
-    """`cost_reference - cost_candidate` (currency per request)."""
-    requests: float | None
-    """`setup_cost / savings_per_request` when savings are positive (requests)."""
-    days: float | None
-    """`requests / cost.expected_requests_per_day`, when that is given (days)."""
-    reason: str | None
-    """Why there is no break-even, or why days are unknown; null when `days` is set."""
-
-
-class CostSection(_Sheet):
-    """Cost inputs and what they imply (`cost`)."""
-
-    currency: str
-    """Currency code of every amount."""
-    device_hour_price: float
-    """Price of one device for one hour (currency)."""
-    devices_per_server: int
-    """Devices one serving instance occupies (count)."""
-    expected_requests_per_day: float | None
-    """Expected traffic (requests per day); null when not given."""
-    primary_load: str
-    """Load level whose costs decide (`decision.primary_load`)."""
-    limits: CostLimitsEntry
-    """The cost limits judged."""
-    table: list[CostRow]
-    """Every condition at every load level, in the pilot's order."""
-    break_even: list[BreakEvenEntry]
-    """Each candidate against each of its references."""
-
-
 class ConditionEntry(_Sheet):
     """One condition as the campaign ran it (`conditions.NAME`)."""
 
@@ -238,50 +93,6 @@ class ConditionEntry(_Sheet):
     """Engine boot time (seconds)."""
     peak_memory_mb: float | None
     """Peak device memory over the campaign (MiB)."""
-
-
-class HistoryFinding(_Sheet):
-    """One check of a kept drafter against the earlier campaign (`comparison.findings[]`)."""
-
-    candidate: str
-    """The drafter kept in the earlier campaign."""
-    check: Literal["verdict", "speedup", "latency", "accept_length"]
-    """verdict: still KEEP; speedup: the speedup gate vs the baseline (x); latency: its own
-    completion latency paired by prompt across the runs, as "times as fast as before" (x, >1
-    faster now); accept_length: pooled accept length (tokens per verify step)."""
-    load: str | None
-    """Load level; null for the verdict."""
-    previous: float | str | None
-    """The earlier figure (verdict name, speedup x, accept length); null for latency."""
-    current: float | str | None
-    """This campaign's figure, same unit."""
-    regression: bool
-    """Worse than before beyond `comparison.tolerance` (for speedup and latency: the whole
-    confidence interval is)."""
-    text: str
-    """The finding in words."""
-    ci: list[float | None] | None = None
-    """Confidence interval of `current` where it has one (speedup, latency)."""
-
-
-class HistoryComparison(_Sheet):
-    """`--osprey-compare DIR`: this campaign against an earlier accepted one of the same
-    trace (`comparison`)."""
-
-    previous_dir: str
-    """The earlier campaign's results folder."""
-    previous_run_id: str | None
-    """Its run id."""
-    trace_hash: str
-    """The trace hash both share."""
-    tolerance: float
-    """decision.regression_tolerance (fraction)."""
-    kept: list[str]
-    """Drafters the earlier campaign kept: the ones held to it."""
-    findings: list[HistoryFinding]
-    """Every check made."""
-    notes: list[str]
-    """What could not be compared, and why."""
 
 
 class Summary(_Sheet):
@@ -305,13 +116,13 @@ class Summary(_Sheet):
     """One per judged candidate, in the pilot's order."""
     gates: list[GateEntry]
     """Every gate judged."""
-    figures: list[FigureEntry]
+    figures: list[Figures]
     """Every condition at every load level."""
     cost: CostSection
     """Serving cost and break-even."""
     conditions: dict[str, ConditionEntry]
     """Condition name -> how it ran."""
-    comparison: HistoryComparison | None = None
+    comparison: Comparison | None = None
     """Comparison with a previous campaign (--osprey-compare); null when none."""
 
 
@@ -392,12 +203,12 @@ GATE_KINDS: dict[str, GateKind] = {
         "cost per successful request <= threshold",
         "cost per successful request at the level (currency)",
         "`limits.cost.max_cost_per_request` (currency)",
-        "the level's cost row (see CostRow)"),
+        "the level's cost row (see ConditionCost)"),
     "break_even": GateKind(
         "break-even days <= threshold",
         "days of expected traffic until the setup cost is recovered (days)",
         "`limits.cost.max_break_even_days` (days)",
-        "the break-even entry (see BreakEvenEntry)"),
+        "the break-even entry (see BreakEven)"),
 }
 
 INTRO = """# summary.json reference
@@ -423,7 +234,7 @@ def _cell(text: str) -> str:
 
 def render_reference() -> str:
     """docs/summary-json.md: the field tables, then what each gate kind reports."""
-    from ..reference import render_models
+    from ..pilot.reference import render_models
 
     parts = [render_models(Summary, INTRO, defaults=False, paragraph=True)]
     parts.append("## Gate kinds\n")
@@ -436,3 +247,8 @@ def render_reference() -> str:
                      f"| {_cell(doc.threshold)} | {_cell(doc.details)} |")
     parts.append("")
     return "\n".join(parts)
+
+
+# Models documented in the reference that live with the code computing them.
+__all__ = ["BreakEven", "ConditionCost", "CostLimitsEntry", "CostSection", "Figures", "Finding",
+           "Summary"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .records import RequestRecord
+from ..results.records import RequestRecord
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
-"""The public results format: one JSON object per request in records.jsonl, append-only."""
+"""The public results format: one JSON object per request in records.jsonl, append-only.
+
+A record is what the engine measured (:class:`Measurement`, the engines' return type) plus
+where and how the request ran. Both are declared once: a record is built from the engine's
+measurement by :meth:`RequestRecord.from_measurement`, never copied field by field.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -16,8 +19,35 @@ Mode = Literal["greedy", "sampled"]
 
 
 @dataclass
-class RequestRecord:
-    """One replayed request, as measured. Field names are the public format (DESIGN.md)."""
+class Measurement:
+    """What one request measured. Times are seconds on a monotonic clock, from submission."""
+
+    ok: bool
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    top2_margin: list[float] | None = None
+    """Per output position: logprob of top-1 minus top-2, where the engine gives it."""
+    spec_verify_ct: int | None = None
+    accept_length: float | None = None
+    finish_reason: str | None = None
+
+    @classmethod
+    def failure(cls, error: str, **kw: Any) -> Measurement:
+        return cls(ok=False, error=error, **kw)
+
+
+_MEASURED = tuple(f.name for f in fields(Measurement))
+
+
+@dataclass(kw_only=True)
+class RequestRecord(Measurement):
+    """One replayed request: the engine's measurement and its context. Field names are the
+    public format (DESIGN.md)."""
 
     run_id: str
     condition: str
@@ -30,24 +60,20 @@ class RequestRecord:
     domain: str
     mode: Mode
     sample_index: int
-    ok: bool
-    error: str | None = None
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    prompt_tokens: int | None = None
     output_tokens: int | None = None
-    output_ids: list[int] = field(default_factory=list)
-    output_text: str = ""
-    top2_margin: list[float] | None = None
-    spec_verify_ct: int | None = None
-    accept_length: float | None = None
-    finish_reason: str | None = None
     started_at: float | None = None
     correct: bool | None = None
     rate: float | None = None  # open-loop level: Poisson arrival rate (requests/s)
     dispatch_lag_s: float | None = None  # open loop: sent this late after its arrival time
     schema: int = SCHEMA
+
+    @classmethod
+    def from_measurement(cls, measured: Measurement, **context: Any) -> RequestRecord:
+        """The record of ``measured`` in its ``context`` (every non-measured field)."""
+        values = {name: getattr(measured, name) for name in _MEASURED}
+        if "output_tokens" not in context:
+            values["output_tokens"] = len(measured.output_ids) if measured.ok else None
+        return cls(**values, **context)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -168,27 +194,3 @@ def read_records(path: Path) -> Iterator[RequestRecord]:
         except TypeError as exc:  # a required field is missing
             raise RecordsError(f"{path}:{n}: not a request record: {exc}") from None
         yield record
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file and rename, so readers never see half a file."""
-    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
-    write_text_atomic(path, text)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file of its own (two writers never share one), flush it
-    to disk, then rename it over ``path``; on any failure the old file stays and the
-    temporary one is removed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -14,20 +14,31 @@ import random
 import secrets
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .config import Pilot
-from .engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
-from .records import RecordWriter, RequestRecord, read_records, write_json_atomic
-from .trace import Prompt, Trace, render_prompt
+from .. import __version__
+from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
+from ..pilot.schema import Pilot
+from ..pilot.trace import Prompt, Trace, render_prompt
+from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
+from ..results.folder import SavedCampaign, load_campaign
+from ..results.records import RecordWriter, RequestRecord
 
-CAMPAIGN_SCHEMA = 1
 Progress = Callable[["ProgressEvent"], None]
+# Early stopping, handed in by the run (the campaign measures; judging is not its business):
+# called with the records so far after each block, it answers whether every candidate's
+# speed is decided, and notes its looks (candidate -> look facts) for campaign.json.
+StopRule = Callable[[list[RequestRecord], int], "StopLook"]
+
+
+@dataclass(frozen=True)
+class StopLook:
+    decided: bool
+    looks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -41,69 +52,17 @@ class ProgressEvent:
     eta_s: float | None = None
     message: str = ""
 
-
-@dataclass
-class CampaignData:
-    """A campaign as saved: what the tests judge."""
-
-    directory: Path
-    meta: dict[str, Any]
-    records: list[RequestRecord]
-    prompts: dict[str, Prompt] | None = None  # the trace, where it can be read (correctness)
-
-    def of(
-        self, condition: str, load: str | None = None, mode: str = "greedy"
-    ) -> list[RequestRecord]:
-        return [
-            r
-            for r in self.records
-            if r.condition == condition and r.mode == mode and (load is None or r.load == load)
-        ]
-
-    def condition_error(self, condition: str) -> str | None:
-        info = self.meta.get("conditions", {}).get(condition)
-        if info is None:
-            return "condition was not run"
-        err: str | None = info.get("error")
-        return err
-
-
-def load_campaign(directory: Path) -> CampaignData:
-    """Read a saved campaign (``--osprey-reuse``); errors name the file."""
-    meta_path = directory / "campaign.json"
-    records_path = directory / "records.jsonl"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: no campaign.json (is this a results folder?)")
-    import json
-
-    try:
-        meta = json.loads(meta_path.read_text("utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{meta_path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
-    records = list(read_records(records_path)) if records_path.is_file() else []
-    run_id = meta.get("run_id")
-    if run_id is not None:  # records.jsonl is append-only: earlier runs' records stay there
-        records = [r for r in records if r.run_id == run_id]
-    return CampaignData(directory, meta, records, _saved_trace(meta))
-
-
-def _saved_trace(meta: dict[str, Any]) -> dict[str, Prompt] | None:
-    """The campaign's prompts, if its trace files are still there and unchanged."""
-    from .trace import TraceError, load_trace
-
-    files = meta.get("trace_files") or []
-    try:
-        trace = load_trace(files)
-    except (TraceError, OSError):
-        return None
-    ids = meta.get("prompt_ids") or []
-    prompts = trace.by_id()
-    if not all(i in prompts for i in ids):
-        return None
-    subset = trace.subset(ids=ids) if ids else trace
-    if meta.get("trace_hash") and subset.sha256 != meta["trace_hash"]:
-        return None
-    return subset.by_id()
+    def line(self, finished: bool = False) -> str:
+        """The event in words (the terminal of both adapters)."""
+        if self.phase == "done":
+            return f"[osprey] {self.message}"
+        if self.phase in ("boot", "warmup", "error"):
+            text = {"boot": "booting", "warmup": f"warming up ({self.total} requests)",
+                    "error": f"FAILED: {self.message}"}[self.phase]
+            return f"[osprey] {self.condition}: {text}"
+        eta = f", ETA {self.eta_s:.0f}s" if self.eta_s is not None and not finished else ""
+        return (f"[osprey] {self.condition} {self.phase} block {self.block + 1} load "
+                f"{self.load}: {self.done}/{self.total}{eta}")
 
 
 def poisson_arrivals(n: int, rate: float, seed: str) -> list[float]:
@@ -168,6 +127,7 @@ class Campaign:
         skipped: dict[str, str] | None = None,
         progress: Progress | None = None,
         config_text: str | None = None,
+        stop_rule: StopRule | None = None,
     ) -> None:
         self.pilot = pilot
         self.trace = trace
@@ -177,17 +137,18 @@ class Campaign:
         self.progress = progress or (lambda _e: None)
         self.run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
         self.states = {c: _ConditionState() for c in self.conditions}
-        self.schedule: list[dict[str, Any]] = []
+        self.schedule: list[ScheduleEntry] = []
         self.status = "running"
         self.started_at = time.time()
         self.config_text = config_text
+        self.stop_rule = stop_rule
         self._writer: RecordWriter | None = None
         self._records: list[RequestRecord] = []
         self.sequential: dict[str, list[dict[str, Any]]] = {}
         self.stopped_after_block: int | None = None
 
     # -- the run ------------------------------------------------------------------------
-    def run(self) -> CampaignData:
+    def run(self) -> SavedCampaign:
         self.directory.mkdir(parents=True, exist_ok=True)
         for name, why in self.skipped.items():
             if name in self.states:
@@ -235,7 +196,7 @@ class Campaign:
             for name in names:
                 await self._replay_block(name, block)
             self._end_block()
-            if self.pilot.decision.early_stop and self._interim_look(block):
+            if self.stop_rule is not None and self._interim_look(block):
                 self.stopped_after_block = block
                 self._save_meta()
                 self.progress(ProgressEvent("all", "done", message=(
@@ -251,25 +212,13 @@ class Campaign:
         self._save_meta()
 
     def _interim_look(self, block: int) -> bool:
-        """Group-sequential look after a block: True when every candidate is decided."""
-        from .decision import sequential_look
-
-        data = CampaignData(self.directory, {}, self._records)
-        decided = True
-        for cand in self.pilot.candidates:
-            state = self.states.get(cand)
-            if state is None or state.error or self.states[self.pilot.baseline].error:
-                continue
-            look = sequential_look(self.pilot, data, cand)
-            if isinstance(look, str):
-                decided = False
-                continue
-            self.sequential.setdefault(cand, []).append({
-                "look": look.look, "z": look.z, "boundary": look.boundary,
-                "decision": look.decision, "estimate": look.estimate,
-            })
-            decided = decided and look.decision != "continue"
-        return decided and block + 1 < self.pilot.load.blocks
+        """Look after a block (the run's stop rule): True when every candidate is decided
+        and blocks remain."""
+        assert self.stop_rule is not None
+        look = self.stop_rule(self._records, block)
+        for cand, facts in look.looks.items():
+            self.sequential.setdefault(cand, []).append(facts)
+        return look.decided and block + 1 < self.pilot.load.blocks
 
     async def _boot(self, name: str) -> None:
         state = self.states[name]
@@ -366,8 +315,8 @@ class Campaign:
             else None
         )
         done = 0
-        entry = {"block": block, "condition": name, "load": level, "mode": mode,
-                 "started": time.time()}
+        entry = ScheduleEntry(block=block, condition=name, load=level, mode=mode,
+                              started=time.time())
 
         async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
             nonlocal done
@@ -394,35 +343,12 @@ class Campaign:
                     lag = time.perf_counter() - (t_start + arrival_s)
                 started = time.time()
                 result = await engine.generate(request)
-            record = RequestRecord(
-                    run_id=self.run_id,
-                    condition=name,
-                    block=block,
-                    repetition=block,
-                    load=level,
-                    concurrency=concurrency,
-                    prompt_id=prompt.id,
-                    slice=prompt.slice,
-                    domain=prompt.domain,
-                    mode="greedy" if greedy else "sampled",
-                    sample_index=index,
-                    ok=result.ok,
-                    error=result.error,
-                    ttft_s=result.ttft_s,
-                    e2e_s=result.e2e_s,
-                    itl_s=result.itl_s,
-                    prompt_tokens=result.prompt_tokens,
-                    output_tokens=len(result.output_ids) if result.ok else None,
-                    output_ids=result.output_ids,
-                    output_text=result.output_text,
-                    top2_margin=result.top2_margin,
-                    spec_verify_ct=result.spec_verify_ct,
-                    accept_length=result.accept_length,
-                    finish_reason=result.finish_reason,
-                    started_at=started,
-                    rate=rate,
-                    dispatch_lag_s=lag,
-                )
+            record = RequestRecord.from_measurement(
+                result, run_id=self.run_id, condition=name, block=block, repetition=block,
+                load=level, concurrency=concurrency, prompt_id=prompt.id, slice=prompt.slice,
+                domain=prompt.domain, mode="greedy" if greedy else "sampled",
+                sample_index=index, started_at=started, rate=rate, dispatch_lag_s=lag,
+            )
             writer.write(record)
             self._records.append(record)
             done += 1
@@ -457,7 +383,7 @@ class Campaign:
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
             self._note_memory(state)
-        entry["ended"] = time.time()
+        entry.ended = time.time()
         self.schedule.append(entry)
         server = getattr(engine, "server", None)
         code = server.returncode if server is not None else None
@@ -490,70 +416,36 @@ class Campaign:
     # -- campaign.json ------------------------------------------------------------------
     def _save_meta(self) -> None:
         pilot = self.pilot
-        meta = {
-            "schema": CAMPAIGN_SCHEMA,
-            "run_id": self.run_id,
-            "tool_version": __version__,
-            "pilot_name": pilot.name,
-            "config_hash": pilot.digest(),
-            "pilot_text": self.config_text,
-            "trace_hash": self.trace.sha256,
-            "trace_files": [str(f) for f in self.trace.files],
-            "prompt_ids": [p.id for p in self.trace.prompts],
-            "baseline": pilot.baseline,
-            "current": pilot.current,
-            "candidates": [c for c in pilot.candidates if c in self.conditions],
-            "load_levels": {k: v if isinstance(v, int) else v.model_dump(mode="json")
-                            for k, v in pilot.load.levels.items()},
-            "blocks": pilot.load.blocks,
-            "block_order": block_order(self.conditions, pilot.load.blocks, pilot.load.order),
-            "sampling": pilot.sampling.model_dump(mode="json"),
-            "conditions": {
-                name: {
-                    "role": pilot.conditions[name].role,
-                    "error": st.error,
-                    "boot_s": st.boot_s,
-                    "peak_memory_mb": st.peak_memory_mb,
-                    "fingerprint": st.fingerprint,
-                }
+        CampaignFile(
+            run_id=self.run_id,
+            tool_version=__version__,
+            pilot_name=pilot.name,
+            config_hash=pilot.digest(),
+            pilot_text=self.config_text,
+            trace_hash=self.trace.sha256,
+            trace_files=[str(f) for f in self.trace.files],
+            prompt_ids=[p.id for p in self.trace.prompts],
+            baseline=pilot.baseline,
+            current=pilot.current,
+            candidates=[c for c in pilot.candidates if c in self.conditions],
+            load_levels={k: v if isinstance(v, int) else v.model_dump(mode="json")
+                         for k, v in pilot.load.levels.items()},
+            blocks=pilot.load.blocks,
+            block_order=block_order(self.conditions, pilot.load.blocks, pilot.load.order),
+            sampling=pilot.sampling.model_dump(mode="json"),
+            conditions={
+                name: ConditionRun(role=pilot.conditions[name].role, error=st.error,
+                                   boot_s=st.boot_s, peak_memory_mb=st.peak_memory_mb,
+                                   fingerprint=st.fingerprint)
                 for name, st in self.states.items()
             },
-            "schedule": self.schedule,
-            "early_stop": self.pilot.decision.early_stop,
-            "sequential": self.sequential,
-            "stopped_after_block": self.stopped_after_block,
-            "status": self.status,
-            "started_at": self.started_at,
-            "ended_at": time.time() if self.status != "running" else None,
-            "host": {"machine": platform.machine(), "node": platform.node(),
-                     "python": platform.python_version()},
-        }
-        write_json_atomic(self.directory / "campaign.json", meta)
-
-
-def iter_pairs(
-    data: CampaignData,
-    reference: str,
-    candidate: str,
-    load: str,
-    metric: Callable[[RequestRecord], float | None],
-    slice_: str | None = None,
-) -> Iterator[tuple[str, list[float], list[float]]]:
-    """Per prompt: the metric's values for reference and candidate (ok requests only)."""
-    ref: dict[str, list[float]] = {}
-    cand: dict[str, list[float]] = {}
-    for r in data.records:
-        if r.mode != "greedy" or r.load != load or not r.ok:
-            continue
-        if slice_ is not None and r.slice != slice_:
-            continue
-        value = metric(r)
-        if value is None:
-            continue
-        if r.condition == reference:
-            ref.setdefault(r.prompt_id, []).append(value)
-        elif r.condition == candidate:
-            cand.setdefault(r.prompt_id, []).append(value)
-    for pid in ref:
-        if pid in cand:
-            yield pid, ref[pid], cand[pid]
+            schedule=self.schedule,
+            early_stop=self.stop_rule is not None,
+            sequential=self.sequential,
+            stopped_after_block=self.stopped_after_block,
+            status=self.status,
+            started_at=self.started_at,
+            ended_at=time.time() if self.status != "running" else None,
+            host={"machine": platform.machine(), "node": platform.node(),
+                  "python": platform.python_version()},
+        ).save(self.directory)

@@ -2,8 +2,9 @@
 
 The checks are defined in prompts/README.md, section "expect"; this module implements exactly
 those semantics. The gate compares a candidate's pass/fail with the reference's on the same
-prompts (paired), by exact non-inferiority (:func:`stats.mcnemar_noninferiority`): a drafter
-must not make answers wrong more often than the declared margin allows.
+prompts (paired), by exact non-inferiority
+(:func:`noninferiority.mcnemar_noninferiority`): a drafter must not make answers wrong more
+often than the declared margin allows.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import stats
-from .quality import first_ok_greedy
-from .records import RequestRecord
-from .trace import Prompt
+from ..pilot.trace import Prompt
+from ..results.records import RequestRecord
+from . import noninferiority
+from .identity import first_ok_greedy
 
 Outcome = Literal["pass", "fail", "inconclusive", "skip"]
 
@@ -233,7 +234,7 @@ def correctness_gate(
 
     Pairs are the prompts with an ``expect`` that completed (ok, greedy) on both sides.
     "skip" when no prompt has an ``expect``; "fail" when some do but none completed on both
-    sides; otherwise the outcome of :func:`stats.mcnemar_noninferiority` at ``alpha``.
+    sides; otherwise the outcome of :func:`noninferiority.mcnemar_noninferiority` at ``alpha``.
     """
     with_expect = [pid for pid, p in prompts_by_id.items() if p.expect is not None]
     if not with_expect:
@@ -249,7 +250,7 @@ def correctness_gate(
                     "sides: nothing to compare")
     r_pass = [ref[p].passed for p in ids]
     c_pass = [cand[p].passed for p in ids]
-    res = stats.mcnemar_noninferiority(r_pass, c_pass, margin, alpha)
+    res = noninferiority.mcnemar_noninferiority(r_pass, c_pass, margin, alpha)
     slices: dict[str, list[tuple[bool, bool]]] = {}
     for pid, a, b in zip(ids, r_pass, c_pass, strict=True):
         slices.setdefault(prompts_by_id[pid].slice, []).append((a, b))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from .config import Pilot
-from .engines.base import EngineError
+from ..engines.base import EngineError
+from ..pilot.schema import Pilot
 
 
 @dataclass
@@ -23,7 +23,7 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
     sglang_lines: list[str] = []
     sglang_error: str | None = None
     if engine == "sglang":
-        from .engines.sglang import dry_run_check
+        from ..engines.sglang import dry_run_check
 
         try:
             sglang_lines = dry_run_check(pilot)
@@ -37,7 +37,7 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
                 check.lines.append(f"endpoint {cond.endpoint.url} ({cond.endpoint.protocol}): "
                                    "nothing is launched")
             elif engine == "sglang":
-                from .engines.sglang import sglang_argv
+                from ..engines.sglang import sglang_argv
 
                 argv = sglang_argv(pilot, name, pilot.target.port or 30000)
                 check.lines.append(shlex.join(argv))
@@ -47,11 +47,11 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
                 check.lines += [line for line in sglang_lines
                                 if f"{name!r}" in line or "not importable" in line]
             elif engine == "vllm":
-                from .engines.vllm import vllm_argv
+                from ..engines.vllm import vllm_argv
 
                 check.lines.append(shlex.join(vllm_argv(pilot, name, pilot.target.port or 8000)))
             else:
-                from .engines.transformers import TransformersEngine
+                from ..engines.transformers import TransformersEngine
 
                 TransformersEngine.validate(pilot, name)
                 check.lines.append("embedded transformers engine: no command line to launch")

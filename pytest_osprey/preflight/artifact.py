@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Pilot
+from ..pilot.schema import Pilot
 
 # Drafter architecture families each engine's algorithm accepts.
 EAGLE3 = "eagle3"

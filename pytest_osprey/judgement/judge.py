@@ -1,15 +1,16 @@
-"""Judge a saved campaign: evaluate every planned gate, then the verdicts."""
+"""Judge a saved campaign: evaluate every planned gate, then the verdicts and the figures."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from .campaign import CampaignData
-from .config import Pilot
-from .decision import CandidateVerdict, GateResult, GateSpec, evaluate, verdicts
-from .report.figures import Figures, all_figures
+from ..pilot.schema import Pilot
+from ..results.folder import SavedCampaign
+from ..results.preflight_file import Preflight
+from .figures import Figures, all_figures
+from .gates import GateResult, GateSpec, evaluate
 from .stats import holm
+from .verdicts import CandidateVerdict, verdicts
 
 
 @dataclass
@@ -46,8 +47,8 @@ def apply_holm(pilot: Pilot, results: list[GateResult]) -> None:
 
 
 def judge(
-    pilot: Pilot, specs: list[GateSpec], data: CampaignData, preflight: dict[str, Any]
+    pilot: Pilot, specs: list[GateSpec], data: SavedCampaign, preflight: Preflight
 ) -> Judgement:
     results = {(s.kind, s.id): evaluate(s, pilot, data, preflight) for s in specs}
     apply_holm(pilot, list(results.values()))
-    return Judgement(results, verdicts(pilot, list(results.values())), all_figures(data))
+    return Judgement(results, verdicts(pilot, list(results.values())), all_figures(data, pilot))

@@ -9,7 +9,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from .config import Pilot
+from .schema import Pilot
 
 INTRO = """# pilot.yaml reference
 

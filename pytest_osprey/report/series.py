@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .campaign import CampaignData
-from .config import Pilot
+from ..pilot.schema import Pilot
+from ..results.folder import SavedCampaign
 
 METRICS = ("e2e", "ttft")
 
@@ -42,7 +42,7 @@ def series_specs(pilot: Pilot, conditions: Sequence[str]) -> list[SeriesSpec]:
     ]
 
 
-def series_values(data: CampaignData, spec: SeriesSpec) -> list[float]:
+def series_values(data: SavedCampaign, spec: SeriesSpec) -> list[float]:
     """The spec's recorded values (seconds), successful greedy requests, in record order."""
     out: list[float] = []
     for r in data.of(spec.condition, spec.load):

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import RequestRecord
+from ..results.records import RequestRecord
 
 ADVICE = "keep the GPU, precision, sampling, context and request trace fixed"
 

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import optimize, special, stats
 
-from pytest_osprey.stats import StatsError, prompt_log_ratios
+from .stats import StatsError, prompt_log_ratios
 
 FloatArray = npt.NDArray[np.float64]
 Decision = Literal["keep", "drop", "continue"]

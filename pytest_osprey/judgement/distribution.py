@@ -66,7 +66,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .records import RequestRecord
+from ..results.records import RequestRecord
 from .stats import FloatArray, StatsError, holm
 
 END = -1  # category of a position after the sequence ended

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .campaign import CampaignData, iter_pairs, load_campaign
-from .config import Pilot
-from .judgement import Judgement
-from .records import RequestRecord
-from .report.figures import figures_for
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..pilot.schema import Pilot
+from ..results.folder import SavedCampaign, iter_pairs, load_campaign
+from ..results.records import RequestRecord
+from .figures import figures_for
+from .judge import Judgement
 from .stats import SpeedupResult, StatsError, paired_speedup
 
 
@@ -37,7 +39,7 @@ class HistoryError(ValueError):
 class Previous:
     directory: Path
     summary: dict[str, Any]
-    data: CampaignData
+    data: SavedCampaign
 
     @property
     def kept(self) -> list[str]:
@@ -61,11 +63,11 @@ def open_previous(directory: Path, trace_hash: str) -> Previous:
         raise HistoryError(f"{directory}: cannot read it: {exc}") from None
     if not isinstance(summary, dict):
         raise HistoryError(f"{summary_path}: not a summary object")
-    status = data.meta.get("status")
+    status = data.meta.status
     if status != "complete":
         raise HistoryError(f"{directory}: that campaign did not complete (status {status}); "
                            "compare with a finished one")
-    theirs = data.meta.get("trace_hash") or summary.get("trace_hash")
+    theirs = data.meta.trace_hash or summary.get("trace_hash")
     if theirs != trace_hash:
         raise HistoryError(
             f"{directory}: its prompt trace differs from this pilot's (trace hash "
@@ -75,53 +77,78 @@ def open_previous(directory: Path, trace_hash: str) -> Previous:
     return Previous(directory, summary, data)
 
 
-@dataclass
-class Finding:
+class _Sheet(BaseModel):
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+
+class Finding(_Sheet):
+    """One check of a kept drafter against the earlier campaign (`comparison.findings[]`)."""
+
     candidate: str
-    check: str  # verdict | speedup | latency | accept_length
+    """The drafter kept in the earlier campaign."""
+    check: Literal["verdict", "speedup", "latency", "accept_length"]
+    """verdict: still KEEP; speedup: the speedup gate vs the baseline (x); latency: its own
+    completion latency paired by prompt across the runs, as "times as fast as before" (x, >1
+    faster now); accept_length: pooled accept length (tokens per verify step)."""
     load: str | None
+    """Load level; null for the verdict."""
     previous: float | str | None
+    """The earlier figure (verdict name, speedup x, accept length); null for latency."""
     current: float | str | None
+    """This campaign's figure, same unit."""
     regression: bool
+    """Worse than before beyond `comparison.tolerance` (for speedup and latency: the whole
+    confidence interval is)."""
     text: str
-    ci: list[float] | None = None
+    """The finding in words."""
+    ci: list[float | None] | None = None
+    """Confidence interval of `current` where it has one (speedup, latency)."""
 
 
-@dataclass
-class Comparison:
+class Comparison(_Sheet):
+    """`--osprey-compare DIR`: this campaign against an earlier accepted one of the same
+    trace (`comparison`)."""
+
     previous_dir: str
+    """The earlier campaign's results folder."""
     previous_run_id: str | None
+    """Its run id."""
     trace_hash: str
+    """The trace hash both share."""
     tolerance: float
+    """decision.regression_tolerance (fraction)."""
     kept: list[str]
-    findings: list[Finding] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    """Drafters the earlier campaign kept: the ones held to it."""
+    findings: list[Finding] = Field(default_factory=list)
+    """Every check made."""
+    notes: list[str] = Field(default_factory=list)
+    """What could not be compared, and why."""
 
     def regressions(self, candidate: str | None = None) -> list[Finding]:
         return [f for f in self.findings if f.regression
                 and (candidate is None or f.candidate == candidate)]
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def compare(
-    pilot: Pilot, data: CampaignData, judgement: Judgement, previous: Previous,
+    pilot: Pilot, data: SavedCampaign, judgement: Judgement, previous: Previous,
     tolerance: float,
 ) -> Comparison:
     """Every kept drafter's regressions (and the figures checked) against ``previous``."""
-    out = Comparison(str(previous.directory), previous.data.meta.get("run_id"),
-                     str(data.meta.get("trace_hash")), tolerance, previous.kept)
+    out = Comparison(previous_dir=str(previous.directory),
+                     previous_run_id=previous.data.meta.run_id,
+                     trace_hash=str(data.meta.trace_hash), tolerance=tolerance,
+                     kept=previous.kept)
     if not previous.kept:
         out.notes.append("no drafter was kept in the earlier campaign: nothing to hold to it")
     now = {v.candidate: v.verdict for v in judgement.verdicts}
     for cand in previous.kept:
-        if cand not in data.meta.get("conditions", {}):
+        if cand not in data.meta.conditions:
             out.notes.append(f"{cand} was kept before but is not in this campaign")
             continue
         verdict = now.get(cand, "not judged")
-        out.findings.append(Finding(cand, "verdict", None, "KEEP", verdict, verdict != "KEEP",
-                                    f"verdict KEEP before, {verdict} now"))
+        out.findings.append(Finding(
+            candidate=cand, check="verdict", load=None, previous="KEEP", current=verdict,
+            regression=verdict != "KEEP", text=f"verdict KEEP before, {verdict} now"))
         out.findings += _speedups(pilot, judgement, previous, cand, tolerance)
         for level in pilot.load.levels:
             out.findings += _latency(pilot, data, previous, cand, level, tolerance)
@@ -144,8 +171,9 @@ def _speedups(pilot: Pilot, judgement: Judgement, previous: Previous, cand: str,
         floor = old["estimate"] * (1 - tolerance)
         worse = g.ci_high is not None and g.ci_high < floor
         out.append(Finding(
-            cand, "speedup", spec.load, old["estimate"], g.estimate, worse,
-            f"speedup[{spec.id}] {old['estimate']:.3f}x before, {g.estimate:.3f}x now "
+            candidate=cand, check="speedup", load=spec.load, previous=old["estimate"],
+            current=g.estimate, regression=worse,
+            text=f"speedup[{spec.id}] {old['estimate']:.3f}x before, {g.estimate:.3f}x now "
             f"(CI [{_f(g.ci_low)}, {_f(g.ci_high)}])"
             + (f": below {floor:.3f}x (earlier estimate less {tolerance:.0%})" if worse else ""),
             ci=[g.ci_low, g.ci_high] if g.ci_low is not None and g.ci_high is not None else None,
@@ -153,7 +181,7 @@ def _speedups(pilot: Pilot, judgement: Judgement, previous: Previous, cand: str,
     return out
 
 
-def _latency(pilot: Pilot, data: CampaignData, previous: Previous, cand: str, level: str,
+def _latency(pilot: Pilot, data: SavedCampaign, previous: Previous, cand: str, level: str,
              tolerance: float) -> list[Finding]:
     """The drafter's completion latency now vs before, paired by prompt across the runs."""
     res = _across_runs(pilot, data, previous.data, cand, level, 1 - tolerance)
@@ -167,13 +195,14 @@ def _latency(pilot: Pilot, data: CampaignData, previous: Previous, cand: str, le
         text += f"; the baseline {base.estimate:.3f}x as fast as before"
         if worse and base.outcome == "fail":
             text += " (both slower: the machine or engine may have changed)"
-    return [Finding(cand, "latency", level, None, res.estimate, worse, text,
+    return [Finding(candidate=cand, check="latency", load=level, previous=None,
+                    current=res.estimate, regression=worse, text=text,
                     ci=[res.ci_low, res.ci_high])]
 
 
-def _across_runs(pilot: Pilot, now: CampaignData, before: CampaignData, condition: str,
+def _across_runs(pilot: Pilot, now: SavedCampaign, before: SavedCampaign, condition: str,
                  level: str, threshold: float) -> SpeedupResult | None:
-    merged = CampaignData(now.directory, now.meta, [
+    merged = SavedCampaign(now.directory, now.meta, [
         *[_renamed(r, "before") for r in before.of(condition, level)],
         *[_renamed(r, "now") for r in now.of(condition, level)],
     ])
@@ -193,15 +222,16 @@ def _renamed(record: RequestRecord, condition: str) -> RequestRecord:
     return RequestRecord.from_dict({**asdict(record), "condition": condition})
 
 
-def _accept_length(data: CampaignData, previous: Previous, cand: str, level: str,
+def _accept_length(data: SavedCampaign, previous: Previous, cand: str, level: str,
                    tolerance: float) -> list[Finding]:
     old = figures_for(previous.data, cand, level, 0).accept_length_pooled
     new = figures_for(data, cand, level, 0).accept_length_pooled
     if old is None or new is None:
         return []
     worse = new < old * (1 - tolerance)
-    return [Finding(cand, "accept_length", level, old, new, worse,
-                    f"{cand} at {level}: accept length {old:.2f} before, {new:.2f} now"
+    return [Finding(candidate=cand, check="accept_length", load=level, previous=old,
+                    current=new, regression=worse,
+                    text=f"{cand} at {level}: accept length {old:.2f} before, {new:.2f} now"
                     + (f" (down more than {tolerance:.0%})" if worse else ""))]
 
 

@@ -10,16 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..pilot.schema import Pilot
+from ..results.folder import SavedCampaign, iter_pairs
+from ..results.preflight_file import Preflight
+from ..results.records import RequestRecord
 from . import stats
-from .campaign import CampaignData, iter_pairs
-from .config import Pilot
 from .correctness import correctness_gate
 from .cost import break_even, condition_cost
 from .distribution import distribution_check, records_to_samples
 from .fairness import fairness_check
-from .quality import greedy_identity
-from .records import RequestRecord
-from .stats_sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
+from .identity import greedy_identity
+from .sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
 
 Outcome = Literal["pass", "fail", "inconclusive", "skip"]
 Verdict = Literal["KEEP", "DROP", "INCONCLUSIVE"]
@@ -130,7 +131,7 @@ def _e2e(r: RequestRecord) -> float | None:
 
 
 def evaluate(
-    spec: GateSpec, pilot: Pilot, data: CampaignData | None, preflight: dict[str, Any]
+    spec: GateSpec, pilot: Pilot, data: SavedCampaign | None, preflight: Preflight
 ) -> GateResult:
     """One gate's result. Preflight gates need no campaign (``data`` may be None)."""
     if spec.kind in PREFLIGHT:
@@ -147,27 +148,28 @@ def evaluate(
     return fn(spec, pilot, data)
 
 
-def _command_line(spec: GateSpec, preflight: dict[str, Any]) -> GateResult:
-    check = preflight.get("command_lines", {}).get(spec.condition)
+def _command_line(spec: GateSpec, preflight: Preflight) -> GateResult:
+    check = preflight.command_lines.get(spec.condition)
     if check is None:
         return GateResult(spec, "skip", "command line not checked for this condition")
-    return GateResult(spec, "pass" if check["ok"] else "fail", "\n".join(check["lines"]),
-                      details=check)
+    return GateResult(spec, "pass" if check.ok else "fail", "\n".join(check.lines),
+                      details=check.model_dump())
 
 
-def _artifact(spec: GateSpec, preflight: dict[str, Any]) -> GateResult:
-    report = preflight.get("artifacts", {}).get(spec.condition)
+def _artifact(spec: GateSpec, preflight: Preflight) -> GateResult:
+    report = preflight.artifacts.get(spec.condition)
     if report is None:
         return GateResult(spec, "skip", "artifact check not run for this condition")
-    bad = [c for c in report["checks"] if not c["ok"]]
+    bad = [c for c in report.checks if not c.ok]
     if bad:
-        return GateResult(spec, "fail", "; ".join(f"{c['name']}: {c['detail']}" for c in bad),
-                          details=report)
-    return GateResult(spec, "pass", f"{len(report['checks'])} checks passed", details=report)
+        return GateResult(spec, "fail", "; ".join(f"{c.name}: {c.detail}" for c in bad),
+                          details=report.model_dump())
+    return GateResult(spec, "pass", f"{len(report.checks)} checks passed",
+                      details=report.model_dump())
 
 
 def _completed(
-    spec: GateSpec, pilot: Pilot, data: CampaignData
+    spec: GateSpec, pilot: Pilot, data: SavedCampaign
 ) -> GateResult:
     recs = data.of(spec.condition, spec.load)
     if not recs:
@@ -183,7 +185,7 @@ def _completed(
                       threshold=need, details={"ok": ok, "total": len(recs)})
 
 
-def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _greedy(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     q = pilot.limits.quality
     assert spec.reference is not None
     res = greedy_identity(data.of(spec.reference), data.of(spec.condition), q.near_tie_epsilon)
@@ -211,16 +213,16 @@ def _greedy(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
     )
 
 
-def _fairness(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     involved = {spec.condition, *pilot.references(spec.condition)}
-    meta = {**data.meta, "conditions": {
-        n: c for n, c in data.meta.get("conditions", {}).items() if n in involved}}
+    meta = data.meta.model_dump(by_alias=True)
+    meta["conditions"] = {n: c for n, c in meta["conditions"].items() if n in involved}
     res = fairness_check(meta, [r for r in data.records if r.condition in involved])
     return GateResult(spec, "pass" if res.ok else "fail", res.summary,
                       details={"differences": res.differences, "compared": res.compared})
 
 
-def _correctness(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _correctness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None
     if data.prompts is None:
         return GateResult(spec, "skip", "the trace files are gone or changed: nothing to check")
@@ -234,7 +236,7 @@ def _correctness(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult
                                "candidate_rate": res.candidate_rate, "losses": res.losses})
 
 
-def _distribution(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _distribution(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None
     ref = records_to_samples(data.records, spec.reference)
     cand = records_to_samples(data.records, spec.condition)
@@ -249,7 +251,7 @@ def _distribution(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResul
                                "worst": res.worst_detail})
 
 
-def _speedup(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None and spec.load is not None
     pairs = list(iter_pairs(data, spec.reference, spec.condition, spec.load, _e2e, spec.slice))
     threshold = pilot.limits.speedup_min if spec.reference == pilot.baseline else 1.0
@@ -292,7 +294,7 @@ def _speedup(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
                       details={"method": res.method, "n_prompts": res.n_prompts})
 
 
-def sequential_look(pilot: Pilot, data: CampaignData, candidate: str) -> SequentialDecision | str:
+def sequential_look(pilot: Pilot, data: SavedCampaign, candidate: str) -> SequentialDecision | str:
     """The group-sequential decision (primary load, vs baseline) at the last recorded block.
 
     Recomputed from the records, so the campaign's interim looks and a re-judged campaign
@@ -323,7 +325,7 @@ _METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
 }
 
 
-def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _latency(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.index is not None
     lim = pilot.limits.latency[spec.index]
     values = [v for r in data.of(spec.condition, spec.load) if r.ok
@@ -339,12 +341,13 @@ def _latency(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
                       ci_low=res.estimate, threshold=lim.max_s)
 
 
-def _memory(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _memory(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None
-    conds = data.meta.get("conditions", {})
-    peak = conds.get(spec.condition, {}).get("peak_memory_mb")
-    ref = conds.get(spec.reference, {}).get("peak_memory_mb")
-    method = conds.get(spec.condition, {}).get("fingerprint", {}).get("memory_method", "")
+    conds = data.meta.conditions
+    mine, theirs = conds.get(spec.condition), conds.get(spec.reference)
+    peak = mine.peak_memory_mb if mine is not None else None
+    ref = theirs.peak_memory_mb if theirs is not None else None
+    method = str(mine.fingerprint.get("memory_method", "")) if mine is not None else ""
     if peak is None:
         return GateResult(spec, "fail", "no memory figure was recorded for this condition")
     lim = pilot.limits.memory
@@ -367,7 +370,7 @@ def _memory(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
                       threshold=lim.max_peak_mb)
 
 
-def _cost(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _cost(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.load is not None
     limit = pilot.limits.cost.max_cost_per_request
     assert limit is not None
@@ -380,24 +383,24 @@ def _cost(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
         spec, "pass" if ok else "fail",
         f"cost per successful request {c.cost_per_request:.6f} {cur} (limit {limit:g} {cur}) "
         f"at {c.requests_per_hour:.0f} requests/h",
-        estimate=c.cost_per_request, threshold=limit, details=c.as_dict(),
+        estimate=c.cost_per_request, threshold=limit, details=c.model_dump(),
     )
 
 
-def _break_even(spec: GateSpec, pilot: Pilot, data: CampaignData) -> GateResult:
+def _break_even(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.load is not None and spec.reference is not None
     limit = pilot.limits.cost.max_break_even_days
     assert limit is not None
     be = break_even(pilot, data, spec.condition, spec.reference, spec.load)
     if be.days is None:
         return GateResult(spec, "fail", f"break-even: {be.reason}", threshold=limit,
-                          details=be.as_dict())
+                          details=be.model_dump())
     ok = be.days <= limit
     return GateResult(
         spec, "pass" if ok else "fail",
         f"setup cost recovered after {be.requests:,.0f} requests = {be.days:.1f} days at the "
         f"expected traffic (limit {limit:g} days)",
-        estimate=be.days, threshold=limit, details=be.as_dict(),
+        estimate=be.days, threshold=limit, details=be.model_dump(),
     )
 
 
@@ -414,41 +417,3 @@ _EVALUATORS = {
     "cost": _cost,
     "break_even": _break_even,
 }
-
-
-@dataclass
-class CandidateVerdict:
-    candidate: str
-    verdict: Verdict
-    reasons: list[str]
-    gates: list[GateResult]
-
-    def line(self) -> str:
-        why = "; ".join(self.reasons) if self.reasons else "every gate passed"
-        return f"{self.verdict} {self.candidate}: {why}"
-
-
-def verdicts(pilot: Pilot, results: list[GateResult]) -> list[CandidateVerdict]:
-    """KEEP only when every gating gate of the candidate (and of its references) passes."""
-    out = []
-    for cand in pilot.candidates:
-        involved = {cand, *pilot.references(cand)}
-        mine = [
-            g for g in results
-            if g.spec.gating and (g.spec.condition == cand or (
-                g.spec.kind == "completed" and g.spec.condition in involved))
-        ]
-        if not mine:
-            continue
-        failed = [g for g in mine if g.outcome == "fail"]
-        unsure = [g for g in mine if g.outcome == "inconclusive"]
-        if failed:
-            verdict: Verdict = "DROP"
-        elif unsure:
-            verdict = "INCONCLUSIVE"
-        else:
-            verdict = "KEEP"
-        reasons = [f"{g.spec.kind}[{g.spec.id}]: {g.summary.splitlines()[0]}"
-                   for g in failed + unsure]
-        out.append(CandidateVerdict(cand, verdict, reasons, mine))
-    return out

@@ -1,0 +1,46 @@
+"""Verdicts: KEEP / DROP / INCONCLUSIVE per candidate, from its judged gates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..pilot.schema import Pilot
+from .gates import GateResult, Verdict
+
+
+@dataclass
+class CandidateVerdict:
+    candidate: str
+    verdict: Verdict
+    reasons: list[str]
+    gates: list[GateResult]
+
+    def line(self) -> str:
+        why = "; ".join(self.reasons) if self.reasons else "every gate passed"
+        return f"{self.verdict} {self.candidate}: {why}"
+
+
+def verdicts(pilot: Pilot, results: list[GateResult]) -> list[CandidateVerdict]:
+    """KEEP only when every gating gate of the candidate (and of its references) passes."""
+    out = []
+    for cand in pilot.candidates:
+        involved = {cand, *pilot.references(cand)}
+        mine = [
+            g for g in results
+            if g.spec.gating and (g.spec.condition == cand or (
+                g.spec.kind == "completed" and g.spec.condition in involved))
+        ]
+        if not mine:
+            continue
+        failed = [g for g in mine if g.outcome == "fail"]
+        unsure = [g for g in mine if g.outcome == "inconclusive"]
+        if failed:
+            verdict: Verdict = "DROP"
+        elif unsure:
+            verdict = "INCONCLUSIVE"
+        else:
+            verdict = "KEEP"
+        reasons = [f"{g.spec.kind}[{g.spec.id}]: {g.summary.splitlines()[0]}"
+                   for g in failed + unsure]
+        out.append(CandidateVerdict(cand, verdict, reasons, mine))
+    return out

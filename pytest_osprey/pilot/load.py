@@ -1,0 +1,96 @@
+"""Load levels of a pilot: closed loop (a concurrency) or open loop (Poisson arrivals)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag
+
+from .base import PositiveFloat, Strict
+
+
+class OpenLoop(Strict):
+    """An open-loop load level: requests arrive as a Poisson process, whatever the server's pace
+    (the same seeded arrival times for every condition in a block)."""
+
+    rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)]
+    """Mean arrival rate (requests per second)."""
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """Cap on requests in flight; an arrival beyond it waits client-side (default: no cap)."""
+
+
+Concurrency = Annotated[int, Field(ge=1, le=100_000)]
+
+
+def _level_kind(value: Any) -> str:
+    return "open-loop" if isinstance(value, Mapping | OpenLoop) else "concurrency"
+
+
+# Tagged so that a wrong level reports one kind's error (a mapping is an open-loop level,
+# anything else a concurrency), not both; the tags are dropped from error locations.
+LoadLevel = Annotated[
+    Annotated[Concurrency, Tag("concurrency")] | Annotated[OpenLoop, Tag("open-loop")],
+    Discriminator(_level_kind),
+]
+_UNION_TAGS = frozenset({"concurrency", "open-loop"})
+
+
+def _default_levels() -> dict[str, LoadLevel]:
+    return {"low": 1, "concurrent": 8}
+
+
+class Load(Strict):
+    levels: dict[str, LoadLevel] = Field(
+        default_factory=_default_levels, min_length=1
+    )
+    """Load level name -> concurrency (closed loop: that many requests always in flight) or
+    {rate, max_concurrency} (open loop, Poisson arrivals); each level is judged apart."""
+    warmup_requests: Annotated[int, Field(ge=0)] = 4
+    """Requests per condition after boot, excluded from records."""
+    blocks: Annotated[int, Field(ge=1, le=1000)] = 2
+    """Repetitions of the whole trace per condition and load level."""
+    order: Literal["abba", "sequential"] = "abba"
+    """abba: conditions interleaved, all up at once; sequential: one engine at a time (one GPU)."""
+    request_timeout_s: PositiveFloat = 300.0
+    """Per-request timeout; a timed-out request is recorded as failed."""
+
+    def concurrency(self, level: str) -> int:
+        """Closed loop: its concurrency; open loop: its cap, 0 when uncapped."""
+        value = self.levels[level]
+        return value if isinstance(value, int) else value.max_concurrency or 0
+
+    def rate(self, level: str) -> float | None:
+        """Open loop: the arrival rate (requests/s); closed loop: None."""
+        value = self.levels[level]
+        return None if isinstance(value, int) else value.rate
+
+    def label(self, level: str) -> str:
+        return level_label(self.levels[level])
+
+    def lightest(self) -> str:
+        """The lowest-load level: the smallest closed-loop concurrency, else the lowest rate."""
+        closed = [k for k, v in self.levels.items() if isinstance(v, int)]
+        if closed:
+            return min(closed, key=self.concurrency)
+        return min(self.levels, key=lambda k: self.rate(k) or 0.0)
+
+    def heaviest(self) -> str:
+        """The highest-load level: the largest closed-loop concurrency, else the highest rate
+        (open and closed loads are not comparable, so closed levels come first)."""
+        closed = [k for k, v in self.levels.items() if isinstance(v, int)]
+        if closed:
+            return max(closed, key=self.concurrency)
+        return max(self.levels, key=lambda k: self.rate(k) or 0.0)
+
+
+def level_label(value: Any) -> str:
+    """How a load level reads in reports: ``x4`` (closed loop) or ``Poisson 2/s`` (open loop);
+    ``value`` is the pilot's level or its JSON form from campaign.json."""
+    if isinstance(value, OpenLoop):
+        value = value.model_dump()
+    if isinstance(value, Mapping):
+        text = f"Poisson {value.get('rate', 0):g}/s"
+        cap = value.get("max_concurrency")
+        return f"{text}, <=x{cap}" if cap else text
+    return f"x{value}"

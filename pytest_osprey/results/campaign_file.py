@@ -1,0 +1,116 @@
+"""campaign.json: the facts of one campaign (what ran, how, on what), typed and versioned.
+
+Written by the campaign as it goes (atomically, after each block) and read by everything that
+judges or reports a saved campaign. Unknown keys are kept (``extra="allow"``): a newer writer
+may add facts an older reader does not know; a newer ``schema`` than this reader's is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .files import write_json_atomic
+
+CAMPAIGN_SCHEMA: Final = 1
+Status = Literal["running", "complete", "interrupted"]
+
+
+class CampaignFileError(ValueError):
+    """campaign.json cannot be read; the message names the file and the problem."""
+
+
+class _Facts(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ConditionRun(_Facts):
+    """One condition as the campaign ran it."""
+
+    role: str | None = None
+    error: str | None = None
+    """Why the condition did not run or stopped; null when it ran."""
+    boot_s: float | None = None
+    peak_memory_mb: float | None = None
+    fingerprint: dict[str, Any] = Field(default_factory=dict)
+    """The engine's own facts: engine + version, device, dtype, context, resolved args."""
+
+
+class ScheduleEntry(_Facts):
+    """One replayed stretch: a condition's requests of one block, load level and mode."""
+
+    block: int
+    condition: str
+    load: str
+    mode: str
+    started: float
+    ended: float | None = None
+
+
+class CampaignFile(_Facts):
+    """campaign.json."""
+
+    schema_: int = Field(CAMPAIGN_SCHEMA, alias="schema")
+    run_id: str | None = None
+    tool_version: str | None = None
+    pilot_name: str | None = None
+    config_hash: str | None = None
+    pilot_text: str | None = None
+    """The pilot file as it was run (re-judging uses it unless told otherwise)."""
+    trace_hash: str | None = None
+    trace_files: list[str] = Field(default_factory=list)
+    prompt_ids: list[str] = Field(default_factory=list)
+    baseline: str | None = None
+    current: str | None = None
+    candidates: list[str] = Field(default_factory=list)
+    load_levels: dict[str, Any] = Field(default_factory=dict)
+    """Level name -> concurrency (int) or an open-loop level ({rate, max_concurrency})."""
+    blocks: int = 1
+    block_order: list[list[str]] = Field(default_factory=list)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    conditions: dict[str, ConditionRun] = Field(default_factory=dict)
+    schedule: list[ScheduleEntry] = Field(default_factory=list)
+    early_stop: bool = False
+    sequential: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    stopped_after_block: int | None = None
+    status: Status = "running"
+    started_at: float | None = None
+    ended_at: float | None = None
+    host: dict[str, Any] = Field(default_factory=dict)
+
+    def condition_error(self, condition: str) -> str | None:
+        info = self.conditions.get(condition)
+        if info is None:
+            return "condition was not run"
+        return info.error
+
+    def save(self, directory: Path) -> None:
+        write_json_atomic(directory / "campaign.json", self.model_dump(mode="json", by_alias=True))
+
+
+def read_campaign_file(path: Path) -> CampaignFile:
+    """campaign.json at ``path``; every problem is a :class:`CampaignFileError` naming it."""
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise CampaignFileError(f"{path}: no campaign.json (is this a results folder?)") from None
+    except json.JSONDecodeError as exc:
+        raise CampaignFileError(
+            f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CampaignFileError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CampaignFileError(f"{path}: not a campaign file (expected a JSON object)")
+    schema = raw.get("schema", CAMPAIGN_SCHEMA)
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > CAMPAIGN_SCHEMA:
+        raise CampaignFileError(f"{path}: campaign schema {schema} is newer than this version "
+                                f"reads ({CAMPAIGN_SCHEMA}); upgrade pytest-osprey")
+    try:
+        return CampaignFile.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise CampaignFileError(f"{path}: {where}: {first['msg']}") from None

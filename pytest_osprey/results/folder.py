@@ -1,0 +1,103 @@
+"""A results folder as saved: campaign.json, records.jsonl and the trace they replayed.
+
+This is what judgement reads; it knows nothing of how the campaign was measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..pilot.trace import Prompt, TraceError
+from ..pilot.trace_file import load_trace
+from .campaign_file import CampaignFile, read_campaign_file
+from .records import RequestRecord, read_records
+
+
+@dataclass
+class SavedCampaign:
+    """A campaign as saved: what the gates judge."""
+
+    directory: Path
+    meta: CampaignFile
+    records: list[RequestRecord]
+    prompts: dict[str, Prompt] | None = None  # the trace, where it can be read (correctness)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.meta, Mapping):  # a plain dict (tests, older callers)
+            self.meta = CampaignFile.model_validate(dict(self.meta))
+
+    def of(
+        self, condition: str, load: str | None = None, mode: str = "greedy"
+    ) -> list[RequestRecord]:
+        return [
+            r
+            for r in self.records
+            if r.condition == condition and r.mode == mode and (load is None or r.load == load)
+        ]
+
+    def condition_error(self, condition: str) -> str | None:
+        return self.meta.condition_error(condition)
+
+
+def load_campaign(directory: Path) -> SavedCampaign:
+    """Read a saved campaign; errors name the file (CampaignFileError, RecordsError)."""
+    meta = read_campaign_file(directory / "campaign.json")
+    records_path = directory / "records.jsonl"
+    records = list(read_records(records_path)) if records_path.is_file() else []
+    if meta.run_id is not None:  # records.jsonl is append-only: earlier runs' records stay
+        records = [r for r in records if r.run_id == meta.run_id]
+    return SavedCampaign(directory, meta, records, saved_trace(meta))
+
+
+def saved_trace(meta: CampaignFile) -> dict[str, Prompt] | None:
+    """The campaign's prompts, if its trace files are still there and unchanged."""
+    try:
+        trace = load_trace(meta.trace_files)
+    except (TraceError, OSError):
+        return None
+    ids = meta.prompt_ids
+    prompts = trace.by_id()
+    if not all(i in prompts for i in ids):
+        return None
+    subset = trace.subset(ids=ids) if ids else trace
+    if meta.trace_hash and subset.sha256 != meta.trace_hash:
+        return None
+    return subset.by_id()
+
+
+def iter_pairs(
+    data: SavedCampaign,
+    reference: str,
+    candidate: str,
+    load: str,
+    metric: Callable[[RequestRecord], float | None],
+    slice_: str | None = None,
+) -> Iterator[tuple[str, list[float], list[float]]]:
+    """Per prompt: the metric's values for reference and candidate (ok greedy requests)."""
+    ref: dict[str, list[float]] = {}
+    cand: dict[str, list[float]] = {}
+    for r in data.records:
+        if r.mode != "greedy" or r.load != load or not r.ok:
+            continue
+        if slice_ is not None and r.slice != slice_:
+            continue
+        value = metric(r)
+        if value is None:
+            continue
+        if r.condition == reference:
+            ref.setdefault(r.prompt_id, []).append(value)
+        elif r.condition == candidate:
+            cand.setdefault(r.prompt_id, []).append(value)
+    for pid in ref:
+        if pid in cand:
+            yield pid, ref[pid], cand[pid]
+
+
+def level_concurrency(value: Any) -> int:
+    """A saved level's concurrency: closed loop as is, open loop its cap (0: none)."""
+    if isinstance(value, Mapping):
+        return int(value.get("max_concurrency") or 0)
+    return int(value)

@@ -1,0 +1,214 @@
+"""The package's shape, checked from the source (ast): no import cycles, judgement pure,
+engines free of pytest, saved results below judgement, a free entry point, small modules."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "pytest_osprey"
+MAX_LINES = 500
+
+# layer -> in-package layers and outside packages it must never reach, even indirectly.
+FORBIDDEN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "pytest_osprey.pilot": (
+        ("results", "judgement", "campaign", "engines", "preflight", "report", "run",
+         "pytest_adapter", "plugin"), ("pytest", "_pytest", "numpy", "scipy", "torch")),
+    "pytest_osprey.results": (
+        ("judgement", "campaign", "engines", "preflight", "report", "run", "pytest_adapter",
+         "plugin"), ("pytest", "_pytest", "scipy", "torch")),
+    "pytest_osprey.judgement": (
+        ("campaign", "engines", "preflight", "report", "run", "pytest_adapter", "plugin"),
+        ("pytest", "_pytest", "torch", "transformers", "httpx", "matplotlib")),
+    "pytest_osprey.engines": (
+        ("judgement", "campaign", "preflight", "report", "run", "pytest_adapter", "plugin"),
+        ("pytest", "_pytest")),
+    "pytest_osprey.campaign": (
+        ("judgement", "preflight", "report", "run", "pytest_adapter", "plugin"),
+        ("pytest", "_pytest")),
+    "pytest_osprey.preflight": (
+        ("judgement", "campaign", "report", "run", "pytest_adapter", "plugin"),
+        ("pytest", "_pytest")),
+    "pytest_osprey.report": (
+        ("campaign", "engines", "preflight", "run", "pytest_adapter", "plugin"),
+        ("pytest", "_pytest", "torch", "transformers")),
+    "pytest_osprey.run": (("pytest_adapter", "plugin"), ("pytest", "_pytest")),
+    "pytest_osprey.__main__": (("pytest_adapter", "plugin"), ("pytest", "_pytest")),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(tree: ast.Module, top_level_only: bool = False) -> Iterator[ast.stmt]:
+    """Import statements that run (not under ``if TYPE_CHECKING``)."""
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+            continue
+        if top_level_only and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef
+                                         | ast.ClassDef | ast.Lambda):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    is_pkg = MODULES[module].name == "__init__.py"
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, top_level_only: bool = False) -> tuple[set[str], set[str]]:
+    """(in-package modules, outside top-level packages) that ``module`` imports at run time."""
+    tree = ast.parse(MODULES[module].read_text("utf-8"))
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for node in _runtime_imports(tree, top_level_only):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            target = _resolve(module, node)
+            if target == "__future__":
+                continue
+            names = [f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target
+                     for a in node.names]
+        for name in names:
+            if name.split(".")[0] == "pytest_osprey":
+                while name not in MODULES:  # `import pytest_osprey.x.y` style
+                    name = name.rsplit(".", 1)[0]
+                inside.add(name)
+            else:
+                outside.add(name.split(".")[0])
+    inside.discard(module)
+    return inside, outside
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: imports_of(m)[0] for m in MODULES}
+
+
+def _parents(module: str) -> set[str]:
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def reach(start: str, edges: dict[str, set[str]]) -> set[str]:
+    """Every module importing ``start`` runs, parent packages' __init__ included."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo += [n for n in edges[m] | _parents(m) if n in MODULES]
+    return seen
+
+
+def test_no_import_cycles() -> None:
+    edges = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_rules(layer: str) -> None:
+    banned_inside, banned_outside = FORBIDDEN[layer]
+    edges = graph()
+    members = [m for m in MODULES if m == layer or m.startswith(layer + ".")]
+    assert members, layer
+    problems = []
+    for member in members:
+        for m in reach(member, edges):
+            rel = m.removeprefix("pytest_osprey.").split(".")[0]
+            if rel in banned_inside:
+                problems.append(f"{member} reaches {m}")
+            bad = imports_of(m)[1] & set(banned_outside)
+            if bad:
+                problems.append(f"{member} reaches {m}, which imports {', '.join(sorted(bad))}")
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_only_the_adapters_import_pytest() -> None:
+    users = {m for m in MODULES if imports_of(m)[1] & {"pytest", "_pytest"}}
+    assert users <= {"pytest_osprey.plugin", "pytest_osprey.pytest_adapter"}, users
+
+
+def test_the_entry_point_imports_nothing_at_module_level() -> None:
+    inside, outside = imports_of("pytest_osprey.plugin", top_level_only=True)
+    assert inside == set(), inside
+    assert outside <= {"pathlib", "typing"}, outside
+    init_inside, init_outside = imports_of("pytest_osprey", top_level_only=True)
+    assert init_inside == set() and init_outside <= {"importlib", "typing"}, init_outside
+
+
+def test_importing_the_entry_point_loads_no_heavy_library() -> None:
+    code = ("import sys, pytest_osprey.plugin; "
+            "print(','.join(sorted(m for m in ('numpy', 'scipy', 'torch', 'transformers', "
+            "'matplotlib', 'pydantic', 'yaml', 'pytest', 'httpx') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "", f"imported at entry: {out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_small(module: str) -> None:
+    lines = len(MODULES[module].read_text("utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[module]}: {lines} lines (split it by what it holds)"
