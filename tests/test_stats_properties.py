@@ -8,11 +8,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
 from pytest_osprey.judgement.stats import (
     SpeedupResult,
     StatsError,
     holm,
-    mcnemar_noninferiority,
     paired_speedup,
     percentile_upper_bound,
 )
