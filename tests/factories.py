@@ -40,6 +40,19 @@ def fake_model(folder: Path) -> Path:
     return folder
 
 
+def pilot_layout(folder: Path, data: Mapping[str, Any]) -> Path:
+    """What pilot file content ``data`` names, made under ``folder``: fake model folders for
+    the target and drafters, one-prompt trace files. For pilots loaded with path checks."""
+    fake_model(folder / data["target"]["model"])
+    for cond in data["conditions"].values():
+        if cond.get("drafter"):
+            fake_model(folder / cond["drafter"])
+    for name in data["trace"]["files"]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text('{"id": "a", "domain": "chat", "prompt": "hi"}\n', "utf-8")
+    return folder
+
+
 # --------------------------------------------------------------------------- records
 
 
@@ -151,6 +164,13 @@ def make_pilot(conditions: Mapping[str, Any] | None = None, **sections: Any) -> 
     return Pilot.model_validate(pilot_data(conditions, **sections))
 
 
+def endpoint_conditions(urls: Mapping[str, str], protocol: str = "sglang") -> dict[str, Any]:
+    """Conditions served by running servers: the first is the baseline, the rest candidates."""
+    return {name: {"role": "candidate" if i else "baseline",
+                   "endpoint": {"url": url, "protocol": protocol}}
+            for i, (name, url) in enumerate(urls.items())}  # fmt: skip
+
+
 def write_trace(path: Path, n: int, max_new_tokens: int = 4) -> Path:
     """A trace of ``n`` chat prompts ``p0``..., each asking for ``max_new_tokens``."""
     with path.open("w", encoding="utf-8") as fh:
@@ -165,16 +185,16 @@ def write_pilot(
     conditions: Mapping[str, Any] | None = None,
     *,
     prompts: int = 4,
-    name: str = "pilot.yaml",
+    filename: str = "pilot.yaml",
     **sections: Any,
 ) -> Path:
-    """``folder/name``: a pilot file (see :func:`pilot_data`, checked against the schema)
+    """``folder/filename``: a pilot file (see :func:`pilot_data`, checked against the schema)
     replaying ``folder/trace.jsonl``, written beside it with ``prompts`` prompts."""
     folder.mkdir(parents=True, exist_ok=True)
     trace = write_trace(folder / "trace.jsonl", prompts)
     data = pilot_data(conditions, **sections)
     data["trace"] = {**data["trace"], "files": [str(trace)]}
     Pilot.model_validate(data)
-    path = folder / name
+    path = folder / filename
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
