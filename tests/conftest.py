@@ -1,6 +1,8 @@
 """Fixtures of the project's tests. The factories (records, pilots, saved campaigns, traces,
-tiny-model paths) live in factories.py, imported by name, so servers/ and benchmarks/ can use
-them too."""
+tiny-model paths) live in factories.py and are imported by name.
+
+pytest also loads this file in a pilot run started from a checkout (testpaths names tests/):
+it adds no hooks and imports nothing heavy (no numpy, torch), so such a run is unchanged."""
 
 from __future__ import annotations
 
