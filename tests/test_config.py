@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
+from factories import ROOT, fake_model, pilot_layout
 from pydantic import ValidationError
 
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot, json_schema
 
-ROOT = Path(__file__).resolve().parent.parent
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")
 REPO: dict[str, Any] = yaml.safe_load(PILOT_TEXT)
 ROLES = [c["role"] for c in REPO["conditions"].values()]
@@ -35,24 +35,9 @@ LEVELS = list(REPO["load"]["levels"])
 # --------------------------------------------------------------------------- helpers
 
 
-def fake_model(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 4}
-    (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
-    return folder
-
-
 def project(tmp_path: Path, text: str = PILOT_TEXT) -> Path:
-    """The repo pilot's layout in tmp_path/proj: the pilot file, fake models, trace files."""
-    proj = tmp_path / "proj"
-    fake_model(proj / REPO["target"]["model"])
-    for cond in REPO["conditions"].values():
-        if cond.get("drafter"):
-            fake_model(proj / cond["drafter"])
-    for name in REPO["trace"]["files"]:
-        (proj / name).parent.mkdir(parents=True, exist_ok=True)
-        (proj / name).write_text('{"id": "a", "domain": "chat", "prompt": "hi"}\n', "utf-8")
-    path = proj / "pilot.yaml"
+    """The repo pilot's layout in tmp_path/proj with ``text`` as its pilot file."""
+    path = pilot_layout(tmp_path / "proj", REPO) / "pilot.yaml"
     path.write_text(text, encoding="utf-8")
     return path
 

@@ -4,20 +4,19 @@ whose message starts with the file's name; never any other exception."""
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from factories import ROOT, pilot_layout
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot
 
-ROOT = Path(__file__).resolve().parent.parent
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")
 BASE: dict[str, Any] = yaml.safe_load(PILOT_TEXT)
 CAND = next(n for n, c in BASE["conditions"].items() if c["role"] == "candidate")
@@ -43,19 +42,9 @@ FIELD_NAMES = sorted(
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repo pilot's layout with fake models, so an unmutated pilot is valid."""
-    proj = tmp_path_factory.mktemp("fuzz")
-    drafters = [c["drafter"] for c in BASE["conditions"].values() if c.get("drafter")]
-    for model in (BASE["target"]["model"], *drafters):
-        folder = proj / model
-        folder.mkdir(parents=True, exist_ok=True)
-        cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 4}
-        (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
-    for name in BASE["trace"]["files"]:
-        (proj / name).parent.mkdir(parents=True, exist_ok=True)
-        (proj / name).write_text('{"id": "a", "domain": "chat", "prompt": "hi"}\n', "utf-8")
-    yield proj
+    return pilot_layout(tmp_path_factory.mktemp("fuzz"), BASE)
 
 
 def check(path: Path) -> Pilot | None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import make_pilot, make_record, saved_campaign
 
 from pytest_osprey.judgement.cost import (
     NO_SAVINGS,
@@ -15,44 +15,28 @@ from pytest_osprey.judgement.cost import (
     setup_cost,
 )
 from pytest_osprey.pilot.schema import Pilot
-from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.records import RequestRecord
 
 
-def make_pilot(**cost: Any) -> Pilot:
-    data: dict[str, Any] = {
-        "target": {"model": "t"},
-        "conditions": {
-            "baseline": {"role": "baseline"},
-            "current": {"role": "current", "drafter": "d0"},
-            "cand": {"role": "candidate", "drafter": "d1"},
-        },
-        "trace": {"files": ["p.jsonl"]},
-        "load": {"levels": {"low": 1, "busy": 4}},
-        "cost": {
-            "device_hour_price": 3.6,
-            "devices_per_server": 2,
-            "currency": "EUR",
-            "setup": {"cand": {"pretraining": 10, "adaptation": 2, "idle_device_hours": 5}},
-            **cost,
-        },
-    }
-    return Pilot.model_validate(data)
+def cost_pilot(**cost: Any) -> Pilot:
+    """The prices and setup costs the expected figures below are worked out from."""
+    return make_pilot(
+        conditions={"baseline": {"role": "baseline"},
+                    "current": {"role": "current", "drafter": "d0"},
+                    "cand": {"role": "candidate", "drafter": "d1"}},
+        load={"levels": {"low": 1, "busy": 4}},
+        cost={"device_hour_price": 3.6, "devices_per_server": 2, "currency": "EUR",
+              "setup": {"cand": {"pretraining": 10, "adaptation": 2, "idle_device_hours": 5}},
+              **cost},
+    )  # fmt: skip
 
 
 def rec(
     condition: str, block: int, start: float, e2e: float, ok: bool = True, load: str = "low"
 ) -> RequestRecord:
-    return RequestRecord(
-        run_id="r", condition=condition, block=block, repetition=block, load=load,
-        concurrency=1, prompt_id=f"p{start}", slice="s", domain="d", mode="greedy",
-        sample_index=0, ok=ok, error=None if ok else "boom", e2e_s=e2e, started_at=start,
-        output_tokens=10 if ok else None,
-    )
-
-
-def campaign(records: list[RequestRecord]) -> SavedCampaign:
-    return SavedCampaign(Path("."), {"conditions": {}}, records)
+    """A request of ``condition`` from ``start`` to ``start + e2e`` (seconds), 10 tokens."""
+    return make_record(condition, f"p{start}", block=block, load=load, ok=ok, e2e_s=e2e,
+                       started_at=start, output_tokens=10 if ok else None)
 
 
 # baseline: blocks of 0..4 s and 100..104 s -> 8 busy seconds, 4 ok -> 1800 requests/hour.
@@ -63,8 +47,8 @@ CAND = [rec("cand", 0, 0, 1), rec("cand", 0, 1, 1), rec("cand", 1, 100, 1), rec(
 
 
 def test_cost_per_request_exact() -> None:
-    pilot = make_pilot()
-    table = {(c.condition, c.load): c for c in cost_table(pilot, campaign(BASE + CAND))}
+    pilot = cost_pilot()
+    table = {(c.condition, c.load): c for c in cost_table(pilot, saved_campaign(BASE + CAND))}
     assert len(table) == 6  # 3 conditions x 2 load levels
     base, cand = table["baseline", "low"], table["cand", "low"]
     assert base.hourly_cost == pytest.approx(7.2)
@@ -82,7 +66,7 @@ def test_cost_per_request_exact() -> None:
 def test_failed_requests_count_in_busy_time_not_in_successes() -> None:
     # A failed request from 2 to 6 s stretches block 0 to 6 s; 2 ok in 6 s -> 1200/hour.
     recs = [rec("cand", 0, 0, 1), rec("cand", 0, 1, 1), rec("cand", 0, 2, 4, ok=False)]
-    (cost,) = [c for c in cost_table(make_pilot(), campaign(recs))
+    (cost,) = [c for c in cost_table(cost_pilot(), saved_campaign(recs))
                if c.condition == "cand" and c.load == "low"]
     assert (cost.ok, cost.total) == (2, 3)
     assert cost.busy_s == pytest.approx(6.0)
@@ -91,8 +75,8 @@ def test_failed_requests_count_in_busy_time_not_in_successes() -> None:
 
 
 def test_break_even_requests_and_days() -> None:
-    pilot = make_pilot(expected_requests_per_day=1000)
-    be = break_even(pilot, campaign(BASE + CAND), "cand", "baseline", "low")
+    pilot = cost_pilot(expected_requests_per_day=1000)
+    be = break_even(pilot, saved_campaign(BASE + CAND), "cand", "baseline", "low")
     assert be.savings_per_request == pytest.approx(0.002)
     assert be.setup_cost == pytest.approx(48.0)
     assert be.requests == pytest.approx(24_000)
@@ -101,11 +85,11 @@ def test_break_even_requests_and_days() -> None:
 
 
 def test_break_even_without_expected_traffic_has_no_days() -> None:
-    be = break_even(make_pilot(), campaign(BASE + CAND), "cand", "baseline", "low")
+    be = break_even(cost_pilot(), saved_campaign(BASE + CAND), "cand", "baseline", "low")
     assert be.requests == pytest.approx(24_000)
     assert be.days is None
     assert be.reason is not None and "expected_requests_per_day" in be.reason
-    zero = break_even(make_pilot(expected_requests_per_day=0), campaign(BASE + CAND),
+    zero = break_even(cost_pilot(expected_requests_per_day=0), saved_campaign(BASE + CAND),
                       "cand", "baseline", "low")
     assert zero.requests == pytest.approx(24_000) and zero.days is None
 
@@ -123,7 +107,7 @@ def test_break_even_without_expected_traffic_has_no_days() -> None:
     ids=["zero", "negative"],
 )
 def test_no_break_even_when_savings_not_positive(cand: list[RequestRecord], savings: float) -> None:
-    be = break_even(make_pilot(expected_requests_per_day=1000), campaign(BASE + cand),
+    be = break_even(cost_pilot(expected_requests_per_day=1000), saved_campaign(BASE + cand),
                     "cand", "baseline", "low")
     assert be.savings_per_request == pytest.approx(savings, abs=1e-12)
     assert be.requests is None and be.days is None
@@ -132,12 +116,12 @@ def test_no_break_even_when_savings_not_positive(cand: list[RequestRecord], savi
 
 def test_zero_successes_have_no_cost_and_no_break_even() -> None:
     failed = [rec("cand", 0, 0, 1, ok=False), rec("cand", 0, 1, 1, ok=False)]
-    data = campaign(BASE + failed)
-    table = {(c.condition, c.load): c for c in cost_table(make_pilot(), data)}
+    data = saved_campaign(BASE + failed)
+    table = {(c.condition, c.load): c for c in cost_table(cost_pilot(), data)}
     cost = table["cand", "low"]
     assert cost.ok == 0 and cost.busy_s == pytest.approx(2.0)
     assert cost.requests_per_hour is None and cost.cost_per_request is None
-    be = break_even(make_pilot(), data, "cand", "baseline", "low")
+    be = break_even(cost_pilot(), data, "cand", "baseline", "low")
     assert be.savings_per_request is None and be.requests is None
     assert be.reason is not None and "cand" in be.reason and "baseline" not in be.reason
     # A level with no records at all: nothing measured, nothing priced.
@@ -146,8 +130,8 @@ def test_zero_successes_have_no_cost_and_no_break_even() -> None:
 
 
 def test_cost_summary_is_json_shaped() -> None:
-    summary = cost_summary(make_pilot(expected_requests_per_day=1000),
-                           campaign(BASE + CAND)).model_dump()
+    summary = cost_summary(cost_pilot(expected_requests_per_day=1000),
+                           saved_campaign(BASE + CAND)).model_dump()
     assert summary["currency"] == "EUR" and summary["primary_load"] == "busy"
     assert len(summary["table"]) == 6
     # Primary load "busy" has no records: both references report why there is no break-even.

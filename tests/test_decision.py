@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from factories import deep_merge, make_pilot, paired_campaign, saved_campaign
 
 from pytest_osprey.campaign.runner import block_order
 from pytest_osprey.judgement import judge
@@ -14,23 +13,13 @@ from pytest_osprey.judgement.gates import GateSpec, plan_gates, sequential_look
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
-from pytest_osprey.results.records import RequestRecord
+
+LEVELS = {"low": 1, "high": 4}
 
 
-def make_pilot(tmp_path: Path, **over: Any) -> Pilot:
-    data: dict[str, Any] = {
-        "target": {"model": str(tmp_path)},
-        "conditions": {
-            "base": {"role": "baseline"},
-            "cand": {"role": "candidate", "drafter": str(tmp_path)},
-        },
-        "trace": {"files": [str(tmp_path / "t.jsonl")]},
-        "load": {"levels": {"low": 1, "high": 4}, "blocks": 4},
-        "limits": {"speedup_min": 1.0},
-    }
-    for key, value in over.items():
-        data[key] = {**data.get(key, {}), **value}
-    return Pilot.model_validate(data)
+def decision_pilot(**over: Any) -> Pilot:
+    defaults = {"load": {"levels": LEVELS, "blocks": 4}, "limits": {"speedup_min": 1.0}}
+    return make_pilot(**deep_merge(defaults, over))
 
 
 def campaign(
@@ -38,27 +27,17 @@ def campaign(
     tokens: tuple[list[int], list[int]] | None = None, fail_cand: int = 0,
 ) -> SavedCampaign:
     """Lognormal latencies with prompt effects; the candidate is ``speedup`` times faster."""
-    rng = np.random.default_rng(seed)
-    base = rng.lognormal(0.0, 0.5, prompts)
-    records = []
-    for b in range(blocks):
-        for load in ("low", "high"):
-            for cond, factor in (("base", 1.0), ("cand", 1.0 / speedup)):
-                for i in range(prompts):
-                    e2e = float(base[i] * factor * rng.lognormal(0.0, 0.1))
-                    ok = not (cond == "cand" and i < fail_cand)
-                    ids = (tokens[0] if cond == "base" else tokens[1]) if tokens else [1, 2, 3]
-                    records.append(RequestRecord(
-                        run_id="r", condition=cond, block=b, repetition=b, load=load,
-                        concurrency=1, prompt_id=f"p{i}", slice="core" if i % 4 else "unusual",
-                        domain="d", mode="greedy", sample_index=0, ok=ok,
-                        error=None if ok else "HTTP 500", ttft_s=e2e / 10, e2e_s=e2e,
-                        output_tokens=len(ids), output_ids=ids, top2_margin=[1.0] * len(ids),
-                        spec_verify_ct=1, started_at=float(b),
-                    ))
-    meta = {"conditions": {"base": {"error": None}, "cand": {"error": None}},
-            "load_levels": {"low": 1, "high": 4}}
-    return SavedCampaign(Path("."), meta, records)
+
+    def fields(cond: str, i: int, block: int) -> dict[str, Any]:
+        ids = (tokens[0] if cond == "base" else tokens[1]) if tokens else [1, 2, 3]
+        return {"ok": not (cond == "cand" and i < fail_cand), "output_ids": ids,
+                "slice": "core" if i % 4 else "unusual", "top2_margin": [1.0] * len(ids),
+                "spec_verify_ct": 1, "started_at": float(block)}  # fmt: skip
+
+    return saved_campaign(paired_campaign(
+        {"base": 1.0, "cand": 1.0 / speedup}, prompts=prompts, loads=LEVELS, blocks=blocks,
+        seed=seed, fields=fields,
+    ))  # fmt: skip
 
 
 def outcomes(pilot: Pilot, data: SavedCampaign) -> dict[tuple[str, str], str]:
@@ -67,8 +46,8 @@ def outcomes(pilot: Pilot, data: SavedCampaign) -> dict[tuple[str, str], str]:
     return {k: v.outcome for k, v in judged.results.items()}
 
 
-def test_plan_names_and_primary(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path)
+def test_plan_names_and_primary() -> None:
+    pilot = decision_pilot()
     ids = {(s.kind, s.id, s.gating) for s in plan_gates(pilot, ["base", "cand"])}
     assert ("speedup", "cand-vs-base-high", True) in ids  # primary: highest concurrency
     assert ("speedup", "cand-vs-base-low", False) in ids
@@ -78,8 +57,8 @@ def test_plan_names_and_primary(tmp_path: Path) -> None:
     assert {s.kind for s in dry} == {"command_line", "artifact"}
 
 
-def test_clear_speedup_keeps(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path)
+def test_clear_speedup_keeps() -> None:
+    pilot = decision_pilot()
     data = campaign(1.5)
     judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
     assert [v.verdict for v in judged.verdicts] == ["KEEP"]
@@ -88,16 +67,16 @@ def test_clear_speedup_keeps(tmp_path: Path) -> None:
     assert 1.3 < gate.estimate < 1.7 and gate.ci_low > 1.0
 
 
-def test_slowdown_drops_with_reason(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path)
+def test_slowdown_drops_with_reason() -> None:
+    pilot = decision_pilot()
     judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(0.7), Preflight())
     verdict = judged.verdicts[0]
     assert verdict.verdict == "DROP"
     assert any("speedup[cand-vs-base-high]" in r for r in verdict.reasons)
 
 
-def test_straddling_is_inconclusive_with_more_pairs(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path, limits={"speedup_min": 1.05})
+def test_straddling_is_inconclusive_with_more_pairs() -> None:
+    pilot = decision_pilot(limits={"speedup_min": 1.05})
     data = campaign(1.05, prompts=6, blocks=1)
     judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
     gate = judged.results[("speedup", "cand-vs-base-high")]
@@ -106,22 +85,22 @@ def test_straddling_is_inconclusive_with_more_pairs(tmp_path: Path) -> None:
     assert judged.verdicts[0].verdict == "INCONCLUSIVE"
 
 
-def test_failed_requests_fail_completed_gate(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path)
+def test_failed_requests_fail_completed_gate() -> None:
+    pilot = decision_pilot()
     got = outcomes(pilot, campaign(1.5, fail_cand=2))
     assert got[("completed", "cand-low")] == "fail"
     assert got[("completed", "base-low")] == "pass"
 
 
-def test_greedy_divergence_is_genuine_and_fails(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path)
+def test_greedy_divergence_is_genuine_and_fails() -> None:
+    pilot = decision_pilot()
     got = outcomes(pilot, campaign(1.5, tokens=([1, 2, 3], [1, 9, 3])))
     assert got[("greedy_identity", "cand-vs-base")] == "fail"
     assert outcomes(pilot, campaign(1.5))[("greedy_identity", "cand-vs-base")] == "pass"
 
 
-def test_condition_error_fails_its_gates(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path)
+def test_condition_error_fails_its_gates() -> None:
+    pilot = decision_pilot()
     data = campaign(1.5)
     data.meta.conditions["cand"].error = "cand: boot timed out after 600 s"
     judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
@@ -130,14 +109,14 @@ def test_condition_error_fails_its_gates(tmp_path: Path) -> None:
     assert judged.verdicts[0].verdict == "DROP"
 
 
-def test_rejudging_is_deterministic(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path)
+def test_rejudging_is_deterministic() -> None:
+    pilot = decision_pilot()
     data = campaign(1.2, seed=3)
     assert outcomes(pilot, data) == outcomes(pilot, data)
 
 
-def test_sequential_look_stops_early_on_clear_effect(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path, decision={"early_stop": True})
+def test_sequential_look_stops_early_on_clear_effect() -> None:
+    pilot = decision_pilot(decision={"early_stop": True})
     data = campaign(2.0, blocks=2)
     look = sequential_look(pilot, data, "cand")
     assert not isinstance(look, str)
@@ -148,11 +127,11 @@ def test_sequential_look_stops_early_on_clear_effect(tmp_path: Path) -> None:
     assert isinstance(single, str)
 
 
-def test_holm_downgrades_weak_claims(tmp_path: Path) -> None:
+def test_holm_downgrades_weak_claims() -> None:
     from pytest_osprey.judgement.gates import GateResult
     from pytest_osprey.judgement.judge import apply_holm
 
-    pilot = make_pilot(tmp_path)
+    pilot = decision_pilot()
     spec_a = GateSpec("speedup", "cand", reference="base", load="high")
     spec_b = GateSpec("correctness", "cand", reference="base")
     strong = GateResult(spec_a, "pass", "a", p_value=0.02)
@@ -174,8 +153,8 @@ def test_block_order_abba() -> None:
     assert block_order(["a", "b"], 2, "sequential") == [["a", "b"], ["a", "b"]]
 
 
-def test_memory_gate_limits(tmp_path: Path) -> None:
-    pilot = make_pilot(tmp_path, limits={"memory": {"max_peak_mb": 100, "max_increase_pct": 20}})
+def test_memory_gate_limits() -> None:
+    pilot = decision_pilot(limits={"memory": {"max_peak_mb": 100, "max_increase_pct": 20}})
     data = campaign(1.5)
     data.meta.conditions["base"].peak_memory_mb = 80.0
     data.meta.conditions["cand"].peak_memory_mb = 90.0  # +12.5%, under 100 MiB

@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil
 import pytest
+from factories import make_pilot
+from servers.pilot_run import SERVERS, fake_target, gone
 
 from pytest_osprey.engines import process as proc
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
@@ -21,16 +23,7 @@ from pytest_osprey.engines.sglang import SGLangEngine
 from pytest_osprey.engines.vllm import VLLMEngine
 from pytest_osprey.pilot.schema import Pilot
 
-SERVERS = Path(__file__).parent / "servers"
 FAKE = SERVERS / "fake_server.py"
-FAKEPKGS = SERVERS / "fakepkgs"
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.fixture
@@ -169,13 +162,8 @@ def test_missing_executable_is_a_clear_error(tmp_path: Path) -> None:
 def test_engine_env_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OSPREY_A", "os")
     monkeypatch.setenv("OSPREY_B", "os")
-    p = Pilot.model_validate(
-        {
-            "target": {"engine": "sglang", "model": "m", "env": {"OSPREY_B": "t", "OSPREY_C": "t"}},
-            "conditions": {"base": {"role": "baseline", "env": {"OSPREY_C": "c"}}},
-            "trace": {"files": ["t"]},
-        }
-    )
+    p = make_pilot({"base": {"role": "baseline", "env": {"OSPREY_C": "c"}}},
+                   target={"engine": "sglang", "env": {"OSPREY_B": "t", "OSPREY_C": "t"}})
     env = proc.engine_env(p, "base", BootSpec("base", log_dir=Path(".")))
     assert (env["OSPREY_A"], env["OSPREY_B"], env["OSPREY_C"]) == ("os", "t", "c")
     assert proc.engine_python(p.target) == sys.executable
@@ -185,15 +173,7 @@ def test_engine_env_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _pilot(engine: str, **target: Any) -> Pilot:
-    return Pilot.model_validate(
-        {
-            "target": {"engine": engine, "model": "/m/tiny", "python": sys.executable,
-                       "env": {"PYTHONPATH": str(FAKEPKGS)}, "boot_timeout_s": 30, **target},
-            "conditions": {"base": {"role": "baseline"},
-                           "cand": {"role": "candidate", "drafter": "/m/d"}},
-            "trace": {"files": ["t"]},
-        }
-    )  # fmt: skip
+    return make_pilot(target=fake_target(engine, **target))
 
 
 def _req() -> GenerationRequest:

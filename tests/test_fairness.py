@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from factories import make_record
 
 from pytest_osprey.judgement.fairness import ADVICE, fairness_check
 from pytest_osprey.results.records import RequestRecord
@@ -27,14 +28,8 @@ def meta(**fingerprints: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rec(cond: str, pid: str, load: str = "low", mode: str = "greedy") -> RequestRecord:
-    return RequestRecord(run_id="r", condition=cond, block=0, repetition=0, load=load,
-                         concurrency=1, prompt_id=pid, slice="core", domain="d",
-                         mode=mode, sample_index=0, ok=True)  # type: ignore[arg-type]
-
-
 def full(conds: list[str], pids: tuple[str, ...] = ("a", "b", "c")) -> list[RequestRecord]:
-    return [rec(c, p, load, mode) for c in conds for p in pids
+    return [make_record(c, p, load=load, mode=mode) for c in conds for p in pids
             for load, mode in (("low", "greedy"), ("concurrent", "greedy"), ("low", "sampled"))]
 
 
@@ -107,7 +102,7 @@ def test_every_condition_must_be_sent_the_same_prompts_per_load_and_mode() -> No
     records = full(["base", "cand"])
     records = [r for r in records
                if not (r.condition == "cand" and r.load == "concurrent" and r.prompt_id == "b")]
-    records += [rec("base", f"x{i}", mode="sampled") for i in range(7)]
+    records += [make_record("base", f"x{i}", mode="sampled") for i in range(7)]
     res = fairness_check(meta(base=fp(), cand=fp()), records)
     assert not res.ok
     assert ("load 'concurrent', greedy: cand has no request for 1 prompt(s) the others were "

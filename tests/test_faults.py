@@ -17,32 +17,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from servers.pilot_run import (
-    MARK,
-    PilotRun,
-    gone,
-    kill_marked,
-    leftovers,
-    pilot,
-    wait_for,
-    write_pilot,
-    write_trace,
-)
-from servers.scripted import Reply, ScriptedServer
+from factories import endpoint_conditions, make_pilot, make_record, write_pilot, write_trace
+from servers.pilot_run import MARK, PilotRun, fake_sglang, gone, kill_marked, leftovers, wait_for
+from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace_file import load_trace
 from pytest_osprey.results.files import write_json_atomic, write_text_atomic
 from pytest_osprey.results.folder import load_campaign
-from pytest_osprey.results.records import RecordWriter, RequestRecord, read_records
+from pytest_osprey.results.records import RecordWriter, read_records
 
 INTERRUPTED = pytest.ExitCode.INTERRUPTED
 FAILED = pytest.ExitCode.TESTS_FAILED
@@ -92,10 +82,10 @@ def _collect(run: PilotRun, rc: int | None, signalled_at: float | None = None) -
 
 
 def _setup(tmp: Path, **kw: Any) -> PilotRun:
-    """A pilot run in ``tmp`` (see servers.pilot_run.pilot for ``kw``), test outcomes shown."""
+    """A pilot run in ``tmp`` (see servers.pilot_run.fake_sglang for ``kw``), test outcomes
+    shown."""
     events = tmp / "events"
-    trace = write_trace(tmp / "trace.jsonl", kw.pop("prompts", 4))
-    path = write_pilot(tmp / "pilot.yaml", pilot(trace, events, **kw))
+    path = write_pilot(tmp, prompts=kw.pop("prompts", 4), **fake_sglang(events, **kw))
     (tmp / "work").mkdir()
     return PilotRun(tmp / "work", path, events, "-rA")
 
@@ -307,12 +297,12 @@ def test_server_crash_fails_its_condition_and_the_campaign_goes_on(crash: Outcom
 def test_server_crash_in_the_last_block_is_named(tmp_path: Path) -> None:
     # In process (no pytest around it): the Campaign itself, booting the fake SGLang servers.
     mark = str(tmp_path)
-    data = pilot(write_trace(tmp_path / "trace.jsonl", 4), tmp_path / "events",
-                 cand_env={"OSPREY_FAKE_CRASH_AFTER": "2"})  # fmt: skip
-    data["target"]["env"][MARK] = mark
-    p = Pilot.model_validate(data)
+    sections = fake_sglang(tmp_path / "events", cand_env={"OSPREY_FAKE_CRASH_AFTER": "2"})
+    sections["target"]["env"][MARK] = mark
+    trace = write_trace(tmp_path / "trace.jsonl", 4)
+    p = make_pilot(trace={"files": [str(trace)]}, **sections)
     try:
-        campaign = Campaign(p, load_trace([tmp_path / "trace.jsonl"]), tmp_path / "res",
+        campaign = Campaign(p, load_trace([trace]), tmp_path / "res",
                             ["baseline", "cand"]).run()  # fmt: skip
         assert leftovers(mark) == []
     finally:
@@ -454,17 +444,11 @@ def test_write_json_atomic_two_writers(tmp_path: Path) -> None:
     assert not torn, f"a reader saw {len(torn)} torn files"
 
 
-def _record(i: int) -> RequestRecord:
-    return RequestRecord(run_id="r", condition="c", block=0, repetition=0, load="low",
-                         concurrency=1, prompt_id=f"p{i}", slice="core", domain="d",
-                         mode="greedy", sample_index=0, ok=True)  # fmt: skip
-
-
 def test_records_are_append_only_and_flushed_per_line(tmp_path: Path) -> None:
     path = tmp_path / "records.jsonl"
     with RecordWriter(path) as w:
-        w.write(_record(0))
-        w.write(_record(1))
+        w.write(make_record("c", "p0"))
+        w.write(make_record("c", "p1"))
     before = path.read_bytes()
     # A crash mid-write tore the next line: reopening cuts the torn tail only.
     with path.open("ab") as fh:
@@ -472,23 +456,12 @@ def test_records_are_append_only_and_flushed_per_line(tmp_path: Path) -> None:
     w = RecordWriter(path)
     try:
         assert path.read_bytes() == before
-        w.write(_record(2))
+        w.write(make_record("c", "p2"))
         # Readable at once, by another handle, before any close or sync.
         assert [r.prompt_id for r in read_records(path)] == ["p0", "p1", "p2"]
         assert path.read_bytes().startswith(before)
     finally:
         w.close()
-
-
-def _endpoint_pilot(url: str, trace: Path) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"engine": "endpoint", "model": "m"},
-        "conditions": {"base": {"role": "baseline",
-                                "endpoint": {"url": url, "protocol": "sglang"}}},
-        "trace": {"files": [str(trace)]},
-        "load": {"levels": {"low": 1}, "warmup_requests": 0, "blocks": 1},
-        "report": {"html": False},
-    })  # fmt: skip
 
 
 def _generate(_body: Any) -> Reply:
@@ -497,13 +470,15 @@ def _generate(_body: Any) -> Reply:
 
 
 def test_a_rerun_into_the_same_folder_is_judged_on_its_own_records(tmp_path: Path) -> None:
-    trace = load_trace([write_trace(tmp_path / "t.jsonl", 3)])
-    routes: Mapping[tuple[str, str], Any] = {
-        ("GET", "/health"): Reply(json_body={}), ("POST", "/flush_cache"): Reply(json_body={}),
-        ("POST", "/generate"): _generate,
-    }  # fmt: skip
-    with ScriptedServer(routes=dict(routes)) as srv:
-        p = _endpoint_pilot(srv.url, tmp_path / "t.jsonl")
+    trace_path = write_trace(tmp_path / "t.jsonl", 3)
+    trace = load_trace([trace_path])
+    with ScriptedServer(routes=sglang_routes(_generate)) as srv:
+        p = make_pilot(
+            conditions=endpoint_conditions({"base": srv.url}),
+            target={"engine": "endpoint", "model": "m"}, trace={"files": [str(trace_path)]},
+            load={"levels": {"low": 1}, "warmup_requests": 0, "blocks": 1},
+            report={"html": False},
+        )  # fmt: skip
         first = Campaign(p, trace, tmp_path / "res", ["base"]).run()
         second = Campaign(p, trace, tmp_path / "res", ["base"]).run()
     assert len(first.records) == 3

@@ -17,13 +17,13 @@ from typing import Any
 
 import psutil
 import pytest
+from factories import ROOT, TINY_DRAFTER, TINY_TARGET, make_pilot
 
 from pytest_osprey.engines import BootSpec, gpu_memory
 from pytest_osprey.engines.process import ServerProcess
 from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.pilot.schema import Condition, Load, Pilot, Speculation, Target, TraceSpec
+from pytest_osprey.pilot.schema import Pilot
 
-ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 NOT_AVAILABLE = 2**64 - 1
 NO_SUCH_PID = 2**22 + 7  # above Linux's largest pid_max: never a live process here
@@ -345,20 +345,14 @@ def test_sglang_kv_capacity_from_a_scheduler_state(monkeypatch: pytest.MonkeyPat
 
 
 def _pilot(order: str = "abba") -> Pilot:
-    models = ROOT / "fixtures" / "models"
-    return Pilot(
-        target=Target(model=str(models / "tiny-target"), device="cuda", context_length=1024),
-        conditions={
-            "baseline": Condition(role="baseline"),
-            "cand": Condition(
-                role="candidate",
-                drafter=models / "tiny-drafter",
-                speculation=Speculation(algorithm="assisted"),
-            ),
-        },
-        trace=TraceSpec(files=[ROOT / "prompts" / "pilot.jsonl"]),
-        load=Load(order=order),  # type: ignore[arg-type]
-    )
+    return make_pilot(
+        {"baseline": {"role": "baseline"},
+         "cand": {"role": "candidate", "drafter": str(TINY_DRAFTER),
+                  "speculation": {"algorithm": "assisted"}}},
+        target={"model": str(TINY_TARGET), "device": "cuda", "context_length": 1024},
+        trace={"files": [str(ROOT / "prompts" / "pilot.jsonl")]},
+        load={"order": order},
+    )  # fmt: skip
 
 
 @pytest.fixture

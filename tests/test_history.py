@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers.pilot_run import QUIET, write_trace
-from servers.scripted import Reply, ScriptedServer
+from factories import endpoint_conditions, write_pilot
+from servers.pilot_run import QUIET
+from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.judgement.history import HistoryError, open_previous
 from pytest_osprey.results.folder import load_campaign
@@ -33,27 +34,6 @@ class _Speed:
                                       "meta_info": meta})])  # fmt: skip
 
 
-def _routes(speed: _Speed) -> dict[tuple[str, str], Any]:
-    return {("GET", "/health"): Reply(json_body={}), ("POST", "/flush_cache"): Reply(json_body={}),
-            ("POST", "/generate"): speed}  # fmt: skip
-
-
-def _pilot(path: Path, trace: Path, base: str, cand: str) -> Path:
-    path.write_text(f"""
-name: history
-target: {{engine: endpoint, model: m}}
-conditions:
-  baseline: {{role: baseline, endpoint: {{url: "{base}", protocol: sglang}}}}
-  cand: {{role: candidate, endpoint: {{url: "{cand}", protocol: sglang}}}}
-trace: {{files: ["{trace}"]}}
-load: {{levels: {{low: 1}}, warmup_requests: 0, blocks: 2}}
-# Wide enough that a busy shared machine's jitter is not a regression; 3x slower still is.
-decision: {{regression_tolerance: 0.2}}
-report: {{html: false}}
-""")
-    return path
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A first campaign keeping a 2x-faster candidate; then the same candidate unchanged, and
@@ -62,7 +42,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import sys
 
     tmp = tmp_path_factory.mktemp("history")
-    trace = write_trace(tmp / "t.jsonl", 10)
     base, cand = _Speed(0.04), _Speed(0.02)
     out: dict[str, Any] = {"dir": tmp}
 
@@ -73,8 +52,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             cwd=tmp, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
-    with ScriptedServer(routes=_routes(base)) as b, ScriptedServer(routes=_routes(cand)) as c:
-        _pilot(tmp / "pilot.yaml", trace, b.url, c.url)
+    with ScriptedServer(routes=sglang_routes(base)) as b, \
+            ScriptedServer(routes=sglang_routes(cand)) as c:
+        write_pilot(
+            tmp, endpoint_conditions({"baseline": b.url, "cand": c.url}), prompts=10,
+            name="history", target={"engine": "endpoint", "model": "m"},
+            load={"levels": {"low": 1}, "warmup_requests": 0, "blocks": 2},
+            # Wide enough that a busy shared machine's jitter is not a regression; 3x slower
+            # still is.
+            decision={"regression_tolerance": 0.2}, report={"html": False},
+        )
         out["first"] = run("first")
         out["same"] = run("same", f"--osprey-compare={tmp / 'first'}")
         cand.seconds = 0.06
@@ -144,8 +131,9 @@ def test_compare_refusal_is_a_usage_error(runs: dict[str, Any]) -> None:
     import sys
 
     tmp = runs["dir"]
-    (tmp / "other.jsonl").write_text((tmp / "t.jsonl").read_text().replace("Hello", "Hi"))
-    text = (tmp / "pilot.yaml").read_text().replace(str(tmp / "t.jsonl"), str(tmp / "other.jsonl"))
+    trace, other = tmp / "trace.jsonl", tmp / "other.jsonl"
+    other.write_text(trace.read_text().replace("Hello", "Hi"))
+    text = (tmp / "pilot.yaml").read_text().replace(str(trace), str(other))
     (tmp / "other.yaml").write_text(text)
     res = subprocess.run(
         [sys.executable, "-m", "pytest", *QUIET, f"--osprey-config={tmp / 'other.yaml'}",

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from factories import endpoint_conditions, make_pilot, write_trace
 from scipy import stats
-from servers.pilot_run import write_trace
-from servers.scripted import Reply, ScriptedServer
+from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.campaign.runner import Campaign, poisson_arrivals
 from pytest_osprey.judgement.figures import all_figures
@@ -89,30 +88,21 @@ class _Arrivals:
         return Reply(events=[(0, {"text": "ab", "output_ids": [5, 6], "meta_info": meta})])
 
 
-def _routes(generate: Callable[[Any], Reply]) -> dict[tuple[str, str], Any]:
-    return {("GET", "/health"): Reply(json_body={}), ("POST", "/flush_cache"): Reply(json_body={}),
-            ("POST", "/generate"): generate}  # fmt: skip
-
-
 def _pilot(trace: Path, urls: dict[str, str], level: dict[str, Any]) -> Pilot:
-    conds = {name: {"role": "baseline" if i == 0 else "candidate",
-                    "endpoint": {"url": url, "protocol": "sglang"}}
-             for i, (name, url) in enumerate(urls.items())}  # fmt: skip
-    return Pilot.model_validate({
-        "target": {"engine": "endpoint", "model": "m"},
-        "conditions": conds,
-        "trace": {"files": [str(trace)]},
-        "load": {"levels": {"poisson": level}, "warmup_requests": 0, "blocks": 2},
-        "report": {"html": False},
-    })  # fmt: skip
+    return make_pilot(
+        endpoint_conditions(urls), target={"engine": "endpoint", "model": "m"},
+        trace={"files": [str(trace)]},
+        load={"levels": {"poisson": level}, "warmup_requests": 0, "blocks": 2},
+        report={"html": False},
+    )  # fmt: skip
 
 
 def test_open_loop_sends_on_schedule_and_pairs_conditions(tmp_path: Path) -> None:
     n, rate = 12, 25.0
     trace_path = write_trace(tmp_path / "t.jsonl", n)
     seen = {"base": _Arrivals(), "cand": _Arrivals()}
-    with ScriptedServer(routes=_routes(seen["base"])) as a, \
-            ScriptedServer(routes=_routes(seen["cand"])) as b:
+    with ScriptedServer(routes=sglang_routes(seen["base"])) as a, \
+            ScriptedServer(routes=sglang_routes(seen["cand"])) as b:
         pilot = _pilot(trace_path, {"base": a.url, "cand": b.url}, {"rate": rate})
         data = Campaign(pilot, load_trace([trace_path]), tmp_path / "res", ["base", "cand"]).run()
     assert len(data.records) == 2 * 2 * n and all(r.ok for r in data.records)
@@ -138,7 +128,7 @@ def test_open_loop_cap_holds_requests_back_and_says_how_long(tmp_path: Path) -> 
     n = 6
     trace_path = write_trace(tmp_path / "t.jsonl", n)
     slow = _Arrivals(delay=0.15)
-    with ScriptedServer(routes=_routes(slow)) as srv:
+    with ScriptedServer(routes=sglang_routes(slow)) as srv:
         # 100 arrivals/s against a server taking 0.15 s each, one in flight at most.
         pilot = _pilot(trace_path, {"base": srv.url}, {"rate": 100.0, "max_concurrency": 1})
         pilot = pilot.model_copy(update={"load": pilot.load.model_copy(update={"blocks": 1})})

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import make_pilot
 from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import vllm as vl
@@ -19,14 +20,9 @@ from pytest_osprey.pilot.schema import Pilot
 
 
 def pilot(**conditions: Any) -> Pilot:
-    conds = {"base": {"role": "baseline"}, **conditions}
-    return Pilot.model_validate(
-        {
-            "target": {"engine": "vllm", "model": "/m/target", "context_length": 512},
-            "conditions": conds,
-            "trace": {"files": ["t.jsonl"]},
-        }
-    )
+    """The baseline and ``conditions`` on a vLLM target."""
+    return make_pilot({"base": {"role": "baseline"}, **conditions},
+                      target={"engine": "vllm", "context_length": 512})
 
 
 def req(**kw: Any) -> GenerationRequest:

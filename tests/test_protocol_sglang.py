@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import make_pilot
+from servers.pilot_run import FAKEPKGS
 from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import sglang as sg
@@ -16,18 +18,11 @@ from pytest_osprey.engines.endpoint import EndpointEngine
 from pytest_osprey.engines.process import mask_argv
 from pytest_osprey.pilot.schema import Pilot
 
-FAKEPKGS = Path(__file__).parent / "servers" / "fakepkgs"
-
 
 def pilot(**conditions: Any) -> Pilot:
-    conds = {"base": {"role": "baseline"}, **conditions}
-    return Pilot.model_validate(
-        {
-            "target": {"engine": "sglang", "model": "/m/target", "dtype": "bfloat16"},
-            "conditions": conds,
-            "trace": {"files": ["t.jsonl"]},
-        }
-    )
+    """The baseline and ``conditions`` on an SGLang target."""
+    return make_pilot({"base": {"role": "baseline"}, **conditions},
+                      target={"engine": "sglang", "dtype": "bfloat16"})
 
 
 def req(**kw: Any) -> GenerationRequest:

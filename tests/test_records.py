@@ -30,7 +30,8 @@ PUBLIC_FIELDS = {
 
 
 def record(i: int = 0, **kw: Any) -> RequestRecord:
-    """A record with every field set to a non-default value."""
+    """A record with every field set to a non-default value (not factories.make_record: a
+    round trip that dropped a field back to its default would go unseen there)."""
     base = RequestRecord(
         run_id="20260101T000000Z-abc123",
         condition="tiny-drafter",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import make_pilot, make_record, saved_campaign
 
 from pytest_osprey.judgement.cost import cost_summary
 from pytest_osprey.judgement.figures import all_figures
@@ -27,22 +28,18 @@ SPEED = {"baseline": 1.0, "current": 0.8, "cand": 0.6, "broken": 1.0}
 
 
 def rec(cond: str, pid: str, slice_: str, load: str, block: int, **kw: Any) -> RequestRecord:
+    """Latency grows with the block, the prompt and the load; "broken" never completes."""
     e2e = SPEED[cond] * (1.0 + 0.1 * block + 0.05 * int(pid[1:])) * LEVELS[load]
     ok = cond != "broken"
+    speculates = ok and cond in ("current", "cand")
     fields: dict[str, Any] = {
-        "run_id": "r", "condition": cond, "block": block, "repetition": block, "load": load,
-        "concurrency": LEVELS[load], "prompt_id": pid, "slice": slice_, "domain": "d",
-        "mode": "greedy", "sample_index": 0, "ok": ok,
-        "error": None if ok else "engine said <b>no</b>",
-        "ttft_s": 0.1 * e2e if ok else None, "e2e_s": e2e if ok else None,
-        "output_tokens": 20 if ok else None, "output_ids": [1, 2, 3] if ok else [],
-        "output_text": f"answer to {pid}" if ok else "",
-        "spec_verify_ct": 8 if ok and cond in ("current", "cand") else None,
-        "accept_length": 2.5 if ok and cond in ("current", "cand") else None,
+        "block": block, "load": load, "concurrency": LEVELS[load], "slice": slice_, "ok": ok,
+        "error": None if ok else "engine said <b>no</b>", "e2e_s": e2e if ok else None,
+        "output_tokens": 20 if ok else None, "output_text": f"answer to {pid}" if ok else "",
+        "spec_verify_ct": 8 if speculates else None, "accept_length": 2.5 if speculates else None,
         "started_at": 1000.0 * block + 10 * int(pid[1:]) + (100 if load == "busy" else 0),
     }
-    fields.update(kw)
-    return RequestRecord(**fields)
+    return make_record(cond, pid, **{**fields, **kw})
 
 
 def make_data(prompts: list[tuple[str, str]] = PROMPTS, blocks: int = 2) -> SavedCampaign:
@@ -58,28 +55,25 @@ def make_data(prompts: list[tuple[str, str]] = PROMPTS, blocks: int = 2) -> Save
         if (r.condition, r.prompt_id, r.load, r.block) == ("cand", prompts[0][0], "low", 0):
             records[i] = rec("cand", r.prompt_id, r.slice, "low", 0, output_text=SCRIPT,
                              output_ids=[1, 2, 9])
-    meta = {
-        "run_id": "run-1", "pilot_name": "<i>pilot</i>", "status": "complete",
-        "trace_hash": "ab" * 32, "config_hash": "cd" * 32, "tool_version": "0.1.0",
-        "baseline": "baseline", "current": "current", "candidates": ["cand", "broken"],
-        "load_levels": LEVELS, "blocks": blocks,
-        "conditions": {c: {"role": role, "error": None, "boot_s": 1.5, "peak_memory_mb": 100.0}
-                       for c, role in ROLES.items()},
-    }
-    return SavedCampaign(Path("."), meta, records)
+    return saved_campaign(
+        records, run_id="run-1", pilot_name="<i>pilot</i>", status="complete",
+        trace_hash="ab" * 32, config_hash="cd" * 32, tool_version="0.1.0",
+        baseline="baseline", current="current", candidates=["cand", "broken"],
+        load_levels=LEVELS, blocks=blocks,
+        conditions={c: {"role": role, "error": None, "boot_s": 1.5, "peak_memory_mb": 100.0}
+                    for c, role in ROLES.items()},
+    )  # fmt: skip
 
 
-def make_pilot() -> Pilot:
-    return Pilot.model_validate({
-        "target": {"model": "t"},
-        "conditions": {c: {"role": r} if r == "baseline" else {"role": r, "drafter": "d"}
-                       for c, r in ROLES.items()},
-        "trace": {"files": ["p.jsonl"]},
-        "load": {"levels": LEVELS},
-        "limits": {"cost": {"max_cost_per_request": 0.5}},
-        "cost": {"device_hour_price": 2.0, "expected_requests_per_day": 5000,
-                 "setup": {"cand": {"pretraining": 100.0}}},
-    })
+def report_pilot() -> Pilot:
+    return make_pilot(
+        conditions={c: {"role": r} if r == "baseline" else {"role": r, "drafter": "d"}
+                    for c, r in ROLES.items()},
+        load={"levels": LEVELS},
+        limits={"cost": {"max_cost_per_request": 0.5}},
+        cost={"device_hour_price": 2.0, "expected_requests_per_day": 5000,
+              "setup": {"cand": {"pretraining": 100.0}}},
+    )  # fmt: skip
 
 
 def make_summary(data: SavedCampaign) -> dict[str, Any]:
@@ -99,7 +93,7 @@ def make_summary(data: SavedCampaign) -> dict[str, Any]:
                          "ci": None, "summary": "0/6 completed"}],
         "figures": [f.model_dump() for f in all_figures(data)],
         "conditions": {n: c.model_dump() for n, c in data.meta.conditions.items()},
-        "cost": cost_summary(make_pilot(), data).model_dump(),
+        "cost": cost_summary(report_pilot(), data).model_dump(),
     }
 
 

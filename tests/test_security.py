@@ -23,17 +23,16 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from factories import make_pilot, write_pilot
 from servers.pilot_run import (
-    FAKEPKGS,
     MARK,
     SERVERS,
     PilotRun,
+    fake_sglang,
+    fake_target,
     kill_marked,
     leftovers,
-    pilot,
     wait_for,
-    write_pilot,
-    write_trace,
 )
 
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
@@ -52,15 +51,11 @@ KEY_ENV, EP_KEY_ENV = "OSPREY_TEST_API_KEY", "OSPREY_TEST_ENDPOINT_KEY"
 
 
 def _pilot(engine: str, mark: str = "", **target: Any) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"engine": engine, "model": "fake-model", "python": sys.executable,
-                   "env": {"PYTHONPATH": str(FAKEPKGS), "PYTHONDONTWRITEBYTECODE": "1",
-                           MARK: mark},
-                   "boot_timeout_s": 30, **target},
-        "conditions": {"base": {"role": "baseline"},
-                       "cand": {"role": "candidate", "speculation": {"algorithm": "ngram"}}},
-        "trace": {"files": ["t"]},
-    })  # fmt: skip
+    return make_pilot(
+        {"base": {"role": "baseline"},
+         "cand": {"role": "candidate", "speculation": {"algorithm": "ngram"}}},
+        target=fake_target(engine, env={MARK: mark}, **target),
+    )  # fmt: skip
 
 
 def _host(argv: list[str]) -> str:
@@ -177,18 +172,18 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRun]:
     (root / "work").mkdir()
     (root / "tmpdir").mkdir()
     events = root / "events"
-    trace = write_trace(root / "pilot" / "trace.jsonl", 3)
-    first = json.dumps({"id": HTML_ID, "domain": "chat", "prompt": "Hi", "max_new_tokens": 4})
-    trace.write_text(first + "\n" + trace.read_text())  # first: the report shows it
     skip = ("events", "work-terminal.txt")
     with _endpoint(events, keys[1]) as url:
         ep = {"role": "candidate",
               "endpoint": {"url": url, "protocol": "sglang", "api_key_env": EP_KEY_ENV}}
         text = {"OSPREY_FAKE_TEXT": XSS}
-        data = pilot(trace, events, html=True, base_env=text, cand_env=text,
-                     extra_conditions={"ep": ep})  # fmt: skip
-        data["target"]["api_key_env"] = KEY_ENV
-        path = write_pilot(root / "pilot" / "pilot.yaml", data)
+        path = write_pilot(root / "pilot", prompts=3, **fake_sglang(
+            events, html=True, base_env=text, cand_env=text, extra_conditions={"ep": ep},
+            target={"api_key_env": KEY_ENV}))  # fmt: skip
+        trace = root / "pilot" / "trace.jsonl"
+        first = json.dumps({"id": HTML_ID, "domain": "chat", "prompt": "Hi",
+                            "max_new_tokens": 4})  # fmt: skip
+        trace.write_text(first + "\n" + trace.read_text())  # first: the report shows it
         before = _snapshot(root, skip)
         run = PilotRun(root / "work", path, events, "-rA", env={
             KEY_ENV: keys[0], EP_KEY_ENV: keys[1], "TMPDIR": str(root / "tmpdir")})

@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
+from factories import make_record, sampled_records
 from pydantic import BaseModel
 
 from pytest_osprey.__main__ import main
@@ -107,13 +108,11 @@ def _records(rng: np.random.Generator) -> list[RequestRecord]:
                     e2e = 0.4 * effect[pid] * factor * conc ** 0.3 * float(rng.lognormal(0, 0.05))
                     ids = _ids(cond, pid)
                     ok = not (cond == "current" and level == "busy" and k == 11 and block == 1)
-                    out.append(RequestRecord(
-                        run_id=RUN_ID, condition=cond, block=block, repetition=block, load=level,
-                        concurrency=conc, prompt_id=pid, slice=slice_, domain="d", mode="greedy",
-                        sample_index=0, ok=ok, error=None if ok else "timed out after 300 s",
-                        ttft_s=0.1 * e2e if ok else None, e2e_s=e2e if ok else None,
-                        itl_s=[0.9 * e2e / 5] * 5 if ok else [], prompt_tokens=30,
-                        output_tokens=len(ids) if ok else None, output_ids=ids if ok else [],
+                    out.append(make_record(
+                        cond, pid, run_id=RUN_ID, block=block, load=level, concurrency=conc,
+                        slice=slice_, ok=ok, error=None if ok else "timed out after 300 s",
+                        e2e_s=e2e if ok else None, itl_s=[0.9 * e2e / 5] * 5 if ok else [],
+                        prompt_tokens=30, output_ids=ids if ok else [],
                         output_text=_text(cond, pid) if ok else "",
                         top2_margin=[2.0, 2.0, 2.0, 2.0, 0.01, 2.0] if cond == "baseline"
                         else None,
@@ -122,14 +121,9 @@ def _records(rng: np.random.Generator) -> list[RequestRecord]:
                     ))
     for cond in CONDITIONS:  # the sampled pass: one distribution for every condition
         for pid, slice_ in PROMPTS[:SAMPLED]:
-            for i in range(4):
-                ids = [int(t) for t in rng.integers(0, 5, 6)]
-                out.append(RequestRecord(
-                    run_id=RUN_ID, condition=cond, block=0, repetition=0, load="low",
-                    concurrency=1, prompt_id=pid, slice=slice_, domain="d", mode="sampled",
-                    sample_index=i, ok=True, ttft_s=0.05, e2e_s=0.3, output_tokens=6,
-                    output_ids=ids, output_text="x", started_at=5000.0 + i,
-                ))
+            outputs = [[int(t) for t in rng.integers(0, 5, 6)] for _ in range(4)]
+            out += sampled_records(cond, pid, outputs, run_id=RUN_ID, slice=slice_,
+                                   e2e_s=0.3, ttft_s=0.05, output_text="x", started_at=5000.0)
     return out
 
 

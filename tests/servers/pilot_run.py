@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
 SERVERS = Path(__file__).resolve().parent
 FAKEPKGS = SERVERS / "fakepkgs"
@@ -31,16 +30,15 @@ QUIET = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchm
          "-p", "no:anyio"]  # fmt: skip
 
 
-def write_trace(path: Path, n: int, max_new_tokens: int = 4) -> Path:
-    with path.open("w", encoding="utf-8") as fh:
-        for i in range(n):
-            fh.write(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Hello {i}",
-                                 "max_new_tokens": max_new_tokens}) + "\n")  # fmt: skip
-    return path
+def fake_target(engine: str = "sglang", env: Mapping[str, str] | None = None,
+                **more: Any) -> dict[str, Any]:
+    """A pilot's target that boots the fake ``engine`` server (fakepkgs) with this Python."""
+    return {"engine": engine, "model": "fake-model", "python": sys.executable,
+            "env": {"PYTHONPATH": str(FAKEPKGS), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
+            "boot_timeout_s": 30, **more}  # fmt: skip
 
 
-def pilot(
-    trace: Path,
+def fake_sglang(
     events: Path,
     *,
     base_env: Mapping[str, str] | None = None,
@@ -53,7 +51,9 @@ def pilot(
     target: Mapping[str, Any] | None = None,
     extra_conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A two-condition SGLang pilot (baseline + an NGRAM candidate: no drafter to check)."""
+    """The sections of a two-condition pilot on the fake SGLang server (baseline + an NGRAM
+    candidate: no drafter to check), each server noting its events under ``events``; for
+    factories.make_pilot / write_pilot, which add the trace."""
     events.mkdir(parents=True, exist_ok=True)
 
     def env(name: str, more: Mapping[str, str] | None) -> dict[str, str]:
@@ -61,27 +61,17 @@ def pilot(
 
     return {
         "name": "faults",
-        "target": {
-            "engine": "sglang", "model": "fake-model", "python": sys.executable,
-            "env": {"PYTHONPATH": str(FAKEPKGS), "PYTHONDONTWRITEBYTECODE": "1"},
-            "boot_timeout_s": boot_timeout_s, **(target or {}),
-        },
+        "target": {**fake_target("sglang", boot_timeout_s=boot_timeout_s), **(target or {})},
         "conditions": {
             "baseline": {"role": "baseline", "env": env("baseline", base_env)},
             "cand": {"role": "candidate", "speculation": {"algorithm": "NGRAM"},
                      "env": env("cand", cand_env)},
             **(extra_conditions or {}),
         },
-        "trace": {"files": [str(trace)]},
         "load": {"levels": dict(levels or {"low": 1}), "warmup_requests": 0,
                  "blocks": blocks, "request_timeout_s": request_timeout_s},
         "report": {"html": html},
     }  # fmt: skip
-
-
-def write_pilot(path: Path, data: Mapping[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(dict(data), sort_keys=False), encoding="utf-8")
-    return path
 
 
 class Events:

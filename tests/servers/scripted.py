@@ -127,3 +127,9 @@ def _send(h: BaseHTTPRequestHandler, reply: Reply) -> None:
     h.send_header("Content-Length", str(len(data)))
     h.end_headers()
     h.wfile.write(data)
+
+
+def sglang_routes(generate: Route) -> dict[tuple[str, str], Route]:
+    """A healthy SGLang server's routes, /generate answered by ``generate``."""
+    return {("GET", "/health"): Reply(json_body={}), ("POST", "/flush_cache"): Reply(json_body={}),
+            ("POST", "/generate"): generate}  # fmt: skip

@@ -1,0 +1,21 @@
+"""Fixtures of the project's tests. The factories (records, pilots, saved campaigns, traces,
+tiny-model paths) live in factories.py and are imported by name.
+
+pytest also loads this file in a pilot run started from a checkout (testpaths names tests/):
+it adds no hooks and imports nothing heavy (no numpy, torch), so such a run is unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from factories import TINY_DRAFTER, TINY_MODELS, TINY_TARGET
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> Path:
+    """The tiny models' folder (fixtures/models or OSPREY_TINY_MODELS); skips the test where
+    the target or the drafter is missing."""
+    if not all((m / "config.json").is_file() for m in (TINY_TARGET, TINY_DRAFTER)):
+        pytest.skip(f"tiny models not found under {TINY_MODELS} (set OSPREY_TINY_MODELS)")
+    return TINY_MODELS

@@ -1,0 +1,200 @@
+"""Test factories shared by the suite: request records, pilots (in memory and as files), saved
+campaigns, traces and the tiny models.
+
+Imported by name (``from factories import make_record``): the root conftest.py puts tests/ on
+sys.path. Defaults are plain and valid; a test states what it cares about as overrides.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.results.campaign_file import CampaignFile
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.records import RequestRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- tiny models
+
+# Built by fixtures/models' recipe (MANIFEST.json); OSPREY_TINY_MODELS points at another copy.
+TINY_MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")
+TINY_TARGET = TINY_MODELS / "tiny-target"
+TINY_DRAFTER = TINY_MODELS / "tiny-drafter"
+TINY_DRAFTER_WEAK = TINY_MODELS / "tiny-drafter-weak"
+
+
+def fake_model(folder: Path) -> Path:
+    """A model folder that passes the pilot's path checks (a config.json, no weights)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 4}
+    (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    return folder
+
+
+def pilot_layout(folder: Path, data: Mapping[str, Any]) -> Path:
+    """What pilot file content ``data`` names, made under ``folder``: fake model folders for
+    the target and drafters, one-prompt trace files. For pilots loaded with path checks."""
+    fake_model(folder / data["target"]["model"])
+    for cond in data["conditions"].values():
+        if cond.get("drafter"):
+            fake_model(folder / cond["drafter"])
+    for name in data["trace"]["files"]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text('{"id": "a", "domain": "chat", "prompt": "hi"}\n', "utf-8")
+    return folder
+
+
+# --------------------------------------------------------------------------- records
+
+
+def make_record(condition: str = "base", prompt_id: str = "p0", **overrides: Any) -> RequestRecord:
+    """One greedy request at load ``low`` (x1), block 0. A completed one (``ok``, the default)
+    took 1 s (``ttft_s``: a tenth of ``e2e_s``) for tokens [1, 2, 3]; a failed one
+    (``ok=False``) has an error and, unless given, no timings or output."""
+    ok = overrides.get("ok", True)
+    block = overrides.get("block", 0)
+    e2e = overrides.get("e2e_s", 1.0 if ok else None)
+    ids = overrides.get("output_ids", [1, 2, 3] if ok else [])
+    fields: dict[str, Any] = {
+        "run_id": "r", "block": block, "repetition": block, "load": "low", "concurrency": 1,
+        "slice": "core", "domain": "d", "mode": "greedy", "sample_index": 0, "ok": ok,
+        "error": None if ok else "HTTP 500", "e2e_s": e2e,
+        "ttft_s": e2e / 10 if e2e is not None else None,
+        "output_ids": ids, "output_tokens": len(ids) if ok else None,
+    }  # fmt: skip
+    fields.update(overrides)
+    return RequestRecord(condition=condition, prompt_id=prompt_id, **fields)
+
+
+def paired_campaign(
+    factors: Mapping[str, float],
+    *,
+    prompts: int = 20,
+    loads: Mapping[str, int] | None = None,
+    blocks: int = 1,
+    seed: int = 0,
+    prompt_sd: float = 0.5,
+    noise_sd: float = 0.1,
+    fields: Callable[[str, int, int], Mapping[str, Any]] | None = None,
+) -> list[RequestRecord]:
+    """Greedy records with a known truth: prompt ``p{i}`` takes a lognormal time of its own
+    (log-sd ``prompt_sd``), times the condition's factor (0.5: twice as fast as 1.0), times
+    independent lognormal noise (``noise_sd``) per request. Every condition runs every prompt
+    at every load level in every block; ``fields(condition, i, block)`` adds per-record
+    overrides (failures, tokens, slices)."""
+    import numpy as np  # here, not at import: conftest stays cheap to load
+
+    rng = np.random.default_rng(seed)
+    base = rng.lognormal(0.0, prompt_sd, prompts)
+    out = []
+    for block in range(blocks):
+        for load, concurrency in (loads or {"low": 1}).items():
+            for cond, factor in factors.items():
+                for i in range(prompts):
+                    e2e = float(base[i] * factor * rng.lognormal(0.0, noise_sd))
+                    out.append(make_record(
+                        cond, f"p{i}", block=block, load=load, concurrency=concurrency,
+                        e2e_s=e2e, **(fields(cond, i, block) if fields else {}),
+                    ))  # fmt: skip
+    return out
+
+
+def sampled_records(
+    condition: str, prompt_id: str, outputs: list[list[int]], **overrides: Any
+) -> list[RequestRecord]:
+    """The sampled pass of one condition on one prompt: one record per output, indexed."""
+    return [
+        make_record(condition, prompt_id, mode="sampled", sample_index=i, output_ids=ids,
+                    **overrides)
+        for i, ids in enumerate(outputs)
+    ]
+
+
+def saved_campaign(
+    records: list[RequestRecord], directory: Path = Path("."), **meta: Any
+) -> SavedCampaign:
+    """The campaign ``records`` came from, as judgement reads it. campaign.json facts are
+    ``meta``; unless given, every condition in the records ran without error, at the load
+    levels the records name."""
+    meta.setdefault("conditions", {r.condition: {"error": None} for r in records})
+    meta.setdefault("load_levels", {r.load: r.concurrency for r in records})
+    return SavedCampaign(directory, CampaignFile.model_validate(meta), records)
+
+
+# --------------------------------------------------------------------------- pilots
+
+PILOT_DEFAULTS: dict[str, Any] = {
+    "target": {"model": "/m/target"},
+    "conditions": {"base": {"role": "baseline"}, "cand": {"role": "candidate", "drafter": "/m/d"}},
+    "trace": {"files": ["t.jsonl"]},
+}
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in: mappings key by key, anything else replaced."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def pilot_data(conditions: Mapping[str, Any] | None = None, **sections: Any) -> dict[str, Any]:
+    """A pilot file's content: :data:`PILOT_DEFAULTS` with ``sections`` deep-merged in.
+    ``conditions``, given, replace the default ones (their names are the test's)."""
+    data = deep_merge(PILOT_DEFAULTS, sections)
+    if conditions is not None:
+        data["conditions"] = copy.deepcopy(dict(conditions))
+    return data
+
+
+def make_pilot(conditions: Mapping[str, Any] | None = None, **sections: Any) -> Pilot:
+    """A validated pilot (see :func:`pilot_data`); nothing is read from disk."""
+    return Pilot.model_validate(pilot_data(conditions, **sections))
+
+
+def endpoint_conditions(urls: Mapping[str, str], protocol: str = "sglang") -> dict[str, Any]:
+    """Conditions served by running servers: the first is the baseline, the rest candidates."""
+    return {name: {"role": "candidate" if i else "baseline",
+                   "endpoint": {"url": url, "protocol": protocol}}
+            for i, (name, url) in enumerate(urls.items())}  # fmt: skip
+
+
+def write_trace(path: Path, n: int, max_new_tokens: int = 4) -> Path:
+    """A trace of ``n`` chat prompts ``p0``..., each asking for ``max_new_tokens``."""
+    with path.open("w", encoding="utf-8") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Hello {i}",
+                                 "max_new_tokens": max_new_tokens}) + "\n")  # fmt: skip
+    return path
+
+
+def write_pilot(
+    folder: Path,
+    conditions: Mapping[str, Any] | None = None,
+    *,
+    prompts: int = 4,
+    filename: str = "pilot.yaml",
+    **sections: Any,
+) -> Path:
+    """``folder/filename``: a pilot file (see :func:`pilot_data`, checked against the schema)
+    replaying ``folder/trace.jsonl``, written beside it with ``prompts`` prompts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = write_trace(folder / "trace.jsonl", prompts)
+    data = pilot_data(conditions, **sections)
+    data["trace"] = {**data["trace"], "files": [str(trace)]}
+    Pilot.model_validate(data)
+    path = folder / filename
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
