@@ -1,0 +1,652 @@
+"""Speed statistics that count the time structure of a campaign (pure numpy/scipy).
+
+Design (see :mod:`pytest_osprey.schedule`): prompts are grouped into blocks; within a boot,
+every pass replays each block once per condition as short adjacent stretches. Noise shared
+in time (stretch shocks, correlated noise within a stretch, stalls hitting every request in
+flight) therefore stays inside one **cluster** = one block within one boot, with all its
+passes. The deciding test of each metric is a cluster-robust t-test of its log speedup
+against ``log(threshold)``:
+
+* ``per_prompt``: the mean over prompts of the per-prompt log ratio (mean log reference
+  latency minus mean log candidate latency over passes) - a geometric-mean speedup that
+  counts every prompt equally;
+* ``total_time``: the log ratio of summed latencies (per prompt, its mean latency over
+  passes) - the GPU time saved, where long prompts weigh more.
+
+Each metric is written as a sum of per-cluster influence values (exact for ``per_prompt``,
+first-order for the ratio of sums); their CR1 variance with ``df = clusters - 1`` is the
+cluster-robust covariance of an intercept-only regression (statsmodels' ``cov_type="cluster"``
+gives the same number). With b >= 2 boots per condition, clusters are crossed blocks x boots:
+a between-boot component is estimated by the method of moments from the two-way table of
+influence values and added, with Satterthwaite degrees of freedom. With one boot a persistent
+per-boot offset cannot be told from the drafter's effect: the result says so.
+
+Arrays here are batched: a leading axis runs over independent campaigns, so the simulation
+(``benchmarks/speed_sim.py``) runs thousands of campaigns through the very same code.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Metric = Literal["per_prompt", "total_time"]
+Outcome = Literal["pass", "fail", "inconclusive"]
+METRICS: tuple[Metric, ...] = ("per_prompt", "total_time")
+DEFAULT_METRIC: Metric = "per_prompt"
+
+_LOG_TOL = 1e-9  # a bound this close to the threshold is not beyond it
+
+
+class SpeedError(ValueError):
+    """Data the speed statistics cannot judge (no pairs, bad latencies, wrong shapes)."""
+
+
+# --------------------------------------------------------------------------- input
+
+
+@dataclass(frozen=True)
+class Request:
+    """One recorded request, as the speed statistics need it (one load level)."""
+
+    condition: str
+    prompt_id: str
+    latency_s: float | None
+    ok: bool
+    boot: int
+    pass_index: int
+    block: int
+    stretch: int
+    start_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PairedLatencies:
+    """One level's latencies in the design's layout: ``(boots, passes, prompts)`` per side.
+
+    NaN marks a request that failed or did not run (yet). ``blocks[i]`` is prompt i's block.
+    """
+
+    reference: FloatArray
+    candidate: FloatArray
+    blocks: IntArray
+    prompt_ids: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.reference.shape != self.candidate.shape or self.reference.ndim != 3:
+            raise SpeedError(f"reference {self.reference.shape} and candidate "
+                             f"{self.candidate.shape} must share a (boots, passes, prompts) shape")
+        if self.blocks.shape != (self.reference.shape[2],):
+            raise SpeedError("blocks must give one block index per prompt")
+        for side in (self.reference, self.candidate):
+            bad = np.isfinite(side) & ~(side > 0)
+            if bad.any() or np.isinf(side).any():
+                raise SpeedError("latencies must be finite and > 0 seconds (NaN: missing)")
+
+    def upto(self, max_pass: int | None = None, max_boot: int | None = None) -> PairedLatencies:
+        """The data an interim look sees: passes < ``max_pass`` and boots < ``max_boot``."""
+        ref, cand = self.reference.copy(), self.candidate.copy()
+        if max_pass is not None:
+            ref[:, max_pass:, :] = np.nan
+            cand[:, max_pass:, :] = np.nan
+        if max_boot is not None:
+            ref, cand = ref[:max_boot], cand[:max_boot]
+        return PairedLatencies(ref, cand, self.blocks, self.prompt_ids)
+
+
+def collect(requests: Iterable[Request], reference: str, candidate: str) -> PairedLatencies:
+    """Arrange one level's requests of two conditions into :class:`PairedLatencies`.
+
+    Failed requests count as missing (the completion gate judges failures). A prompt's block
+    must be the same in every request (blocks are fixed per level by the plan).
+    """
+    rows = [r for r in requests if r.condition in (reference, candidate)]
+    if not rows:
+        raise SpeedError(f"no request of {reference!r} or {candidate!r}")
+    ids = sorted({r.prompt_id for r in rows})
+    index = {pid: i for i, pid in enumerate(ids)}
+    boots = max(r.boot for r in rows) + 1
+    passes = max(r.pass_index for r in rows) + 1
+    out = {c: np.full((boots, passes, len(ids)), np.nan) for c in (reference, candidate)}
+    blocks = np.full(len(ids), -1, dtype=np.int64)
+    for r in rows:
+        i = index[r.prompt_id]
+        if blocks[i] not in (-1, r.block):
+            raise SpeedError(f"prompt {r.prompt_id!r} appears in blocks {blocks[i]} and {r.block}")
+        blocks[i] = r.block
+        if r.ok and r.latency_s is not None:
+            cell = out[r.condition][r.boot, r.pass_index, i]
+            if not math.isnan(cell):
+                raise SpeedError(f"{r.condition}: two requests for prompt {r.prompt_id!r} in "
+                                 f"boot {r.boot}, pass {r.pass_index}")
+            out[r.condition][r.boot, r.pass_index, i] = r.latency_s
+    _, dense = np.unique(blocks, return_inverse=True)
+    return PairedLatencies(out[reference], out[candidate], dense.astype(np.int64), tuple(ids))
+
+
+# --------------------------------------------------------------------------- batch core
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Per-campaign arrays (leading axis: campaigns) of one metric's log estimate.
+
+    ``var``: variance of the log estimate, blocks (boots averaged, CR1) plus the between-boot
+    component ``boot_var`` (0 with one boot), with ``df``. ``between`` and ``within`` are
+    variance components per cluster in the estimate's units: stable block-to-block variation
+    and the variation of one pass between passes (for advice and the time share).
+    """
+
+    log_estimate: FloatArray
+    var: FloatArray
+    df: FloatArray
+    boot_var: FloatArray
+    between: FloatArray
+    within: FloatArray
+    clusters: FloatArray
+    boots: int
+    passes: FloatArray  # mean passes per cluster with data
+
+
+def _nanmean(x: FloatArray, axis: int) -> FloatArray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices stay NaN
+        return np.asarray(np.nanmean(x, axis=axis), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """Cell (boot x block) sums: per_prompt: (sum of log ratios, prompt count); total_time:
+    (sum of reference means, sum of candidate means). ``*_p``: the same per pass."""
+
+    first: FloatArray  # (S,B,K)
+    second: FloatArray
+    first_p: FloatArray  # (S,B,P,K)
+    second_p: FloatArray
+    present: npt.NDArray[np.bool_]  # (S,K): the block has paired data in some boot
+    cells: FloatArray  # (S,): boots x present blocks
+
+
+def _cells(ref: FloatArray, cand: FloatArray, onehot: FloatArray, metric: Metric) -> _Cells:
+    mean_ref, mean_cand = _nanmean(ref, 2), _nanmean(cand, 2)  # (S,B,n) over passes
+    ok = np.isfinite(mean_ref) & np.isfinite(mean_cand)
+    ok_p = np.isfinite(ref) & np.isfinite(cand)
+    count = ok.astype(np.float64) @ onehot
+    present = count.sum(axis=1) > 0
+    cells = np.maximum(present.sum(axis=1), 1) * ref.shape[1]
+    if metric == "per_prompt":
+        la, lb = np.log(ref), np.log(cand)
+        d = np.where(ok, _nanmean(la, 2) - _nanmean(lb, 2), 0.0)
+        return _Cells(d @ onehot, count, np.where(ok_p, la - lb, 0.0) @ onehot,
+                      ok_p.astype(np.float64) @ onehot, present, cells)
+    return _Cells(np.where(ok, mean_ref, 0.0) @ onehot, np.where(ok, mean_cand, 0.0) @ onehot,
+                  np.where(ok_p, ref, 0.0) @ onehot, np.where(ok_p, cand, 0.0) @ onehot,
+                  present, cells)
+
+
+def _mean_variance(
+    values: FloatArray, present: npt.NDArray[np.bool_]
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """Variance of the grand mean of centred cell values ``(S, boots, blocks)``.
+
+    Returns (var, df, boot_var, between-block variance of block means). Blocks: CR1 over the
+    block means (boots averaged), df = blocks - 1. Boots (b >= 2): two-way method of moments
+    - boot means' variance minus the interaction mean square / blocks estimates the
+    between-boot component (truncated at 0), added with Satterthwaite degrees of freedom.
+    """
+    n_boots = values.shape[1]
+    k = np.maximum(present.sum(axis=1).astype(np.float64), 2.0)
+    row = values.mean(axis=1)  # (S,K)
+    between_rows = (row**2).sum(axis=1) / (k - 1)
+    var_blocks = between_rows / k
+    df = k - 1
+    boot_var = np.zeros_like(var_blocks)
+    if n_boots >= 2:
+        col = values.sum(axis=2) / k[:, None]  # (S,B)
+        q_b = (col**2).sum(axis=1) / (n_boots - 1)
+        resid = np.where(present[:, None, :], values - row[:, None, :] - col[:, :, None], 0.0)
+        ms_r = (resid**2).sum(axis=(1, 2)) / ((k - 1) * (n_boots - 1))
+        sigma_u = np.maximum(q_b - ms_r / k, 0.0)
+        boot_var = sigma_u / n_boots
+        terms = (var_blocks**2 / (k - 1) + (q_b / n_boots) ** 2 / (n_boots - 1)
+                 + (ms_r / (k * n_boots)) ** 2 / ((k - 1) * (n_boots - 1)))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            satt = (var_blocks + boot_var) ** 2 / terms
+        df = np.where(sigma_u > 0, np.clip(np.nan_to_num(satt, nan=1.0), 1.0, k - 1), k - 1)
+    return var_blocks + boot_var, df, boot_var, between_rows
+
+
+def _onehot(blocks: IntArray) -> FloatArray:
+    onehot = np.zeros((blocks.size, int(blocks.max()) + 1))
+    onehot[np.arange(blocks.size), blocks] = 1.0
+    return onehot
+
+
+def speed_batch(
+    reference: FloatArray, candidate: FloatArray, blocks: IntArray, metric: Metric
+) -> Batch:
+    """Log estimate, its cluster-robust variance and variance components, per campaign.
+
+    ``reference``/``candidate``: latencies ``(campaigns, boots, passes, prompts)``, NaN for
+    missing. Values per cell are influence values of the log estimate (exact for
+    ``per_prompt``, first order for ``total_time``), so ``var`` is the usual CR1 variance.
+    """
+    if metric not in METRICS:
+        raise SpeedError(f"metric must be one of {METRICS}, got {metric!r}")
+    c = _cells(reference, candidate, _onehot(blocks), metric)
+    cells = c.cells[:, None, None]
+    if metric == "per_prompt":
+        total = np.maximum(c.second.sum(axis=(1, 2)), 1.0)
+        est = c.first.sum(axis=(1, 2)) / total
+        unit = (total / c.cells)[:, None, None]  # mean prompts per cell
+        psi = (c.first - c.second * est[:, None, None]) / unit
+        psi_p = (c.first_p - c.second_p * est[:, None, None, None]) / unit[..., None]
+        psi_p = np.where(c.second_p > 0, psi_p, np.nan)
+    else:
+        ta, tb = c.first.sum(axis=(1, 2)), c.second.sum(axis=(1, 2))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            est = np.log(ta / tb)
+        sa = cells / np.where(ta > 0, ta, 1.0)[:, None, None]
+        sb = cells / np.where(tb > 0, tb, 1.0)[:, None, None]
+        psi = c.first * sa - c.second * sb
+        psi_p = c.first_p * sa[..., None] - c.second_p * sb[..., None]
+        psi_p = np.where(c.second_p > 0, psi_p, np.nan)
+    var, df, boot_var, between_rows = _mean_variance(psi, c.present)
+    dev = psi_p - _nanmean(psi_p, 2)[:, :, None, :]
+    n_p = np.isfinite(psi_p).sum(axis=2)  # (S,B,K)
+    dof_w = np.maximum(n_p - 1, 0).sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        within = np.where(dof_w > 0, np.nansum(dev**2, axis=(1, 2, 3)) / dof_w, np.nan)
+    mean_passes = _nanmean(np.where(n_p > 0, n_p, np.nan).reshape(n_p.shape[0], -1), 1)
+    n_boots = reference.shape[1]
+    between = np.maximum(between_rows - np.nan_to_num(within / (mean_passes * n_boots)), 0.0)
+    clusters = c.present.sum(axis=1).astype(np.float64)
+    return Batch(est, var, df, boot_var, between, within, clusters, n_boots, mean_passes)
+
+
+def deciding_t(
+    reference: FloatArray,
+    candidate: FloatArray,
+    blocks: IntArray,
+    metric: Metric,
+    log_threshold: float | FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """(t, df) of each campaign's deciding test of log speedup against ``log_threshold``.
+
+    ``per_prompt``: (estimate - log threshold) / its cluster-robust SE. ``total_time``:
+    Fieller's test of H0 sum(ref) = r0 sum(cand), r0 = the threshold: the cell values
+    ``ref - r0 * cand`` are linear, so their mean's cluster t-test carries no delta-method
+    error (with a handful of blocks and skewed prompt lengths the log-ratio's linearised or
+    jackknife t ran at ~3% false keep for a nominal 2.5%).
+    """
+    if metric == "per_prompt":
+        b = speed_batch(reference, candidate, blocks, metric)
+        shift = b.log_estimate - log_threshold
+        var, df = b.var, b.df
+    else:
+        c = _cells(reference, candidate, _onehot(blocks), metric)
+        r0 = np.exp(np.broadcast_to(np.asarray(log_threshold, dtype=np.float64),
+                                    c.cells.shape))[:, None, None]
+        tb = c.second.sum(axis=(1, 2))[:, None, None]
+        phi = (c.first - r0 * c.second) * c.cells[:, None, None] / (r0 * np.where(
+            tb > 0, tb, 1.0))
+        shift = phi.sum(axis=(1, 2)) / c.cells
+        centred = np.where(c.present[:, None, :], phi - shift[:, None, None], 0.0)
+        var, df, _, _ = _mean_variance(centred, c.present)
+    se = np.sqrt(var)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, shift / np.where(se > 0, se, 1.0), np.sign(shift) * np.inf)
+    return t, df
+
+
+def p_value(t: FloatArray, df: FloatArray) -> FloatArray:
+    """One-sided p of a t statistic: P(T >= t)."""
+    from scipy import special
+
+    return np.asarray(special.stdtr(np.maximum(df, 1e-9), -t), dtype=np.float64)
+
+
+def confidence_bounds(
+    data: PairedLatencies, metric: Metric, alpha: float
+) -> tuple[float, float]:
+    """Log-scale bounds of the deciding test inverted: the thresholds it would not reject.
+
+    ``per_prompt``: estimate -+ t quantile x SE. ``total_time``: Fieller's interval, found
+    by bisection on the threshold (the t statistic falls as the threshold rises).
+    """
+    from scipy import special
+
+    ref, cand = data.reference[None], data.candidate[None]
+    b = speed_batch(ref, cand, data.blocks, metric)
+    est, se = float(b.log_estimate[0]), math.sqrt(float(b.var[0]))
+    if metric == "per_prompt":
+        half = float(special.stdtrit(max(float(b.df[0]), 1e-9), 1 - alpha)) * se
+        return est - half, est + half
+
+    def excess(log_r: float, sign: float) -> float:
+        t, df = deciding_t(ref, cand, data.blocks, metric, log_r)
+        return sign * float(t[0]) - float(special.stdtrit(max(float(df[0]), 1e-9), 1 - alpha))
+
+    span = 40 * se + 1.0
+    out = []
+    for sign, far in ((1.0, est - span), (-1.0, est + span)):
+        if excess(far, sign) <= 0:  # never rejected out there: unbounded on this side
+            out.append(-math.inf if sign > 0 else math.inf)
+            continue
+        near = est
+        for _ in range(60):
+            mid = (near + far) / 2
+            near, far = (mid, far) if excess(mid, sign) <= 0 else (near, mid)
+        out.append((near + far) / 2)
+    return out[0], out[1]
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    """One metric's deciding test: a cluster-robust t-test of log speedup vs log threshold.
+
+    ``p_value`` is that test's one-sided p (H1: faster than the threshold); "pass" is
+    ``p_value <= (1 - confidence) / 2``, the same event as ``ci_low > threshold``.
+    """
+
+    metric: Metric
+    estimate: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    t: float
+    df: float
+    se_log: float
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Components:
+    """Where the speedup's uncertainty comes from (variance of the log estimate).
+
+    ``time_share``: share due to variation between passes within a block and boot (request
+    noise, shocks, drift); the rest of the block part is stable prompt-to-prompt variation,
+    which only more prompts reduce. ``boot_share``: share of the between-boot component
+    (0 with one boot, where it cannot be estimated).
+    """
+
+    between: float
+    within: float
+    boot_var: float
+    time_share: float
+    boot_share: float
+    clusters: int
+    passes: float
+    boots: int
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    """The speed gate's result: both metrics, the gating one, and why the outcome is what it is."""
+
+    outcome: Outcome
+    reason: str
+    metric: Metric
+    gating: MetricResult
+    per_prompt: MetricResult
+    total_time: MetricResult
+    threshold: float
+    confidence: float
+    n_prompts: int
+    n_clusters: int
+    n_boots: int
+    n_passes: int
+    boot_confounded: bool
+    confounding: str
+    components: Components
+    drift: Drift | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _metric_result(
+    data: PairedLatencies, batch: Batch, metric: Metric, log_thr: float, alpha: float
+) -> MetricResult:
+    t, df = deciding_t(data.reference[None], data.candidate[None], data.blocks, metric, log_thr)
+    lo, hi = confidence_bounds(data, metric, alpha)
+    outcome: Outcome = "inconclusive"
+    if lo > log_thr + _LOG_TOL:
+        outcome = "pass"
+    elif hi < log_thr - _LOG_TOL:
+        outcome = "fail"
+    return MetricResult(metric, math.exp(float(batch.log_estimate[0])), math.exp(lo),
+                        math.exp(hi), float(p_value(t, df)[0]), float(t[0]), float(df[0]),
+                        math.sqrt(float(batch.var[0])), outcome)
+
+
+def _components(batch: Batch) -> Components:
+    var = float(batch.var[0])
+    within = float(batch.within[0]) if np.isfinite(batch.within[0]) else 0.0
+    passes = float(batch.passes[0]) if np.isfinite(batch.passes[0]) else 1.0
+    k = max(float(batch.clusters[0]), 1.0)
+    time_part = within / (passes * batch.boots) / k
+    return Components(
+        between=float(batch.between[0]), within=within, boot_var=float(batch.boot_var[0]),
+        time_share=min(1.0, time_part / var) if var > 0 else 0.0,
+        boot_share=float(batch.boot_var[0]) / var if var > 0 else 0.0,
+        clusters=int(batch.clusters[0]), passes=passes, boots=batch.boots,
+    )
+
+
+CONFOUNDED = ("one boot per condition: a persistent offset of a boot (placement, clocks, "
+              "allocator state) cannot be told from the drafter's effect; "
+              "boots_per_condition >= 2 estimates it")
+
+
+def speed_test(
+    data: PairedLatencies,
+    threshold: float = 1.0,
+    confidence: float = 0.95,
+    metric: Metric = DEFAULT_METRIC,
+    drift: Drift | None = None,
+) -> SpeedResult:
+    """Judge the candidate's speedup over the reference at one load level.
+
+    Both metrics are computed; ``metric`` gates. "pass" (KEEP) when the gating metric's
+    lower confidence bound exceeds ``threshold`` - unless ``drift`` says the environment was
+    unstable, which turns it into "inconclusive" with that reason. "fail" (DROP) when its upper
+    bound is below ``threshold``: the candidate is confidently slower than required.
+    """
+    if not (threshold > 0 and math.isfinite(threshold)):
+        raise SpeedError(f"threshold must be a positive speedup, got {threshold}")
+    if not 0.5 < confidence < 1:
+        raise SpeedError(f"confidence must lie in (0.5, 1), got {confidence}")
+    if metric not in METRICS:
+        raise SpeedError(f"metric must be one of {METRICS}, got {metric!r}")
+    ref, cand = data.reference[None], data.candidate[None]
+    paired = np.isfinite(_nanmean(ref, 2)) & np.isfinite(_nanmean(cand, 2))
+    n_prompts = int(paired.any(axis=1).sum())
+    if n_prompts < 2:
+        raise SpeedError(f"{n_prompts} paired prompt(s): too few to judge speed")
+    alpha = (1 - confidence) / 2
+    log_thr = math.log(threshold)
+    batches = {m: speed_batch(ref, cand, data.blocks, m) for m in METRICS}
+    results = {m: _metric_result(data, batches[m], m, log_thr, alpha) for m in METRICS}
+    gate = results[metric]
+    n_clusters = int(batches[metric].clusters[0])
+    boots = data.reference.shape[0]
+    outcome, reason = gate.outcome, ""
+    notes: list[str] = []
+    if n_clusters < 2:
+        outcome, reason = "inconclusive", "one block: no between-block variance to judge by"
+    elif outcome == "pass" and drift is not None and drift.unstable:
+        outcome, reason = "inconclusive", f"unstable environment: {drift.reason}"
+    if boots == 1:
+        notes.append(CONFOUNDED)
+    return SpeedResult(
+        outcome=outcome, reason=reason, metric=metric, gating=gate,
+        per_prompt=results["per_prompt"], total_time=results["total_time"],
+        threshold=threshold, confidence=confidence, n_prompts=n_prompts,
+        n_clusters=n_clusters, n_boots=boots, n_passes=data.reference.shape[1],
+        boot_confounded=boots == 1, confounding=CONFOUNDED if boots == 1 else "",
+        components=_components(batches[metric]), drift=drift, notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------- drift
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Each condition against itself between passes/boots ("instances"), paired by prompt.
+
+    The environment's stability: a pass that ran slower for every condition cancels in the
+    speedup, yet the speedup measured then mixes two machines' states. The series compared
+    are the baseline's (and, for power, the other conditions' of the comparison: each
+    against itself, never one condition against another).
+
+    ``estimate``: the largest change of one instance against the others, as a ratio (1.3:
+    that pass ran 30% slower): the median over prompts and series of its log latency minus
+    the median of the prompt's other instances (robust to stalls); CI at ``confidence`` by
+    resampling clusters. ``p_value``: a rank test that the instance runs like the others (per prompt,
+    the instance's rank among the prompt's instances, averaged per cluster - block within a
+    level - and t-tested over clusters; Bonferroni over instances). ``unstable`` when the
+    change is both material (beyond ``tolerance``) and significant at ``alpha``.
+    """
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    instance: tuple[int, int]  # (boot, pass) of the largest change
+    tolerance: float
+    alpha: float
+    unstable: bool
+    reason: str
+
+
+def _drift_parts(
+    levels: Sequence[tuple[FloatArray, IntArray]]
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(per-prompt robust contrasts (S,R,N), cluster mean centred ranks (S,R,G), cluster
+    sizes (S,G)) over all levels; prompts lacking an instance are left out (NaN / 0)."""
+    contrasts: list[FloatArray] = []
+    ranks: list[FloatArray] = []
+    sizes: list[FloatArray] = []
+    for lat, blocks in levels:
+        y = np.log(lat).reshape(lat.shape[0], -1, lat.shape[-1])  # (S,R,n)
+        n_inst = y.shape[1]
+        full: npt.NDArray[np.bool_] = np.asarray(np.isfinite(y).all(axis=1))  # (S,n)
+        filled = np.where(full[:, None, :], y, 0.0)
+        others = np.stack([np.median(np.delete(filled, r, axis=1), axis=1)
+                           for r in range(n_inst)], axis=1)
+        contrasts.append(np.where(full[:, None, :], filled - others, np.nan))
+        rank = filled.argsort(axis=1).argsort(axis=1) - (n_inst - 1) / 2
+        onehot = _onehot(blocks)
+        count = full.astype(np.float64) @ onehot  # (S,K)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ranks.append(np.where(full[:, None, :], rank, 0.0) @ onehot / count[:, None, :])
+        sizes.append(count)
+    return (np.concatenate(contrasts, axis=2), np.concatenate(ranks, axis=2),
+            np.concatenate(sizes, axis=1))
+
+
+def drift_batch(
+    levels: Sequence[tuple[FloatArray, IntArray]], tolerance: float = 0.10, alpha: float = 0.01
+) -> tuple[npt.NDArray[np.bool_], FloatArray, FloatArray, IntArray]:
+    """(unstable, robust log change per instance (S,R), Bonferroni p per instance (S,R),
+    index of the largest change) for campaigns stacked on a leading axis.
+
+    ``levels``: per series (a condition at a load level), its latencies ``(S, boots, passes,
+    prompts)`` and the prompts' blocks; clusters are the blocks of each series.
+    """
+    from scipy import special
+
+    contrasts, ranks, sizes = _drift_parts(levels)
+    est = _nanmean(contrasts, 2) if contrasts.shape[2] == 0 else np.nanmedian(contrasts, axis=2)
+    present = sizes > 0  # (S,G)
+    g = present.sum(axis=1).astype(np.float64)[:, None]  # (S,1)
+    u = np.where(present[:, None, :], ranks, 0.0)
+    mean = u.sum(axis=2) / np.maximum(g, 1)
+    var = np.where(present[:, None, :], (u - mean[..., None]) ** 2, 0.0).sum(axis=2)
+    se = np.sqrt(var / np.maximum(g - 1, 1) / np.maximum(g, 1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(se > 0, np.abs(mean) / np.where(se > 0, se, 1.0), np.inf)
+    n_inst = est.shape[1]
+    contrasts_n = 1 if n_inst == 2 else n_inst  # two instances: one contrast, seen twice
+    p = np.minimum(2 * special.stdtr(np.maximum(g - 1, 1), -t) * contrasts_n, 1.0)
+    p = np.where(np.isnan(est), 1.0, p)
+    material = np.abs(np.nan_to_num(est)) > math.log1p(tolerance)
+    unstable = np.asarray((material & (p <= alpha)).any(axis=1), dtype=bool)
+    worst = np.asarray(np.argmax(np.abs(np.nan_to_num(est)), axis=1), dtype=np.int64)
+    return unstable, np.asarray(est, dtype=np.float64), np.asarray(p, dtype=np.float64), worst
+
+
+def drift_check(
+    levels: Sequence[tuple[FloatArray, IntArray]],
+    tolerance: float = 0.10,
+    alpha: float = 0.01,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Drift | None:
+    """Drift over one campaign; None with a single pass instance (nothing to compare).
+
+    ``levels``: per series - the baseline at each load level, and preferably every other
+    condition of the comparison too (each against itself: twice the data, so a pass slowed
+    30-70% is caught) - its ``(boots, passes, prompts)`` latencies and blocks.
+
+    ``tolerance`` 10%: a pass that runs >10% off the others is material. ``alpha`` 1%: false
+    alarms on stable noise are rare (measured in tests/test_speed_simulation.py).
+    """
+    batched = [(lat[None], blocks) for lat, blocks in levels]
+    n_inst = levels[0][0].shape[0] * levels[0][0].shape[1]
+    if n_inst < 2:
+        return None
+    unstable, est, p, worst = drift_batch(batched, tolerance, alpha)
+    r = int(worst[0])
+    e = float(est[0, r])
+    if not math.isfinite(e):
+        return None
+    contrasts, _, _ = _drift_parts(batched)
+    low, high = _cluster_bootstrap_median(contrasts[0, r], levels, confidence, resamples, seed)
+    passes = levels[0][0].shape[1]
+    boot, pass_index = divmod(r, passes)
+    reason = ""
+    if unstable[0]:
+        reason = (f"the baseline ran {math.exp(e) - 1:+.0%} in boot {boot + 1} pass "
+                  f"{pass_index + 1} against its other passes (p={float(p[0, r]):.2g}; "
+                  f"tolerance {tolerance:.0%})")
+    return Drift(math.exp(e), math.exp(low), math.exp(high), float(p[0, r]),
+                 (boot, pass_index), tolerance, alpha, bool(unstable[0]), reason)
+
+
+def _cluster_bootstrap_median(
+    values: FloatArray,
+    levels: Sequence[tuple[FloatArray, IntArray]],
+    confidence: float,
+    resamples: int,
+    seed: int,
+) -> tuple[float, float]:
+    """Percentile interval of the median of ``values`` (prompts of all levels, in order),
+    resampling clusters (blocks within a level) with replacement."""
+    ids, offset = [], 0
+    for k, (_, blocks) in enumerate(levels):
+        ids.append(blocks + offset)
+        offset += int(blocks.max()) + 1
+        del k
+    cluster = np.concatenate(ids)
+    keep = np.isfinite(values)
+    values, cluster = values[keep], cluster[keep]
+    labels = np.unique(cluster)
+    members = [values[cluster == c] for c in labels]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, labels.size, (resamples, labels.size))
+    meds = np.array([np.median(np.concatenate([members[j] for j in row])) for row in picks])
+    tail = (1 - confidence) / 2
+    return float(np.quantile(meds, tail)), float(np.quantile(meds, 1 - tail))
