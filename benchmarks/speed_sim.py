@@ -292,12 +292,19 @@ def noise_models() -> dict[str, Noise]:
         replace(base, name="switch", switch_penalty=0.10),
         replace(base, name="mixed", ar=0.3, shock_sd=0.05, burst_prob=0.02,
                 inflight_rate=0.1, slow_prob=0.1, drift_sd=0.05),
+        replace(base, name="reference", ar=0.3, shock_sd=0.03, slow_prob=0.10),
     ]
     return {m.name: m for m in models}
 
 
-REFERENCE_NOISE = replace(noise_models()["mixed"], name="reference")
+# The issue's own setting: AR(1) 0.3 within a stretch, 3% stretch shocks, 10% of requests
+# slowed 3x (with the prompt effects of PromptModel): the noise the shipped claims are made in.
+REFERENCE_NOISE = Noise(name="reference", request_sd=0.10, ar=0.3, shock_sd=0.03,
+                        slow_prob=0.10, slow_factor=3.0)
 BOOT_NOISE = replace(Noise(request_sd=0.10), name="boot5%", boot_sd=0.05)
+# The embedded pilot's shape: 21 prompts, low (1) and concurrent (4), primary concurrent,
+# four passes with early stopping (looks after each pass).
+SHIPPED = Design(passes=4)
 
 
 # --------------------------------------------------------------------------- judging
@@ -342,23 +349,42 @@ def z_scores(
     return out, np.zeros(0)
 
 
+def unstable(c: Campaigns, look: int = 0) -> npt.NDArray[np.bool_]:
+    """The drift check's verdict per campaign (every series: each condition at each level
+    against itself), on the data of ``look`` (0: all)."""
+    from pytest_osprey.speed import drift_batch
+
+    n_looks = looks_of(c.design)
+    series = []
+    for side in (c.reference, c.candidate):
+        for level, lat in side.items():
+            series.append((_upto(lat, c.design, look, n_looks) if look else lat,
+                           c.blocks[level]))
+    return drift_batch(series)[0]
+
+
 def fixed_outcomes(
     c: Campaigns, threshold: float, metric: Metric = "per_prompt", alpha: float = 0.025,
-    level: str | None = None,
+    level: str | None = None, drift: bool = True,
 ) -> IntArray:
-    """KEEP / INCONCLUSIVE / DROP codes of the fixed design (all data, one test)."""
+    """KEEP / INCONCLUSIVE / DROP codes of the fixed design (all data, one test); with
+    ``drift`` an unstable environment turns KEEP into INCONCLUSIVE, as the gate does."""
     from scipy import stats
 
     (z,), _ = z_scores(c, level or c.design.primary, metric, [math.log(threshold)])
     crit = float(stats.norm.isf(alpha))
-    return np.where(z >= crit, KEEP, np.where(-z >= crit, DROP, INCONCLUSIVE))
+    code = np.where(z >= crit, KEEP, np.where(-z >= crit, DROP, INCONCLUSIVE))
+    if drift:
+        code[(code == KEEP) & unstable(c)] = INCONCLUSIVE
+    return code
 
 
 def sequential_outcomes(
     c: Campaigns, threshold: float, metric: Metric = "per_prompt", alpha: float = 0.025,
-    futility_power: float = 0.10, rho: float = 2.0,
+    futility_power: float = 0.20, rho: float = 2.0, drift: bool = True,
 ) -> tuple[IntArray, IntArray]:
-    """(decision code, looks used) of the group-sequential design per campaign."""
+    """(decision code, looks used) of the group-sequential design per campaign; an unstable
+    environment turns a keep into "continue" (inconclusive at the last look)."""
     from pytest_osprey.speed_sequential import decide, sequential_plan
 
     looks = looks_of(c.design)
@@ -369,6 +395,9 @@ def sequential_outcomes(
     for look in range(1, looks + 1):
         (z,), _ = z_scores(c, c.design.primary, metric, [math.log(threshold)], look)
         now = decide(z, plan, look)
+        if drift:
+            vetoed = (now == KEEP) & unstable(c, look)
+            now[vetoed] = INCONCLUSIVE if look == looks else -1
         fresh = (code == -1) & (now != -1)
         code[fresh] = now[fresh]
         used[fresh] = look

@@ -44,6 +44,7 @@ METRICS: tuple[Metric, ...] = ("per_prompt", "total_time")
 DEFAULT_METRIC: Metric = "per_prompt"
 
 _LOG_TOL = 1e-9  # a bound this close to the threshold is not beyond it
+DF_QUANTILE = 0.25  # boots: df evaluated at the boot mean square / its chi2 lower quartile
 
 
 class SpeedError(ValueError):
@@ -200,8 +201,11 @@ def _mean_variance(
     Returns (var, df, boot_var, between-block variance of block means). Blocks: CR1 over the
     block means (boots averaged), df = blocks - 1. Boots (b >= 2): two-way method of moments
     - boot means' variance minus the interaction mean square / blocks estimates the
-    between-boot component (truncated at 0), added with Satterthwaite degrees of freedom.
+    between-boot component (truncated at 0), added with Satterthwaite degrees of freedom
+    (evaluated at an upper value of the boot component, see below).
     """
+    from scipy import stats
+
     n_boots = values.shape[1]
     k = np.maximum(present.sum(axis=1).astype(np.float64), 2.0)
     row = values.mean(axis=1)  # (S,K)
@@ -214,13 +218,19 @@ def _mean_variance(
         q_b = (col**2).sum(axis=1) / (n_boots - 1)
         resid = np.where(present[:, None, :], values - row[:, None, :] - col[:, :, None], 0.0)
         ms_r = (resid**2).sum(axis=(1, 2)) / ((k - 1) * (n_boots - 1))
-        sigma_u = np.maximum(q_b - ms_r / k, 0.0)
-        boot_var = sigma_u / n_boots
-        terms = (var_blocks**2 / (k - 1) + (q_b / n_boots) ** 2 / (n_boots - 1)
+        boot_var = np.maximum(q_b - ms_r / k, 0.0) / n_boots
+        # Degrees of freedom at a plausible upper value of the boot mean square (its lower
+        # quartile chi-square point), not at its estimate: with 2-3 boots that estimate
+        # falls far below its mean often, and Satterthwaite's df computed from such a draw
+        # is large exactly when the boots happened to agree (false keep 5% at a nominal
+        # 2.5%, 2 boots, 5% boot offsets, 50 prompts).
+        q_hi = q_b * (n_boots - 1) / float(stats.chi2.ppf(DF_QUANTILE, n_boots - 1))
+        boot_hi = np.maximum(q_hi - ms_r / k, 0.0) / n_boots
+        terms = (var_blocks**2 / (k - 1) + (q_hi / n_boots) ** 2 / (n_boots - 1)
                  + (ms_r / (k * n_boots)) ** 2 / ((k - 1) * (n_boots - 1)))
         with np.errstate(invalid="ignore", divide="ignore"):
-            satt = (var_blocks + boot_var) ** 2 / terms
-        df = np.where(sigma_u > 0, np.clip(np.nan_to_num(satt, nan=1.0), 1.0, k - 1), k - 1)
+            satt = (var_blocks + boot_hi) ** 2 / terms
+        df = np.where(boot_hi > 0, np.clip(np.nan_to_num(satt, nan=1.0), 1.0, k - 1), k - 1)
     return var_blocks + boot_var, df, boot_var, between_rows
 
 
@@ -331,6 +341,9 @@ def confidence_bounds(
         half = float(special.stdtrit(max(float(b.df[0]), 1e-9), 1 - alpha)) * se
         return est - half, est + half
 
+    if data.reference.shape[0] == 1:  # one boot: Fieller's interval in closed form
+        return _fieller(data, float(b.df[0]), alpha)
+
     def excess(log_r: float, sign: float) -> float:
         t, df = deciding_t(ref, cand, data.blocks, metric, log_r)
         return sign * float(t[0]) - float(special.stdtrit(max(float(df[0]), 1e-9), 1 - alpha))
@@ -342,7 +355,7 @@ def confidence_bounds(
             out.append(-math.inf if sign > 0 else math.inf)
             continue
         near = est
-        for _ in range(60):
+        for _ in range(40):
             mid = (near + far) / 2
             near, far = (mid, far) if excess(mid, sign) <= 0 else (near, mid)
         out.append((near + far) / 2)
@@ -412,6 +425,28 @@ class SpeedResult:
     components: Components
     drift: Drift | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _fieller(data: PairedLatencies, df: float, alpha: float) -> tuple[float, float]:
+    """Log bounds {r: |t(r)| <= t_q} for block sums A_k, B_k: the roots of
+    (mean A - r mean B)^2 = (t_q^2 / K) var(A - r B), a quadratic in r."""
+    from scipy import special
+
+    c = _cells(data.reference[None], data.candidate[None], _onehot(data.blocks), "total_time")
+    keep = c.present[0]
+    a, b = c.first[0, 0, keep], c.second[0, 0, keep]
+    k = a.size
+    q = float(special.stdtrit(max(df, 1e-9), 1 - alpha)) ** 2 / k
+    cov = np.cov(np.stack([a, b]), ddof=1)
+    qa = b.mean() ** 2 - q * cov[1, 1]
+    qb = -2 * (a.mean() * b.mean() - q * cov[0, 1])
+    qc = a.mean() ** 2 - q * cov[0, 0]
+    disc = qb * qb - 4 * qa * qc
+    if qa <= 0 or disc < 0:  # the candidate's total is not bounded away from 0
+        return -math.inf, math.inf
+    root = math.sqrt(disc)
+    lo, hi = (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
+    return (math.log(lo) if lo > 0 else -math.inf), math.log(hi)
 
 
 def _metric_result(
@@ -540,7 +575,10 @@ def _drift_parts(
     sizes: list[FloatArray] = []
     for lat, blocks in levels:
         y = np.log(lat).reshape(lat.shape[0], -1, lat.shape[-1])  # (S,R,n)
+        y = y[:, np.isfinite(y).any(axis=(0, 2)), :]  # instances not run (yet) drop out
         n_inst = y.shape[1]
+        if n_inst < 2:
+            continue
         full: npt.NDArray[np.bool_] = np.asarray(np.isfinite(y).all(axis=1))  # (S,n)
         filled = np.where(full[:, None, :], y, 0.0)
         others = np.stack([np.median(np.delete(filled, r, axis=1), axis=1)
@@ -567,8 +605,14 @@ def drift_batch(
     """
     from scipy import special
 
+    if not any(np.isfinite(lat).any(axis=(0, 3)).sum() >= 2 for lat, _ in levels):
+        n = levels[0][0].shape[0]  # fewer than two instances anywhere: nothing to compare
+        return (np.zeros(n, dtype=bool), np.full((n, 1), np.nan), np.ones((n, 1)),
+                np.zeros(n, dtype=np.int64))
     contrasts, ranks, sizes = _drift_parts(levels)
-    est = _nanmean(contrasts, 2) if contrasts.shape[2] == 0 else np.nanmedian(contrasts, axis=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a prompt-less series stays NaN
+        est = np.nanmedian(contrasts, axis=2)
     present = sizes > 0  # (S,G)
     g = present.sum(axis=1).astype(np.float64)[:, None]  # (S,1)
     u = np.where(present[:, None, :], ranks, 0.0)

@@ -107,7 +107,7 @@ def sequential_plan(
     looks: int,
     alpha: float = 0.025,
     alpha_drop: float | None = None,
-    futility_power: float = 0.10,
+    futility_power: float = 0.20,
     rho: float = 2.0,
     information: Sequence[float] | None = None,
 ) -> SequentialPlan:
