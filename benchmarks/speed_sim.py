@@ -352,7 +352,7 @@ def z_scores(
 def unstable(c: Campaigns, look: int = 0) -> npt.NDArray[np.bool_]:
     """The drift check's verdict per campaign (every series: each condition at each level
     against itself), on the data of ``look`` (0: all)."""
-    from pytest_osprey.speed import drift_batch
+    from pytest_osprey.speed_drift import drift_batch
 
     n_looks = looks_of(c.design)
     series = []

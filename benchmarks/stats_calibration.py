@@ -46,8 +46,9 @@ from speed_sim import (
 )
 
 from pytest_osprey.latency_bound import latency_bound
-from pytest_osprey.speed import PairedLatencies, drift_batch, speed_test
+from pytest_osprey.speed import PairedLatencies, speed_test
 from pytest_osprey.speed_advice import advise
+from pytest_osprey.speed_drift import drift_batch
 
 ALPHA = 0.025
 

@@ -36,7 +36,6 @@ import numpy as np
 import numpy.typing as npt
 
 from pytest_osprey.speed import (
-    Drift,
     FloatArray,
     Metric,
     MetricResult,
@@ -45,6 +44,7 @@ from pytest_osprey.speed import (
     SpeedResult,
     speed_test,
 )
+from pytest_osprey.speed_drift import Drift
 
 Decision = Literal["keep", "drop", "inconclusive", "continue"]
 _GRID = 1201

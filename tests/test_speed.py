@@ -15,11 +15,11 @@ from pytest_osprey.speed import (
     Request,
     SpeedError,
     collect,
-    drift_check,
     speed_batch,
     speed_test,
 )
 from pytest_osprey.speed_advice import advise
+from pytest_osprey.speed_drift import drift_check
 from pytest_osprey.speed_sequential import _bounds, decide, sequential_look, sequential_plan
 
 BLOCKS = np.repeat(np.arange(5), [5, 4, 4, 4, 4]).astype(np.int64)  # 21 prompts at concurrency 4
