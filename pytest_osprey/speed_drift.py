@@ -34,8 +34,9 @@ class Drift:
     the median of the prompt's other instances (robust to stalls); CI at ``confidence`` by
     resampling clusters. ``p_value``: a rank test that the instance runs like the others
     (per prompt, the instance's rank among the prompt's instances, averaged per cluster -
-    block within a series - and t-tested over clusters; Bonferroni over instances). ``unstable`` when the
-    change is both material (beyond ``tolerance``) and significant at ``alpha``.
+    block within a series - and t-tested over clusters; Bonferroni over instances).
+    ``unstable`` when the change is both material (beyond ``tolerance``) and significant at
+    ``alpha``.
     """
 
     estimate: float
