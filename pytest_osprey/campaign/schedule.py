@@ -1,0 +1,204 @@
+"""The replay plan: which condition replays which prompts when (pure; no I/O, no asyncio).
+
+Noise on a shared machine is shared in time: a slow second, a stall, a neighbour's job hit
+every request in flight. The plan makes such noise hit every condition alike and keeps what
+it cannot cancel inside a unit the statistics can count:
+
+* The trace's prompts are split once (seeded, stratified) into fixed **blocks** per load
+  level, of ``block_prompts`` prompts (by default the level's concurrency: at concurrency 1
+  a block is one prompt, i.e. request-level alternation between conditions).
+* For each boot, each pass over the trace and each level, the blocks run in a seeded random
+  order, and within a block every condition replays the block's prompts as one short
+  **stretch**, the conditions in a counterbalanced order (each first equally often over the
+  passes). A shock during a stretch then lands in one block's comparison, never in all.
+* A **cluster** (the statistics' unit of independence) is one block within one boot: its
+  prompts with all their passes. Boot-wide offsets need ``boots_per_condition`` >= 2 to be
+  estimated; with one boot they are confounded with the drafter.
+* ``order="sequential"`` (conditions that cannot be resident together, one server at a
+  time): per boot each condition replays everything as one contiguous stretch, the
+  condition order rotating over boots. Time-shared noise between the conditions' stretches is
+  then a boot-level effect: it is estimable only with ``boots_per_condition`` >= 2.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Order = Literal["interleaved", "sequential"]
+
+
+class PlanError(ValueError):
+    """A replay plan that cannot be built (no prompts, no conditions, bad sizes)."""
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """One condition replaying one block's prompts, in execution order ``index``.
+
+    ``stretch_id`` names the contiguous run of one condition the entry belongs to: in the
+    interleaved order every entry is its own stretch; in the sequential order all entries of
+    a condition within a boot share one id (one contiguous run). ``look`` is the first
+    early-stopping look whose data include this entry (1-based).
+    """
+
+    index: int
+    boot: int
+    pass_index: int
+    level: str
+    block: int
+    condition: str
+    prompt_ids: tuple[str, ...]
+    stretch_id: int
+    look: int
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Every stretch of a campaign in execution order, and the blocks they replay."""
+
+    stretches: tuple[Stretch, ...]
+    blocks: Mapping[str, tuple[tuple[str, ...], ...]]  # level -> block -> prompt ids
+    conditions: tuple[str, ...]
+    passes: int
+    boots_per_condition: int
+    order: Order
+    looks: int
+    seed: int | str
+
+    def block_of(self, level: str) -> dict[str, int]:
+        """Prompt id -> block index at ``level``."""
+        return {pid: k for k, ids in enumerate(self.blocks[level]) for pid in ids}
+
+    def requests_per_condition(self) -> int:
+        return sum(len(s.prompt_ids) for s in self.stretches if s.condition == self.conditions[0])
+
+
+def split_blocks(
+    prompt_ids: Sequence[str],
+    block_prompts: int,
+    strata: Mapping[str, str] | None = None,
+    seed: int | str = 0,
+) -> tuple[tuple[str, ...], ...]:
+    """Split prompts into ``len // block_prompts`` blocks (at least one), sizes differing by <= 1.
+
+    Every block holds at least ``block_prompts`` prompts (when there are that many), so a
+    closed-loop level's concurrency is reached in every stretch. Prompts are shuffled within
+    their stratum (e.g. slice or domain) and dealt round-robin, so strata spread evenly.
+    """
+    ids = list(prompt_ids)
+    if not ids:
+        raise PlanError("no prompts to split into blocks")
+    if len(set(ids)) != len(ids):
+        raise PlanError("prompt ids must be unique")
+    if block_prompts < 1:
+        raise PlanError(f"block_prompts must be >= 1, got {block_prompts}")
+    rng = random.Random(f"blocks:{seed}")
+    groups: dict[str, list[str]] = {}
+    for pid in ids:
+        groups.setdefault((strata or {}).get(pid, ""), []).append(pid)
+    dealt: list[str] = []
+    for key in sorted(groups):
+        members = groups[key]
+        rng.shuffle(members)
+        dealt.extend(members)
+    n_blocks = max(1, len(ids) // block_prompts)
+    blocks: list[list[str]] = [[] for _ in range(n_blocks)]
+    for i, pid in enumerate(dealt):
+        blocks[i % n_blocks].append(pid)
+    return tuple(tuple(b) for b in blocks)
+
+
+def _balanced_orders(conditions: Sequence[str], n: int, rng: random.Random) -> list[list[str]]:
+    """``n`` condition orders, each condition first (and in each position) equally often.
+
+    Rotations of one random permutation form a Latin square; full squares are used whole,
+    the remainder takes distinct rotations at random, and the sequence is shuffled.
+    """
+    base = list(conditions)
+    rng.shuffle(base)
+    c = len(base)
+    rotations = [base[r:] + base[:r] for r in range(c)]
+    orders = [list(rot) for _ in range(n // c) for rot in rotations]
+    orders += [list(rot) for rot in rng.sample(rotations, n % c)]
+    rng.shuffle(orders)
+    return orders
+
+
+def plan_replay(
+    prompt_ids: Sequence[str],
+    conditions: Sequence[str],
+    block_prompts: Mapping[str, int],
+    passes: int,
+    boots_per_condition: int = 1,
+    order: Order = "interleaved",
+    strata: Mapping[str, str] | None = None,
+    seed: int | str = 0,
+) -> ReplayPlan:
+    """The campaign's stretches in execution order.
+
+    ``block_prompts`` maps each load level (in the order levels run within a pass) to its
+    block size; pass the level's concurrency for a closed-loop level. Loop order: boot ->
+    pass -> level -> blocks (seeded random order) -> conditions (counterbalanced over the
+    passes of a boot). Early-stopping looks: with one boot, after each pass; with b >= 2 boots,
+    after each boot from the second on (an earlier look could not see boot-to-boot variation).
+    In the sequential order one look comes after each boot from the second on.
+    """
+    conds = tuple(conditions)
+    if not conds or len(set(conds)) != len(conds):
+        raise PlanError(f"conditions must be non-empty and distinct, got {list(conds)}")
+    if not block_prompts:
+        raise PlanError("no load level")
+    if passes < 1 or boots_per_condition < 1:
+        raise PlanError(f"passes and boots_per_condition must be >= 1, got {passes}, "
+                        f"{boots_per_condition}")
+    if order not in ("interleaved", "sequential"):
+        raise PlanError(f"order must be 'interleaved' or 'sequential', got {order!r}")
+    blocks = {
+        level: split_blocks(prompt_ids, size, strata, f"{seed}:{level}")
+        for level, size in block_prompts.items()
+    }
+    rng = random.Random(f"plan:{seed}")
+    boots = boots_per_condition
+    looks = passes if boots == 1 and order == "interleaved" else max(1, boots - 1)
+    out: list[Stretch] = []
+
+    def look_of(boot: int, pass_index: int) -> int:
+        if boots == 1:
+            return pass_index + 1 if order == "interleaved" else 1
+        return max(1, boot)
+
+    def add(boot: int, p: int, level: str, block: int, cond: str, stretch_id: int) -> None:
+        out.append(Stretch(len(out), boot, p, level, block, cond, blocks[level][block],
+                           stretch_id, look_of(boot, p)))
+
+    if order == "interleaved":
+        for boot in range(boots):
+            per_block = {
+                (level, k): _balanced_orders(conds, passes, rng)
+                for level in blocks
+                for k in range(len(blocks[level]))
+            }
+            for p in range(passes):
+                for level, level_blocks in blocks.items():
+                    sequence = list(range(len(level_blocks)))
+                    rng.shuffle(sequence)
+                    for k in sequence:
+                        for cond in per_block[(level, k)][p]:
+                            add(boot, p, level, k, cond, len(out))
+    else:
+        boot_orders = _balanced_orders(conds, boots, rng)
+        stretch_id = 0
+        for boot in range(boots):
+            for cond in boot_orders[boot]:
+                for p in range(passes):
+                    for level, level_blocks in blocks.items():
+                        sequence = list(range(len(level_blocks)))
+                        rng.shuffle(sequence)
+                        for k in sequence:
+                            add(boot, p, level, k, cond, stretch_id)
+                stretch_id += 1
+    return ReplayPlan(tuple(out), blocks, conds, passes, boots, order, looks, seed)
+

@@ -1,0 +1,145 @@
+"""The replay plan: balance, counterbalancing, determinism, contiguity (campaign.schedule)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import groupby
+
+import pytest
+
+from pytest_osprey.campaign.schedule import PlanError, ReplayPlan, plan_replay, split_blocks
+
+IDS = [f"{d}-{i:02d}" for d in ("chat", "code", "math") for i in range(7)]  # 21 prompts
+STRATA = {pid: pid.split("-")[0] for pid in IDS}
+LEVELS = {"low": 1, "concurrent": 4}
+
+
+def plan(**kw: object) -> ReplayPlan:
+    args: dict[str, object] = {"prompt_ids": IDS, "conditions": ["base", "cand", "alt"],
+                               "block_prompts": LEVELS, "passes": 3, "strata": STRATA,
+                               "seed": 7}
+    args.update(kw)
+    return plan_replay(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ["interleaved", "sequential"])
+@pytest.mark.parametrize(("passes", "boots"), [(1, 1), (2, 1), (3, 2), (4, 3)])
+def test_every_condition_sees_every_prompt_equally_often(order: str, passes: int,
+                                                         boots: int) -> None:
+    p = plan(order=order, passes=passes, boots_per_condition=boots)
+    seen = Counter((s.condition, s.level, pid) for s in p.stretches for pid in s.prompt_ids)
+    assert set(seen.values()) == {passes * boots}
+    assert len(seen) == 3 * len(LEVELS) * len(IDS)
+    # ... and once per (boot, pass): the data layout (boot, pass, prompt) has no holes.
+    cells = Counter((s.condition, s.level, s.boot, s.pass_index, pid)
+                    for s in p.stretches for pid in s.prompt_ids)
+    assert set(cells.values()) == {1}
+
+
+def test_blocks_are_fixed_sized_and_stratified() -> None:
+    blocks = split_blocks(IDS, 4, STRATA, seed=1)
+    assert sorted(len(b) for b in blocks) == [4, 4, 4, 4, 5]  # every block reaches 4 in flight
+    assert sorted(pid for b in blocks for pid in b) == sorted(IDS)
+    for b in blocks:  # 7 prompts per domain dealt over 5 blocks: 1 or 2 of each in each block
+        assert {STRATA[pid] for pid in b} == {"chat", "code", "math"}
+    assert {len(b) for b in split_blocks(IDS, 1, STRATA)} == {1}  # one prompt per block
+    assert len(split_blocks(IDS[:3], 4)) == 1  # fewer prompts than the block: one block
+
+
+def test_blocks_do_not_change_between_passes_and_boots() -> None:
+    p = plan(passes=2, boots_per_condition=2)
+    for s in p.stretches:
+        assert s.prompt_ids == p.blocks[s.level][s.block]
+
+
+def test_interleaved_stretches_are_one_block_of_one_condition_in_a_row() -> None:
+    p = plan(passes=2)
+    assert [s.index for s in p.stretches] == list(range(len(p.stretches)))
+    assert len({s.stretch_id for s in p.stretches}) == len(p.stretches)
+    # Within a (boot, pass, level) each block's conditions run back to back.
+    for _, group in groupby(p.stretches, key=lambda s: (s.boot, s.pass_index, s.level)):
+        items = list(group)
+        runs = [k for k, _ in groupby(items, key=lambda s: s.block)]
+        assert len(runs) == len(set(runs)) == len(p.blocks[items[0].level])
+        for _, members in groupby(items, key=lambda s: s.block):
+            assert sorted(s.condition for s in members) == ["alt", "base", "cand"]
+
+
+@pytest.mark.parametrize("passes", [3, 6])
+def test_each_condition_first_equally_often_over_passes(passes: int) -> None:
+    p = plan(passes=passes)
+    first: Counter[tuple[str, int, str]] = Counter()
+    position: Counter[tuple[str, int, str, int]] = Counter()
+    for (_, _, level, block), group in groupby(
+            p.stretches, key=lambda s: (s.boot, s.pass_index, s.level, s.block)):
+        order = [s.condition for s in group]
+        first[(level, block, order[0])] += 1
+        for i, cond in enumerate(order):
+            position[(level, block, cond, i)] += 1
+    # 3 conditions, passes a multiple of 3: each first (and in each position) passes/3 times.
+    assert set(first.values()) == {passes // 3}
+    assert set(position.values()) == {passes // 3}
+    assert len(first) == 3 * sum(len(b) for b in p.blocks.values())
+
+
+def test_two_conditions_two_passes_alternate_which_goes_first() -> None:
+    p = plan(conditions=["base", "cand"], passes=2)
+    firsts: dict[tuple[str, int], list[str]] = {}
+    for (_, _, level, block), group in groupby(
+            p.stretches, key=lambda s: (s.boot, s.pass_index, s.level, s.block)):
+        firsts.setdefault((level, block), []).append(next(group).condition)
+    assert all(sorted(v) == ["base", "cand"] for v in firsts.values())
+
+
+def test_block_order_is_randomised_per_pass() -> None:
+    p = plan(passes=4)
+    orders = set()
+    for (_, _, level), group in groupby(p.stretches,
+                                        key=lambda s: (s.boot, s.pass_index, s.level)):
+        if level == "low":
+            orders.add(tuple(k for k, _ in groupby(s.block for s in group)))
+    assert len(orders) == 4  # 21! orders: four passes never repeat one
+
+
+def test_deterministic_by_seed() -> None:
+    assert plan(seed=3) == plan(seed=3)
+    assert plan(seed=3).stretches != plan(seed=4).stretches
+    assert plan(seed="a").stretches == plan(seed="a").stretches
+
+
+def test_sequential_mode_runs_each_condition_contiguously_per_boot() -> None:
+    p = plan(order="sequential", passes=2, boots_per_condition=3)
+    runs = [(k, list(g)) for k, g in groupby(p.stretches, key=lambda s: (s.boot, s.condition))]
+    assert len(runs) == 3 * 3  # one contiguous run per condition per boot
+    for (_, _), members in runs:
+        assert len({s.stretch_id for s in members}) == 1
+    ids = [members[0].stretch_id for _, members in runs]
+    assert ids == sorted(set(ids))
+    # The condition order rotates over boots: each condition first once in 3 boots.
+    first = [next(m for (b, _), m in runs if b == boot)[0].condition for boot in range(3)]
+    assert sorted(first) == ["alt", "base", "cand"]
+
+
+def test_looks_after_each_pass_or_each_boot() -> None:
+    one = plan(passes=3)
+    assert one.looks == 3
+    assert [s.look for s in one.stretches] == [s.pass_index + 1 for s in one.stretches]
+    three = plan(passes=2, boots_per_condition=3)
+    assert three.looks == 2
+    assert {(s.boot, s.look) for s in three.stretches} == {(0, 1), (1, 1), (2, 2)}
+    assert plan(order="sequential", boots_per_condition=1).looks == 1
+
+
+def test_request_count() -> None:
+    p = plan(conditions=["base", "cand"], passes=2)
+    assert p.requests_per_condition() == 2 * len(IDS) * 2
+
+
+@pytest.mark.parametrize("kw", [{"prompt_ids": []}, {"conditions": []},
+                                {"conditions": ["a", "a"]}, {"passes": 0},
+                                {"boots_per_condition": 0}, {"block_prompts": {}},
+                                {"block_prompts": {"low": 0}}, {"order": "abba"},
+                                {"prompt_ids": ["x", "x"]}])
+def test_bad_plans_are_refused(kw: dict[str, object]) -> None:
+    with pytest.raises(PlanError):
+        plan(**kw)

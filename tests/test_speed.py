@@ -1,0 +1,274 @@
+"""Speed statistics on hand-made data: layout, estimates, the deciding tests, drift, early
+stopping, advice and percentile bounds (pytest_osprey.judgement.speed and friends)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pytest_osprey.judgement.latency_bound import BoundError, latency_bound
+from pytest_osprey.judgement.speed import (
+    PairedLatencies,
+    Request,
+    SpeedError,
+    collect,
+    speed_batch,
+    speed_test,
+)
+from pytest_osprey.judgement.speed_advice import advise
+from pytest_osprey.judgement.speed_drift import drift_check
+from pytest_osprey.judgement.speed_sequential import (
+    _bounds,
+    decide,
+    sequential_look,
+    sequential_plan,
+)
+
+BLOCKS = np.repeat(np.arange(5), [5, 4, 4, 4, 4]).astype(np.int64)  # 21 prompts at concurrency 4
+IDS = tuple(f"p{i:02d}" for i in range(21))
+
+
+def campaign(
+    speedup: float, noise: float = 0.2, boots: int = 1, passes: int = 2, seed: int = 0,
+    gains: np.ndarray | None = None,
+) -> PairedLatencies:
+    rng = np.random.default_rng(seed)
+    base = np.exp(rng.normal(0.0, 0.6, 21))
+    gain = np.full(21, speedup) if gains is None else gains
+    ref = base * np.exp(noise * rng.standard_normal((boots, passes, 21)))
+    cand = base / gain * np.exp(noise * rng.standard_normal((boots, passes, 21)))
+    return PairedLatencies(ref, cand, BLOCKS, IDS)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def test_collect_builds_the_boot_pass_prompt_layout() -> None:
+    reqs = [Request(c, pid, lat, ok, boot, p, blk, 0)
+            for c, lat, ok in (("base", 2.0, True), ("cand", 1.0, True))
+            for boot in (0, 1) for p in (0, 1) for pid, blk in (("a", 0), ("b", 1))]
+    reqs.append(Request("other", "a", 9.0, True, 0, 0, 0, 0))  # ignored
+    reqs[0] = Request("base", "a", None, False, 0, 0, 0, 0)  # failed: missing
+    data = collect(reqs, "base", "cand")
+    assert data.reference.shape == data.candidate.shape == (2, 2, 2)
+    assert data.prompt_ids == ("a", "b")
+    assert math.isnan(data.reference[0, 0, 0])
+    assert np.nansum(data.reference) == 2.0 * 7 and np.nansum(data.candidate) == 8.0
+    assert data.blocks.tolist() == [0, 1]
+
+
+def test_collect_refuses_inconsistent_records() -> None:
+    one = Request("base", "a", 1.0, True, 0, 0, 0, 0)
+    with pytest.raises(SpeedError, match="two requests"):
+        collect([one, one], "base", "cand")
+    with pytest.raises(SpeedError, match="blocks"):
+        collect([one, Request("cand", "a", 1.0, True, 0, 0, 3, 1)], "base", "cand")
+    with pytest.raises(SpeedError, match="no request"):
+        collect([one], "x", "y")
+    with pytest.raises(SpeedError, match="> 0"):
+        PairedLatencies(np.full((1, 1, 2), -1.0), np.ones((1, 1, 2)), np.zeros(2, np.int64),
+                        ("a", "b"))
+
+
+# --------------------------------------------------------------------------- estimates
+
+
+def test_estimates_are_the_geometric_mean_and_the_ratio_of_sums() -> None:
+    rng = np.random.default_rng(1)
+    data = campaign(1.0, gains=np.exp(rng.normal(0.2, 0.3, 21)))
+    res = speed_test(data)
+    per_prompt = np.log(data.reference).mean(axis=(0, 1)) - np.log(data.candidate).mean(
+        axis=(0, 1))
+    assert res.per_prompt.estimate == pytest.approx(math.exp(per_prompt.mean()))
+    total = data.reference.mean(axis=(0, 1)).sum() / data.candidate.mean(axis=(0, 1)).sum()
+    assert res.total_time.estimate == pytest.approx(total)
+
+
+def test_noiseless_speedup_is_decided_both_ways() -> None:
+    data = campaign(1.25, noise=0.0)
+    keep = speed_test(data, threshold=1.1)
+    assert keep.outcome == "pass" and keep.per_prompt.estimate == pytest.approx(1.25)
+    assert keep.per_prompt.p_value < 1e-12
+    drop = speed_test(data, threshold=1.5)
+    assert drop.outcome == "fail"
+
+
+def test_total_time_gate_catches_a_drafter_that_raises_gpu_time() -> None:
+    """Twenty short prompts 1.5x faster, one long prompt (half the work) 2x slower."""
+    rng = np.random.default_rng(2)
+    base = np.ones(21)
+    base[0] = 25.0
+    gains = np.full(21, 1.5)
+    gains[0] = 0.5
+    noise = np.exp(0.05 * rng.standard_normal((2, 1, 2, 21)))
+    data = PairedLatencies(base * noise[0], base / gains * noise[1], BLOCKS, IDS)
+    per = speed_test(data, metric="per_prompt")
+    total = speed_test(data, metric="total_time")
+    assert per.per_prompt.estimate > 1.3 and per.outcome == "pass"
+    assert total.total_time.estimate < 1.0 and total.outcome != "pass"
+
+
+def test_cluster_variance_is_statsmodels_cluster_robust_covariance() -> None:
+    sm = pytest.importorskip("statsmodels.api")
+    data = campaign(1.1, passes=2, seed=3)
+    batch = speed_batch(data.reference[None], data.candidate[None], data.blocks, "per_prompt")
+    d = np.log(data.reference).mean(axis=(0, 1)) - np.log(data.candidate).mean(axis=(0, 1))
+    fit = sm.OLS(d, np.ones((21, 1))).fit(cov_type="cluster", cov_kwds={"groups": BLOCKS})
+    assert batch.log_estimate[0] == pytest.approx(fit.params[0])
+    assert batch.var[0] == pytest.approx(fit.cov_params()[0, 0])
+    assert batch.df[0] == 4  # blocks - 1
+
+
+@pytest.mark.parametrize("metric", ["per_prompt", "total_time"])
+def test_the_p_value_is_the_deciding_tests_own(metric: str) -> None:
+    """At a threshold equal to the lower bound the one-sided p is alpha: the interval and the
+    p-value come from one test (keep <=> p <= alpha <=> lower bound > threshold)."""
+    data = campaign(1.15, seed=4)
+    res = speed_test(data, metric=metric)  # type: ignore[arg-type]
+    gate = res.gating
+    at_low = speed_test(data, threshold=gate.ci_low, metric=metric)  # type: ignore[arg-type]
+    assert at_low.gating.p_value == pytest.approx(0.025, abs=2e-3)
+    for thr in (gate.ci_low * 0.98, gate.ci_low * 1.02):
+        r = speed_test(data, threshold=thr, metric=metric)  # type: ignore[arg-type]
+        assert (r.gating.outcome == "pass") == (r.gating.p_value <= 0.025)
+
+
+def test_one_boot_is_flagged_confounded_and_boots_add_a_component() -> None:
+    one = speed_test(campaign(1.1))
+    assert one.boot_confounded and "cannot be told" in one.confounding
+    rng = np.random.default_rng(5)
+    data = campaign(1.1, boots=4, seed=5)
+    offsets = np.exp(0.3 * rng.standard_normal((4, 1, 1)))  # a large offset per boot
+    shifted = PairedLatencies(data.reference * offsets, data.candidate, BLOCKS, IDS)
+    two = speed_test(shifted)
+    plain = speed_test(data)
+    assert not two.boot_confounded and two.n_boots == 4
+    assert two.components.boot_var > 0 and two.components.boot_share > 0.5
+    assert two.gating.se_log > 2 * plain.gating.se_log
+    assert two.gating.df < 4
+
+
+def test_components_split_prompt_variation_from_pass_noise() -> None:
+    rng = np.random.default_rng(6)
+    stable = campaign(1.0, noise=0.01, gains=np.exp(rng.normal(0, 0.4, 21)))
+    noisy = campaign(1.0, noise=0.4, seed=6)
+    assert speed_test(stable).components.time_share < 0.2
+    assert speed_test(noisy).components.time_share > 0.8
+
+
+def test_too_few_prompts_or_bad_arguments_are_refused() -> None:
+    data = campaign(1.1)
+    one = PairedLatencies(data.reference[..., :1], data.candidate[..., :1], BLOCKS[:1], IDS[:1])
+    with pytest.raises(SpeedError, match="too few"):
+        speed_test(one)
+    with pytest.raises(SpeedError):
+        speed_test(data, threshold=0.0)
+    with pytest.raises(SpeedError):
+        speed_test(data, metric="median")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- drift
+
+
+def test_a_pass_slowed_for_everyone_is_caught_and_vetoes_keep() -> None:
+    data = campaign(1.5, noise=0.05, passes=2, seed=7)
+    slow = np.array([1.0, 1.4])[None, :, None]
+    shifted = PairedLatencies(data.reference * slow, data.candidate * slow, BLOCKS, IDS)
+    drift = drift_check([(shifted.reference, BLOCKS), (shifted.candidate, BLOCKS)])
+    assert drift is not None and drift.unstable
+    assert drift.estimate == pytest.approx(1.4, rel=0.1) or drift.estimate == pytest.approx(
+        1 / 1.4, rel=0.1)
+    assert drift.ci_low <= drift.estimate <= drift.ci_high
+    res = speed_test(shifted, drift=drift)
+    assert res.gating.outcome == "pass"  # the ratio itself is fine: the slowdown cancels
+    assert res.outcome == "inconclusive" and "unstable" in res.reason
+    calm = drift_check([(data.reference, BLOCKS), (data.candidate, BLOCKS)])
+    assert calm is not None and not calm.unstable
+    assert speed_test(data, drift=calm).outcome == "pass"
+
+
+def test_drift_needs_two_pass_instances() -> None:
+    data = campaign(1.0, passes=1)
+    assert drift_check([(data.reference, BLOCKS)]) is None
+
+
+# --------------------------------------------------------------------------- early stopping
+
+
+def test_boundaries_match_published_obrien_fleming_values() -> None:
+    info = [0.25, 0.5, 0.75, 1.0]
+    spent = [2 * stats.norm.sf(stats.norm.isf(0.0125) / math.sqrt(t)) for t in info]
+    assert _bounds(info, spent) == pytest.approx([4.333, 2.963, 2.359, 2.014], abs=2e-3)
+    assert sequential_plan(1).keep == pytest.approx((1.959964,), abs=1e-5)
+
+
+def test_plan_spends_alpha_and_stops_only_where_it_cannot_settle() -> None:
+    plan = sequential_plan(4, futility_power=0.2)
+    assert list(plan.keep) == sorted(plan.keep, reverse=True)  # strict early, lenient late
+    assert plan.stop[-1] == 0.0 and all(s > 0 for s in plan.stop[:-1])
+    z = np.array([3.5, 0.2, -3.5, 1.5, -2.6])
+    assert decide(z, plan, 1).tolist() == [2, 1, 0, -1, -1]
+    assert decide(z, plan, 4).tolist() == [2, 1, 0, 1, 0]  # the last look always decides
+    assert sequential_plan(4, futility_power=0.0).stop == (0.0,) * 4
+
+
+def test_sequential_look_on_real_data() -> None:
+    plan = sequential_plan(2)
+    strong = campaign(2.0, noise=0.05, seed=8)
+    look = sequential_look(strong.upto(max_pass=1), plan, 1)
+    assert look.decision == "keep" and "KEEP at look 1/2" in look.summary()
+    null = campaign(1.0, noise=0.2, seed=9)
+    assert sequential_look(null, plan, 2).decision in ("inconclusive", "drop", "keep")
+    with pytest.raises(SpeedError):
+        sequential_look(null, plan, 3)
+
+
+# --------------------------------------------------------------------------- advice
+
+
+def test_advice_only_for_inconclusive_results_and_prefers_the_cheaper_option() -> None:
+    assert advise(speed_test(campaign(2.0, noise=0.05))) is None
+    res = speed_test(campaign(1.15, noise=0.3, seed=10))
+    assert res.outcome == "inconclusive"
+    a = advise(res, levels=2)
+    assert a is not None
+    lo, mid, hi = a.more_prompts
+    assert mid is not None and lo is not None and lo <= mid
+    assert hi is None or mid <= hi
+    assert a.speedups[0] >= a.speedups[1] >= a.speedups[2]
+    assert a.better in ("prompts", "passes") and a.better in a.text
+
+
+# --------------------------------------------------------------------------- latency bound
+
+
+def test_percentile_bound_verdicts() -> None:
+    rng = np.random.default_rng(11)
+    values = np.exp(rng.normal(0, 0.3, (60, 2)))
+    units = np.repeat(np.arange(60), 2)
+    b = latency_bound(values.ravel(), units, 0.9, limit=10.0)
+    assert b.outcome == "pass" and b.estimate <= b.bound < 10.0
+    assert latency_bound(values.ravel(), units, 0.9, limit=0.5).outcome == "fail"
+    assert b.n_units == 60 and 60 <= b.effective_n <= 120
+
+
+def test_percentile_bound_counts_prompts_not_repetitions() -> None:
+    """21 prompts each replayed 4 times alike: 21 units cannot bound a p90 at 95%, 84
+    independent requests could (0.9^84 < 0.05); the bound must say it cannot."""
+    base = np.exp(np.random.default_rng(12).normal(0, 0.6, 21))
+    values = np.repeat(base, 4)
+    b = latency_bound(values, np.repeat(np.arange(21), 4), 0.9, limit=100.0)
+    assert math.isinf(b.bound) and b.outcome == "inconclusive"
+    assert b.effective_n < 22
+
+
+def test_percentile_bound_refuses_bad_input() -> None:
+    with pytest.raises(BoundError):
+        latency_bound([], [], 0.9, 1.0)
+    with pytest.raises(BoundError):
+        latency_bound([1.0, math.nan], [0, 1], 0.9, 1.0)
+    with pytest.raises(BoundError):
+        latency_bound([1.0, 2.0], [0, 1], 1.5, 1.0)

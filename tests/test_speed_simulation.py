@@ -1,0 +1,168 @@
+"""Monte-Carlo validation of the speed gate under time-correlated noise (seeded, small).
+
+Campaigns are drawn through the real replay planner by ``benchmarks/speed_sim.py`` (the
+calibration benchmark runs the same at >= 2000 campaigns per cell). Rates are judged with
+exact binomial tests at the 0.1% level and means with 3 Monte-Carlo standard errors, so a
+failure means the method, not the dice, is off.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from speed_sim import (
+    BOOT_NOISE,
+    KEEP,
+    REFERENCE_NOISE,
+    SHIPPED,
+    Noise,
+    fixed_outcomes,
+    noise_models,
+    sequential_outcomes,
+    simulate,
+    unstable,
+)
+
+from pytest_osprey.judgement.latency_bound import latency_bound
+from pytest_osprey.judgement.speed import PairedLatencies, speed_test
+from pytest_osprey.judgement.speed_advice import advise
+
+SIG = 0.001
+ALPHA = 0.025
+MODELS = noise_models()
+
+
+def assert_rate_at_most(hits: int, n: int, rate: float, what: str) -> None:
+    p = stats.binomtest(hits, n, rate, alternative="greater").pvalue
+    assert p > SIG, f"{what}: {hits}/{n} = {hits / n:.4f} is significantly above {rate}"
+
+
+def assert_rate_at_least(hits: int, n: int, rate: float, what: str) -> None:
+    p = stats.binomtest(hits, n, rate, alternative="less").pvalue
+    assert p > SIG, f"{what}: {hits}/{n} = {hits / n:.4f} is significantly below {rate}"
+
+
+@pytest.mark.parametrize(("model", "metric", "prompts"), [
+    ("ar0.3+shock5%", "per_prompt", 21), ("burst4", "per_prompt", 21),
+    ("inflight@4", "per_prompt", 21), ("long-memory", "per_prompt", 50),
+    ("mixed", "per_prompt", 50), ("reference", "total_time", 21),
+    ("ar0.3+shock5%", "total_time", 50),
+])
+def test_false_keep_at_the_threshold_under_time_correlated_noise(
+    model: str, metric: str, prompts: int
+) -> None:
+    n = 600
+    c = simulate(replace(SHIPPED, prompts=prompts), MODELS[model], 1.1, n,
+                 seed=sum(map(ord, model)), truth=metric)  # type: ignore[arg-type]
+    keeps = int(np.sum(fixed_outcomes(c, 1.1, metric) == KEEP))  # type: ignore[arg-type]
+    assert_rate_at_most(keeps, n, ALPHA, f"{model}/{metric}/{prompts}")
+
+
+def test_boot_offsets_need_two_boots() -> None:
+    """One boot: a boot offset is indistinguishable from the drafter (flagged, and false keep
+    runs far above alpha). Two boots: the between-boot component holds the level."""
+    n = 600
+    one = simulate(SHIPPED, BOOT_NOISE, 1.0, n, seed=21)
+    assert np.mean(fixed_outcomes(one, 1.0) == KEEP) > 4 * ALPHA
+    two = simulate(replace(SHIPPED, boots=2, passes=2, prompts=50), BOOT_NOISE, 1.0, n, seed=22)
+    assert_rate_at_most(int(np.sum(fixed_outcomes(two, 1.0) == KEEP)), n, ALPHA, "two boots")
+
+
+def test_shipped_design_power_at_1_5x() -> None:
+    n = 400
+    c = simulate(SHIPPED, REFERENCE_NOISE, 1.5, n, seed=31)
+    assert_rate_at_least(int(np.sum(fixed_outcomes(c, 1.0) == KEEP)), n, 0.8, "power at 1.5x")
+
+
+def test_early_stopping_keeps_alpha_and_saves_requests_at_1_2x() -> None:
+    n = 600
+    null = simulate(SHIPPED, REFERENCE_NOISE, 1.0, n, seed=41)
+    code, _ = sequential_outcomes(null, 1.0)
+    assert_rate_at_most(int(np.sum(code == KEEP)), n, ALPHA, "sequential false keep")
+    faster = simulate(SHIPPED, REFERENCE_NOISE, 1.2, n, seed=42)
+    code, used = sequential_outcomes(faster, 1.0)
+    share = used / SHIPPED.passes
+    assert share.mean() - 3 * share.std() / math.sqrt(n) <= 0.7, f"used {share.mean():.3f}"
+    assert np.mean(code == 0) < 0.01  # a faster drafter is (almost) never dropped
+
+
+@pytest.mark.parametrize("model", ["independent", "ar0.3+shock5%", "burst4", "slow10%x3",
+                                   "heavy-t3", "switch"])
+def test_drift_check_rarely_fires_on_stable_noise(model: str) -> None:
+    n = 400
+    c = simulate(SHIPPED, MODELS[model], 1.2, n, seed=51)
+    assert_rate_at_most(int(np.sum(unstable(c))), n, 0.01, f"drift alarm on {model}")
+
+
+@pytest.mark.parametrize("model", ["independent", "reference", "mixed"])
+def test_drift_check_catches_a_pass_slowed_30_to_70_percent(model: str) -> None:
+    n = 300
+    noise = replace(MODELS[model], pass_slowdown=(0.3, 0.7))
+    c = simulate(SHIPPED, noise, 1.2, n, seed=61)
+    assert_rate_at_least(int(np.sum(unstable(c))), n, 0.95, f"drift caught on {model}")
+
+
+def test_advice_is_right_on_average_at_1_2x() -> None:
+    """True need: the fewest prompts giving the fixed design >= 80% power (simulated). The
+    median central advice over inconclusive campaigns must be within 2x of it."""
+    design = replace(SHIPPED, passes=2)
+    need = None
+    for prompts in (29, 37, 45, 53, 65):
+        c = simulate(replace(design, prompts=prompts), REFERENCE_NOISE, 1.2, 250, seed=prompts)
+        if np.mean(fixed_outcomes(c, 1.0, drift=False) == KEEP) >= 0.8:
+            need = prompts - design.prompts
+            break
+    assert need is not None
+    c = simulate(design, REFERENCE_NOISE, 1.2, 130, seed=71)
+    ids = tuple(f"p{i}" for i in range(design.prompts))
+    advice = []
+    for i in range(130):
+        data = PairedLatencies(c.reference["concurrent"][i], c.candidate["concurrent"][i],
+                               c.blocks["concurrent"], ids)
+        a = advise(speed_test(data, 1.0), levels=2)
+        if a is not None:
+            advice.append(a.more_prompts[1] if a.more_prompts[1] is not None else 10**6)
+    assert len(advice) > 40
+    median = float(np.median(advice))
+    assert need / 2 <= median <= 2 * need, f"median advice {median} vs need {need}"
+
+
+@pytest.mark.parametrize(("prompts", "runs"), [(21, 4), (50, 4), (50, 2)])
+def test_percentile_bound_covers_with_prompt_effects(prompts: int, runs: int) -> None:
+    n = 400
+    rng = np.random.default_rng(prompts * 10 + runs)
+
+    def draw(units: int, reps: int) -> np.ndarray:
+        return np.exp(0.6 * rng.standard_normal((units, 1))
+                      + 0.3 * rng.standard_normal((units, reps)))
+
+    true_p90 = math.exp(stats.norm.ppf(0.9) * math.sqrt(0.6**2 + 0.3**2))
+    units = np.repeat(np.arange(prompts), runs)
+    misses = sum(latency_bound(draw(prompts, runs).ravel(), units, 0.9, true_p90).bound
+                 < true_p90 for _ in range(n))
+    assert_rate_at_most(int(misses), n, 0.05, "p90 bound below the true p90")
+
+
+def test_shock_noise_is_shared_by_a_stretch() -> None:
+    """The simulator's shocks really are time-correlated: a block's prompts move together
+    between passes (what resampling prompts cannot see, and the cluster variance must)."""
+    base = Noise(request_sd=0.01)
+    blocks = simulate(SHIPPED, base, 1.0, 2, seed=0).blocks["concurrent"]
+
+    def pass_shift(noise: Noise) -> float:
+        lat = np.log(simulate(SHIPPED, noise, 1.0, 200, seed=81).reference["concurrent"])
+        first = lat[:, 0, 0, blocks == 0].mean(axis=1)
+        second = lat[:, 0, 1, blocks == 0].mean(axis=1)
+        return float(np.std(first - second))
+
+    assert pass_shift(base) < 0.02
+    assert pass_shift(replace(base, shock_sd=0.2)) == pytest.approx(0.2 * math.sqrt(2), rel=0.2)
