@@ -1,11 +1,11 @@
 """Speed statistics that count the time structure of a campaign (pure numpy/scipy).
 
-Design (see :mod:`pytest_osprey.campaign.schedule`): prompts are grouped into blocks;
-within a boot, every pass replays each block once per condition as short adjacent
-stretches. Noise shared in time (stretch shocks, correlated noise within a stretch, stalls
-hitting every request in flight) therefore stays inside one **cluster** = one block within
-one boot, with all its passes. The deciding test of each metric is a cluster-robust t-test of its log speedup
-against ``log(threshold)``:
+Design (see :mod:`pytest_osprey.campaign.schedule`): prompts are grouped into blocks; within
+a boot, every pass replays each block once per condition as short adjacent stretches. Noise
+shared in time (stretch shocks, correlated noise within a stretch, stalls hitting every
+request in flight) therefore stays inside one **cluster** = one block within one boot, with
+all its passes. The deciding test of each metric is a cluster-robust t-test of its log
+speedup against ``log(threshold)``:
 
 * ``per_prompt``: the mean over prompts of the per-prompt log ratio (mean log reference
   latency minus mean log candidate latency over passes) - a geometric-mean speedup that
