@@ -7,7 +7,7 @@ for instance the checkout's own venv:
 
     timeout 420 .venv/bin/python benchmarks/gpu_check.py --out "$OUT"
 
-It writes variants of pilot.yaml (device cuda, fewer prompts and blocks; once with ABBA, all
+It writes variants of pilot.yaml (device cuda, fewer prompts and passes; once interleaved, all
 conditions loaded at once, once with one engine at a time), runs each through
 ``pytest --osprey-config`` into --out (sized for about a minute each on a GPU), and checks
 per run: every condition's peak memory is recorded and > 0 and was measured on the GPU
@@ -42,7 +42,7 @@ Check = dict[str, str]
 
 
 def pilot_variant(
-    device: str, order: str, prompts: int, blocks: int, tokens: int
+    device: str, order: str, prompts: int, passes: int, tokens: int
 ) -> dict[str, Any]:
     """pilot.yaml on ``device``, cut down, with every path made absolute."""
     data: dict[str, Any] = yaml.safe_load((ROOT / "pilot.yaml").read_text(encoding="utf-8"))
@@ -60,7 +60,7 @@ def pilot_variant(
     else:
         trace["limit"] = prompts
     data["max_new_tokens_cap"] = tokens
-    data["load"].update(blocks=blocks, warmup_requests=1, order=order)
+    data["load"].update(passes=passes, warmup_requests=1, order=order)
     sampled = data.get("sampling", {}).get("sampled")
     if sampled:
         sampled.update(prompts=min(prompts, 2), samples_per_prompt=2, max_new_tokens=8)
@@ -114,7 +114,7 @@ def check_run(checks: list[Check], order: str, device: str, where: Path, code: i
     conds: dict[str, Any] = meta.get("conditions", {})
     gpu = device.startswith("cuda")
     want_kind = "gpu" if gpu else "host"
-    want_scope = ("condition" if order == "abba" else "engine") if gpu else "condition"
+    want_scope = ("condition" if order != "sequential" else "engine") if gpu else "condition"
     for name, info in conds.items():
         peak = info.get("peak_memory_mb")
         mem = (info.get("fingerprint") or {}).get("memory") or {}
@@ -211,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         help="folder for everything written (default: $OUT, else osprey-results/gpu-check)",
     )
     ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu (a dry run)")
-    ap.add_argument("--orders", default="abba,sequential",
-                    help="campaign orders to run, comma-separated (abba, sequential)")  # fmt: skip
+    ap.add_argument("--orders", default="interleaved,sequential",
+                    help="campaign orders to run, comma-separated (interleaved, sequential)")  # fmt: skip
     ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=24, help="max_new_tokens_cap")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds per pilot run")
     ap.add_argument("--python", default=sys.executable, help="Python that runs the pilots")
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     speed: dict[str, list[str]] = {}
     for order in [o.strip() for o in args.orders.split(",") if o.strip()]:
         where = out / order
-        pilot = pilot_variant(args.device, order, args.prompts, args.blocks, args.tokens)
+        pilot = pilot_variant(args.device, order, args.prompts, args.passes, args.tokens)
         code = run_pilot(pilot, where, args.python, args.timeout)
         check_run(checks, order, args.device, where, code)
         speed[order] = verdicts(where)

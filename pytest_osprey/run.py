@@ -27,14 +27,15 @@ from types import FrameType
 
 from .campaign import Campaign, ProgressEvent, StopLook
 from .judgement import GateResult, GateSpec, Judgement, judge, plan_gates
-from .judgement.gates import PREFLIGHT, evaluate, sequential_look
+from .judgement.gates import PREFLIGHT, evaluate
 from .judgement.history import Comparison, HistoryError, Previous, compare, open_previous
+from .judgement.speed_gates import look_at
 from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot, load_trace
 from .pilot.loading import load_pilot_unchecked
 from .preflight import run_preflight
 from .report.summary import write_reports
 from .results import Preflight, SavedCampaign, load_campaign, read_preflight
-from .results.campaign_file import CampaignFile, CampaignFileError
+from .results.campaign_file import CampaignFile, CampaignFileError, read_campaign_file
 from .results.records import RecordsError, RequestRecord
 
 EXIT_OK = 0
@@ -215,22 +216,30 @@ class PilotRun:
             return None
         pilot = self.pilot
 
-        def rule(records: list[RequestRecord], block: int) -> StopLook:
-            data = SavedCampaign(self.results_dir, CampaignFile(), records)
+        def rule(records: list[RequestRecord], look_index: int) -> StopLook:
+            data = SavedCampaign(self.results_dir, self._meta(), records)
             decided, looks = True, {}
             for cand in pilot.candidates:
                 if cand not in self.conditions:
                     continue
-                look = sequential_look(pilot, data, cand)
+                look = look_at(pilot, data, cand, look_index)
                 if isinstance(look, str):
                     decided = False
                     continue
-                looks[cand] = {"look": look.look, "z": look.z, "boundary": look.boundary,
-                               "decision": look.decision, "estimate": look.estimate}
+                looks[cand] = {"look": look.look, "z": look.z, "keep_boundary": look.keep_boundary,
+                               "drop_boundary": look.drop_boundary,
+                               "decision": look.decision, "estimate": look.gating.estimate}
                 decided = decided and look.decision != "continue"
             return StopLook(decided, looks)
 
         return rule
+
+    def _meta(self) -> CampaignFile:
+        """campaign.json as the campaign has written it so far (its replay plan)."""
+        try:
+            return read_campaign_file(self.results_dir / "campaign.json")
+        except CampaignFileError:
+            return CampaignFile()
 
     def judgement(self) -> Judgement:
         """Every gate judged, the verdicts, the comparison; reports written."""

@@ -80,7 +80,7 @@ def paired_campaign(
     *,
     prompts: int = 20,
     loads: Mapping[str, int] | None = None,
-    blocks: int = 1,
+    passes: int = 1,
     seed: int = 0,
     prompt_sd: float = 0.5,
     noise_sd: float = 0.1,
@@ -89,21 +89,23 @@ def paired_campaign(
     """Greedy records with a known truth: prompt ``p{i}`` takes a lognormal time of its own
     (log-sd ``prompt_sd``), times the condition's factor (0.5: twice as fast as 1.0), times
     independent lognormal noise (``noise_sd``) per request. Every condition runs every prompt
-    at every load level in every block; ``fields(condition, i, block)`` adds per-record
-    overrides (failures, tokens, slices)."""
+    at every load level in every pass, one prompt per block (a saved campaign without a plan
+    is judged so); ``fields(condition, i, pass)`` adds per-record overrides (failures,
+    tokens, slices)."""
     import numpy as np  # here, not at import: conftest stays cheap to load
 
     rng = np.random.default_rng(seed)
     base = rng.lognormal(0.0, prompt_sd, prompts)
     out = []
-    for block in range(blocks):
+    for pass_index in range(passes):
         for load, concurrency in (loads or {"low": 1}).items():
             for cond, factor in factors.items():
                 for i in range(prompts):
                     e2e = float(base[i] * factor * rng.lognormal(0.0, noise_sd))
                     out.append(make_record(
-                        cond, f"p{i}", block=block, load=load, concurrency=concurrency,
-                        e2e_s=e2e, **(fields(cond, i, block) if fields else {}),
+                        cond, f"p{i}", block=i, repetition=pass_index, load=load,
+                        concurrency=concurrency, e2e_s=e2e,
+                        **(fields(cond, i, pass_index) if fields else {}),
                     ))  # fmt: skip
     return out
 

@@ -222,12 +222,12 @@ def test_a_condition_named_like_a_field_still_gets_the_right_suggestions(tmp_pat
 
 def test_several_problems_are_reported_together(tmp_path: Path) -> None:
     text = rename_key("speedup_min", "speedup_mni")
-    text = set_value("blocks", "two", text)
+    text = set_value("passes", "two", text)
     path = project(tmp_path, text)
     lines = error_of(path).splitlines()
     assert len(lines) == 2
     assert all(line.startswith(f"{path}:") for line in lines)
-    assert any(f":{line_of(text, 'blocks: two')}: load.blocks:" in line for line in lines)
+    assert any(f":{line_of(text, 'passes: two')}: load.passes:" in line for line in lines)
     assert any(f":{line_of(text, 'speedup_mni')}: limits.speedup_mni:" in line for line in lines)
 
 
@@ -259,11 +259,11 @@ def test_missing_top_level_sections(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "dotted", "says"),
     [
-        ("blocks", "two", "load.blocks", "valid integer"),
+        ("passes", "two", "load.passes", "valid integer"),
         ("greedy", "maybe", "sampling.greedy", "valid boolean"),
         ("files", "prompts/pilot.jsonl", "trace.files", "valid list"),
         (LEVELS[0], "one", f"load.levels.{LEVELS[0]}", "valid integer"),
-        ("order", "random", "load.order", "'abba' or 'sequential'"),
+        ("order", "random", "load.order", "'interleaved', 'sequential' or 'abba'"),
         ("engine", "tensorrt", "target.engine", "'transformers'"),
         ("speedup_min", "[1.1]", "limits.speedup_min", "valid number"),
         ("title", "{a: 1}", "report.title", "valid string"),
@@ -309,7 +309,7 @@ def test_list_given_as_a_string(tmp_path: Path) -> None:
         ("num_draft_tokens", "1000", f"conditions.{CAND}.speculation.num_draft_tokens",
          "less than or equal to 64"),
         ("warmup_requests", "-1", "load.warmup_requests", "greater than or equal to 0"),
-        ("blocks", "100000", "load.blocks", "less than or equal to 1000"),
+        ("passes", "100000", "load.passes", "less than or equal to 64"),
         ("top_p", "1.5", "sampling.sampled.top_p", "less than or equal to 1"),
         ("temperature", "0", "sampling.sampled.temperature", "greater than 0"),
         ("device_hour_price", "-0.1", "cost.device_hour_price", "greater than or equal to 0"),
@@ -626,3 +626,13 @@ def test_schema_command_prints_json_schema() -> None:
     assert {"Target", "Condition", "Speculation", "Limits"} <= set(schema["$defs"])
     assert set(schema["required"]) == {"target", "conditions", "trace"}
     assert schema["$defs"]["Target"]["additionalProperties"] is False
+
+
+def test_blocks_is_the_former_name_of_passes(tmp_path: Path) -> None:
+    old = load_pilot(project(tmp_path, rename_key("passes", "blocks")))
+    assert old.load.passes == 4
+    both = PILOT_TEXT.replace("  passes: 4", "  passes: 4\n  blocks: 2")
+    with pytest.raises(ConfigError, match="passes or its former name blocks"):
+        load_pilot(project(tmp_path, both))
+    abba = load_pilot(project(tmp_path, set_value("order", "abba")))
+    assert abba.load.interleaved

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from factories import deep_merge, make_pilot, paired_campaign, saved_campaign
 
-from pytest_osprey.campaign.runner import block_order
 from pytest_osprey.judgement import judge
-from pytest_osprey.judgement.gates import GateSpec, plan_gates, sequential_look
+from pytest_osprey.judgement.gates import plan_gates
+from pytest_osprey.judgement.speed_gates import look_at
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
@@ -18,12 +17,13 @@ LEVELS = {"low": 1, "high": 4}
 
 
 def decision_pilot(**over: Any) -> Pilot:
-    defaults = {"load": {"levels": LEVELS, "blocks": 4}, "limits": {"speedup_min": 1.0}}
+    defaults = {"load": {"levels": LEVELS, "passes": 4}, "limits": {"speedup_min": 1.0},
+                "decision": {"early_stop": False}}
     return make_pilot(**deep_merge(defaults, over))
 
 
 def campaign(
-    speedup: float, *, prompts: int = 20, blocks: int = 4, seed: int = 0,
+    speedup: float, *, prompts: int = 20, passes: int = 4, seed: int = 0,
     tokens: tuple[list[int], list[int]] | None = None, fail_cand: int = 0,
 ) -> SavedCampaign:
     """Lognormal latencies with prompt effects; the candidate is ``speedup`` times faster."""
@@ -35,7 +35,7 @@ def campaign(
                 "spec_verify_ct": 1, "started_at": float(block)}  # fmt: skip
 
     return saved_campaign(paired_campaign(
-        {"base": 1.0, "cand": 1.0 / speedup}, prompts=prompts, loads=LEVELS, blocks=blocks,
+        {"base": 1.0, "cand": 1.0 / speedup}, prompts=prompts, loads=LEVELS, passes=passes,
         seed=seed, fields=fields,
     ))  # fmt: skip
 
@@ -77,11 +77,12 @@ def test_slowdown_drops_with_reason() -> None:
 
 def test_straddling_is_inconclusive_with_more_pairs() -> None:
     pilot = decision_pilot(limits={"speedup_min": 1.05})
-    data = campaign(1.05, prompts=6, blocks=1)
+    data = campaign(1.05, prompts=6, passes=1)
     judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
     gate = judged.results[("speedup", "cand-vs-base-high")]
     assert gate.outcome == "inconclusive"
-    assert "more paired prompts" in gate.summary
+    assert "more prompts" in gate.summary and "passes" in gate.summary
+    assert gate.details["advice"]["better"] in ("prompts", "passes", "neither")
     assert judged.verdicts[0].verdict == "INCONCLUSIVE"
 
 
@@ -117,40 +118,31 @@ def test_rejudging_is_deterministic() -> None:
 
 def test_sequential_look_stops_early_on_clear_effect() -> None:
     pilot = decision_pilot(decision={"early_stop": True})
-    data = campaign(2.0, blocks=2)
-    look = sequential_look(pilot, data, "cand")
+    look = look_at(pilot, campaign(2.0, passes=2), "cand", 2)
     assert not isinstance(look, str)
     assert look.look == 2 and look.decision == "keep"
-    slow = sequential_look(pilot, campaign(0.5, blocks=2), "cand")
-    assert not isinstance(slow, str) and slow.decision == "drop"  # futility at 1.0
-    single = sequential_look(pilot, campaign(1.0, prompts=1, blocks=1), "cand")
+    slow = look_at(pilot, campaign(0.5, passes=2), "cand", 2)
+    assert not isinstance(slow, str) and slow.decision == "drop"  # confidently below 1.0
+    single = look_at(pilot, campaign(1.0, prompts=1, passes=1), "cand", 1)
     assert isinstance(single, str)
 
 
-def test_holm_downgrades_weak_claims() -> None:
-    from pytest_osprey.judgement.gates import GateResult
-    from pytest_osprey.judgement.judge import apply_holm
+def test_the_primary_gate_follows_the_sequential_decision() -> None:
+    pilot = decision_pilot(decision={"early_stop": True})
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(2.0, passes=2),
+                   Preflight())
+    gate = judged.results[("speedup", "cand-vs-base-high")]
+    assert gate.outcome == "pass" and gate.details["sequential"]["look"] == 2
+    assert "group-sequential KEEP at look 2/4" in gate.summary
 
+
+def test_gates_are_not_adjusted_against_each_other() -> None:
+    # KEEP needs every gate: an intersection-union test, already at alpha; no gate's
+    # p-value may veto another's pass.
     pilot = decision_pilot()
-    spec_a = GateSpec("speedup", "cand", reference="base", load="high")
-    spec_b = GateSpec("correctness", "cand", reference="base")
-    strong = GateResult(spec_a, "pass", "a", p_value=0.02)
-    stronger = GateResult(spec_b, "pass", "b", p_value=0.001)
-    apply_holm(pilot, [strong, stronger])  # 0.001*2 and then 0.02*1: both hold at 0.025
-    assert (strong.outcome, stronger.outcome) == ("pass", "pass")
-    assert stronger.details["p_holm"] == pytest.approx(0.002)
-    a = GateResult(spec_a, "pass", "a", p_value=0.02)
-    b = GateResult(spec_b, "pass", "b", p_value=0.02)
-    apply_holm(pilot, [a, b])  # each alone would pass; together 0.02*2 > 0.025
-    assert a.outcome == b.outcome == "inconclusive" and "Holm-adjusted" in a.summary
-    alone = GateResult(spec_a, "pass", "a", p_value=0.02)
-    apply_holm(pilot, [alone])
-    assert alone.outcome == "pass"
-
-
-def test_block_order_abba() -> None:
-    assert block_order(["a", "b"], 4, "abba") == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
-    assert block_order(["a", "b"], 2, "sequential") == [["a", "b"], ["a", "b"]]
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(1.5), Preflight())
+    assert [v.verdict for v in judged.verdicts] == ["KEEP"]
+    assert not any("p_holm" in g.details for g in judged.results.values())
 
 
 def test_memory_gate_limits() -> None:

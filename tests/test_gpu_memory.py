@@ -440,10 +440,10 @@ def _gpu_check() -> ModuleType:
 
 
 def test_gpu_check_pilot_variant() -> None:
-    variant = _gpu_check().pilot_variant("cuda", "sequential", prompts=3, blocks=1, tokens=8)
+    variant = _gpu_check().pilot_variant("cuda", "sequential", prompts=3, passes=1, tokens=8)
     assert variant["target"]["device"] == "cuda"
     assert Path(variant["target"]["model"]).is_dir()
-    assert variant["load"]["order"] == "sequential" and variant["load"]["blocks"] == 1
+    assert variant["load"]["order"] == "sequential" and variant["load"]["passes"] == 1
     assert len(variant["trace"]["ids"]) == 3
     assert all(Path(f).is_file() for f in variant["trace"]["files"])
 
@@ -451,7 +451,7 @@ def test_gpu_check_pilot_variant() -> None:
 def test_gpu_check_dry_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The script's CPU mode end to end: a tiny pilot through pytest, its checks passing."""
     argv = ["--device", "cpu", "--out", str(tmp_path), "--orders", "abba", "--prompts", "2",
-            "--blocks", "1", "--tokens", "8", "--timeout", "300"]  # fmt: skip
+            "--passes", "1", "--tokens", "8", "--timeout", "300"]  # fmt: skip
     code = _gpu_check().main(argv)
     out = capsys.readouterr().out
     assert code == 0, out

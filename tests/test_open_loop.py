@@ -92,7 +92,8 @@ def _pilot(trace: Path, urls: dict[str, str], level: dict[str, Any]) -> Pilot:
     return make_pilot(
         endpoint_conditions(urls), target={"engine": "endpoint", "model": "m"},
         trace={"files": [str(trace)]},
-        load={"levels": {"poisson": level}, "warmup_requests": 0, "blocks": 2},
+        load={"levels": {"poisson": level}, "warmup_requests": 0, "passes": 2,
+              "block_prompts": {"poisson": 100}},  # one block: the whole trace per stretch
         report={"html": False},
     )  # fmt: skip
 
@@ -108,13 +109,13 @@ def test_open_loop_sends_on_schedule_and_pairs_conditions(tmp_path: Path) -> Non
     assert len(data.records) == 2 * 2 * n and all(r.ok for r in data.records)
     assert {r.rate for r in data.records} == {rate}
     assert {r.concurrency for r in data.records} == {0}  # no cap
-    for block in (0, 1):
-        plan = poisson_arrivals(n, rate, f"0:poisson:{block}:greedy")
+    for pass_index in (0, 1):
+        plan = poisson_arrivals(n, rate, f"0:poisson:0:{pass_index}:0:greedy")
         for name in ("base", "cand"):
-            got = np.array(seen[name].times[block * n:(block + 1) * n])
-            # Each condition's requests reached the server at the block's planned offsets.
+            got = np.array(seen[name].times[pass_index * n:(pass_index + 1) * n])
+            # Each condition's requests reached the server at the stretch's planned offsets.
             offsets = np.sort(got - got.min())
-            assert np.max(np.abs(offsets - np.array(plan))) < 0.1, (name, block)
+            assert np.max(np.abs(offsets - np.array(plan))) < 0.1, (name, pass_index)
     lags = [r.dispatch_lag_s for r in data.records]
     assert all(lag is not None and lag >= 0 for lag in lags)
     assert float(np.median([lag for lag in lags if lag is not None])) < 0.05
@@ -131,7 +132,7 @@ def test_open_loop_cap_holds_requests_back_and_says_how_long(tmp_path: Path) -> 
     with ScriptedServer(routes=sglang_routes(slow)) as srv:
         # 100 arrivals/s against a server taking 0.15 s each, one in flight at most.
         pilot = _pilot(trace_path, {"base": srv.url}, {"rate": 100.0, "max_concurrency": 1})
-        pilot = pilot.model_copy(update={"load": pilot.load.model_copy(update={"blocks": 1})})
+        pilot = pilot.model_copy(update={"load": pilot.load.model_copy(update={"passes": 1})})
         data = Campaign(pilot, load_trace([trace_path]), tmp_path / "res", ["base"]).run()
     assert slow.most_in_flight == 1
     assert {r.concurrency for r in data.records} == {1}

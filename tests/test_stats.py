@@ -9,20 +9,12 @@ import pytest
 from scipy import stats
 
 from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
-from pytest_osprey.judgement.sequential import (
-    SequentialPlan,
-    obf_spending,
-    obrien_fleming_plan,
-    sequential_speedup,
-)
 from pytest_osprey.judgement.stats import (
     MAX_PAIRS,
     StatsError,
     holm,
     paired_speedup,
-    percentile_upper_bound,
     prompt_log_ratios,
-    required_pairs,
 )
 
 # --------------------------------------------------------------------------- paired speedup
@@ -171,62 +163,7 @@ def _t_power(n: int, sd: float, delta: float, alpha: float) -> float:
     return float(stats.nct.sf(crit, n - 1, math.sqrt(n) * delta / sd))
 
 
-@pytest.mark.parametrize(("sd", "effect"), [(0.4, 1.3), (0.3, 1.1), (0.1, 1.02), (1.0, 2.0)])
-def test_required_pairs_reaches_power(sd: float, effect: float) -> None:
-    n = required_pairs(sd, effect, threshold=1.0)
-    delta = math.log(effect)
-    assert _t_power(n, sd, delta, 0.025) >= 0.79
-    assert _t_power(n - 2, sd, delta, 0.025) < 0.8 or n <= 3
-    normal = ((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * sd / delta) ** 2
-    assert normal <= n <= normal + 4
-
-
-def test_required_pairs_edge_cases() -> None:
-    assert required_pairs(0.0, 1.1, 1.0) == 2
-    assert required_pairs(0.4, 1.3, 1.0) > required_pairs(0.4, 1.5, 1.0)
-    assert required_pairs(0.4, 1.3, 1.0, power=0.9) > required_pairs(0.4, 1.3, 1.0)
-    assert required_pairs(5.0, 1.0001, 1.0) == MAX_PAIRS
-    with pytest.raises(StatsError, match="must exceed threshold"):
-        required_pairs(0.4, 1.0, 1.1)
-    with pytest.raises(StatsError, match="log_ratio_sd"):
-        required_pairs(-1.0, 1.3, 1.0)
-
-
 # --------------------------------------------------------------------------- percentile bound
-
-
-def test_percentile_bound_rule_of_59() -> None:
-    """The max of 59 samples bounds the p95 with 95% confidence (1 - 0.95^59 >= 0.95); 58 don't."""
-    res = percentile_upper_bound(list(range(1, 60)), q=0.95, limit=100.0)
-    assert res.bound == 59 and res.outcome == "pass" and res.n == 59
-    small = percentile_upper_bound(list(range(1, 59)), q=0.95, limit=100.0)
-    assert small.bound == math.inf and small.outcome == "inconclusive"
-
-
-def test_percentile_bound_order_statistic_matches_binomial() -> None:
-    x = np.random.default_rng(1).lognormal(0, 0.5, 200)
-    res = percentile_upper_bound(x.tolist(), q=0.9, limit=10.0, confidence=0.95)
-    k = int(stats.binom.ppf(0.95, 200, 0.9)) + 1  # smallest k with cdf(k-1) >= 0.95
-    assert res.bound == np.sort(x)[k - 1]
-    assert res.estimate == pytest.approx(np.quantile(x, 0.9))
-    assert res.bound >= res.estimate
-
-
-def test_percentile_bound_outcomes() -> None:
-    x = np.random.default_rng(2).lognormal(0, 0.3, 300).tolist()
-    assert percentile_upper_bound(x, 0.95, limit=100.0).outcome == "pass"
-    assert percentile_upper_bound(x, 0.95, limit=0.5).outcome == "fail"
-    p95 = float(np.quantile(x, 0.95))
-    assert percentile_upper_bound(x, 0.95, limit=p95).outcome == "inconclusive"
-
-
-def test_percentile_bound_errors() -> None:
-    with pytest.raises(StatsError, match="no values"):
-        percentile_upper_bound([], 0.95, 1.0)
-    with pytest.raises(StatsError, match="finite"):
-        percentile_upper_bound([1.0, float("nan")], 0.95, 1.0)
-    with pytest.raises(StatsError, match="q must lie"):
-        percentile_upper_bound([1.0, 2.0], 1.0, 1.0)
 
 
 # --------------------------------------------------------------------------- TOST
@@ -334,96 +271,3 @@ def test_holm_rejects_bad_p_values() -> None:
         holm([0.1, 1.5])
     with pytest.raises(StatsError, match="finite"):
         holm([float("nan")])
-
-
-# --------------------------------------------------------------------------- sequential
-
-
-def test_obrien_fleming_matches_published_boundaries() -> None:
-    """gsDesign sfLDOF, k=5, one-sided alpha 0.025 (Jennison & Turnbull Table 2.x)."""
-    plan = obrien_fleming_plan(5, alpha=0.025)
-    np.testing.assert_allclose(plan.boundaries, [4.8769, 3.3569, 2.6803, 2.2898, 2.0310], atol=2e-4)
-    assert plan.information == pytest.approx((0.2, 0.4, 0.6, 0.8, 1.0))
-    assert obrien_fleming_plan(1).boundaries == pytest.approx((stats.norm.isf(0.025),))
-
-
-@pytest.mark.parametrize("looks", [2, 4])
-def test_boundaries_spend_alpha_as_planned(looks: int) -> None:
-    """Cumulative H0 crossing probability (Genz MVN integration) equals the spent alpha."""
-    plan = obrien_fleming_plan(looks, alpha=0.025)
-    t = np.asarray(plan.information)
-    cov = np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
-    for k in range(1, looks + 1):
-        mvn = stats.multivariate_normal(np.zeros(k), cov[:k, :k])
-        below = mvn.cdf(np.asarray(plan.boundaries[:k]), rng=np.random.default_rng(0))
-        assert 1 - below == pytest.approx(obf_spending(t[k - 1], 0.025), abs=2e-5)
-
-
-def _blocks(
-    speedup: float, n_blocks: int, n_prompts: int = 10, noise: float = 0.1
-) -> tuple[list[dict[str, list[float]]], list[dict[str, list[float]]]]:
-    rng = np.random.default_rng(5)
-    ref_b, cand_b = [], []
-    for _ in range(n_blocks):
-        ref_b.append(
-            {f"p{i}": [float(rng.lognormal(0, noise)) * (1 + i)] for i in range(n_prompts)}
-        )
-        cand_b.append(
-            {
-                f"p{i}": [float(rng.lognormal(0, noise)) * (1 + i) / speedup]
-                for i in range(n_prompts)
-            }
-        )
-    return ref_b, cand_b
-
-
-def test_sequential_keeps_a_clear_speedup_early() -> None:
-    plan = obrien_fleming_plan(4)
-    ref_b, cand_b = _blocks(1.5, 1)
-    dec = sequential_speedup(ref_b, cand_b, threshold=1.0, plan=plan)
-    assert dec.decision == "keep" and dec.look == 1 and dec.z >= dec.boundary
-    assert dec.estimate == pytest.approx(1.5, rel=0.1)
-
-
-def test_sequential_continues_then_drops_at_the_final_look() -> None:
-    plan = obrien_fleming_plan(3)
-    ref_b, cand_b = _blocks(1.0, 3, noise=0.3)
-    assert sequential_speedup(ref_b[:1], cand_b[:1], 1.0, plan).decision == "continue"
-    assert sequential_speedup(ref_b, cand_b, 1.0, plan).decision == "drop"
-
-
-def test_sequential_futility_drops_early() -> None:
-    plan = obrien_fleming_plan(4)
-    ref_b, cand_b = _blocks(0.7, 2)
-    assert sequential_speedup(ref_b, cand_b, 1.0, plan).decision == "continue"
-    dec = sequential_speedup(ref_b, cand_b, 1.0, plan, futility_threshold=1.2)
-    assert dec.decision == "drop" and dec.look == 2
-
-
-def test_sequential_pools_blocks_per_prompt() -> None:
-    plan = obrien_fleming_plan(2)
-    ref_b, cand_b = _blocks(1.2, 2, noise=0.2)
-    pooled_ref = {k: ref_b[0][k] + ref_b[1][k] for k in ref_b[0]}
-    pooled_cand = {k: cand_b[0][k] + cand_b[1][k] for k in cand_b[0]}
-    dec = sequential_speedup(ref_b, cand_b, 1.0, plan)
-    assert dec.estimate == pytest.approx(paired_speedup(pooled_ref, pooled_cand).estimate)
-
-
-def test_sequential_errors() -> None:
-    plan = obrien_fleming_plan(2)
-    ref_b, cand_b = _blocks(1.2, 3)
-    with pytest.raises(StatsError, match=r"plan has looks 1\.\.2"):
-        sequential_speedup(ref_b, cand_b, 1.0, plan)
-    with pytest.raises(StatsError, match="blocks"):
-        sequential_speedup(ref_b[:2], cand_b[:1], 1.0, plan)
-    with pytest.raises(StatsError, match="futility_threshold"):
-        sequential_speedup(ref_b[:1], cand_b[:1], 1.0, plan, futility_threshold=-1.0)
-    with pytest.raises(StatsError, match="looks"):
-        obrien_fleming_plan(0)
-    with pytest.raises(StatsError, match="alpha"):
-        obrien_fleming_plan(3, alpha=0.6)
-    assert isinstance(plan, SequentialPlan)
-
-
-# --------------------------------------------------------------------------- accept length
-

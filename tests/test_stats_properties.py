@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
@@ -14,7 +14,6 @@ from pytest_osprey.judgement.stats import (
     StatsError,
     holm,
     paired_speedup,
-    percentile_upper_bound,
 )
 
 FAST = settings(max_examples=30, deadline=None, derandomize=True)
@@ -178,20 +177,3 @@ def test_mcnemar_is_sane_on_any_pairs(pairs: list[tuple[bool, bool]], margin: fl
         i = pairs.index((True, False))
         better = mcnemar_noninferiority(ref, [*cand[:i], True, *cand[i + 1 :]], margin)
         assert better.p_value <= res.p_value + 1e-9
-
-
-@FAST
-@given(
-    st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=120),
-    st.floats(0.05, 0.95),
-    st.floats(-1e3, 1e3),
-)
-def test_percentile_bound_never_crashes_and_grows_with_confidence(
-    x: list[float], q: float, limit: float
-) -> None:
-    low = percentile_upper_bound(x, q, limit, confidence=0.8)
-    high = percentile_upper_bound(x, q, limit, confidence=0.99)
-    assert high.bound >= low.bound
-    assert low.outcome in RANK and high.n == len(x)
-    assume(math.isfinite(low.bound))
-    assert low.bound >= min(x)

@@ -72,9 +72,9 @@ limits:
   min_completed_fraction: 0.9
   quality: {correctness_margin: 0.5}
   memory: {max_increase_pct: 30}
-  latency: [{metric: ttft, percentile: 75, max_s: 0.5, load: busy}]
+  latency: [{metric: ttft, percentile: 50, max_s: 0.5, load: busy}]
   cost: {max_cost_per_request: 0.01, max_break_even_days: 30}
-decision: {early_stop: true, bootstrap_resamples: 500}
+decision: {early_stop: true}
 cost:
   device_hour_price: 3.0
   expected_requests_per_day: 20000
@@ -225,7 +225,7 @@ def test_campaign_exercises_every_gate_kind_and_verdict(run: Run) -> None:
     identity = _gate(s, "greedy_identity", "cand-vs-baseline")
     assert identity["outcome"] == "pass" and len(identity["details"]["near_ties"]) == 1
     assert _gate(s, "memory", "slow-vs-baseline")["outcome"] == "fail"
-    assert "p_holm" in _gate(s, "correctness", "cand-vs-baseline")["details"]
+    assert not any("p_holm" in g["details"] for g in s["gates"])  # no adjustment across gates
 
 
 def test_summary_validates_against_the_json_schema(run: Run) -> None:

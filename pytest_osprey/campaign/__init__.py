@@ -4,6 +4,7 @@ Measurement only: it writes records.jsonl and campaign.json and judges nothing (
 stopping is a rule handed in by the run).
 """
 
-from .runner import Campaign, ProgressEvent, StopLook, StopRule
+from .events import ProgressEvent, StopLook, StopRule
+from .runner import Campaign
 
 __all__ = ["Campaign", "ProgressEvent", "StopLook", "StopRule"]

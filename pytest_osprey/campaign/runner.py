@@ -1,4 +1,4 @@
-"""The campaign: boot each condition once, warm up, replay the trace per load level in blocks.
+"""The campaign: boot each condition, warm up, replay the trace as the replay plan says.
 
 Measurement only: every request becomes a record in records.jsonl (flushed as it goes) and
 the run's facts go to campaign.json. Judging reads those files and nothing else.
@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import platform
 import random
 import secrets
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,45 +25,11 @@ from .. import __version__
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
-from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
+from ..results.campaign_file import CampaignFile, ConditionRun, PlanFacts, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
-
-Progress = Callable[["ProgressEvent"], None]
-# Early stopping, handed in by the run (the campaign measures; judging is not its business):
-# called with the records so far after each block, it answers whether every candidate's
-# speed is decided, and notes its looks (candidate -> look facts) for campaign.json.
-StopRule = Callable[[list[RequestRecord], int], "StopLook"]
-
-
-@dataclass(frozen=True)
-class StopLook:
-    decided: bool
-    looks: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    condition: str
-    phase: str  # boot | warmup | greedy | sampled | done | error
-    load: str = ""
-    block: int = 0
-    done: int = 0
-    total: int = 0
-    eta_s: float | None = None
-    message: str = ""
-
-    def line(self, finished: bool = False) -> str:
-        """The event in words (the terminal of both adapters)."""
-        if self.phase == "done":
-            return f"[osprey] {self.message}"
-        if self.phase in ("boot", "warmup", "error"):
-            text = {"boot": "booting", "warmup": f"warming up ({self.total} requests)",
-                    "error": f"FAILED: {self.message}"}[self.phase]
-            return f"[osprey] {self.condition}: {text}"
-        eta = f", ETA {self.eta_s:.0f}s" if self.eta_s is not None and not finished else ""
-        return (f"[osprey] {self.condition} {self.phase} block {self.block + 1} load "
-                f"{self.load}: {self.done}/{self.total}{eta}")
+from .events import Progress, ProgressEvent, StopRule
+from .schedule import ReplayPlan, Stretch, plan_replay
 
 
 def poisson_arrivals(n: int, rate: float, seed: str) -> list[float]:
@@ -98,14 +65,6 @@ def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) ->
     return n
 
 
-def block_order(conditions: Sequence[str], blocks: int, order: str) -> list[list[str]]:
-    """ABBA: odd blocks reverse the order, so drift over time hits every condition alike."""
-    names = list(conditions)
-    if order == "sequential":
-        return [names] * blocks
-    return [names if b % 2 == 0 else names[::-1] for b in range(blocks)]
-
-
 @dataclass
 class _ConditionState:
     engine: Engine | None = None
@@ -113,6 +72,8 @@ class _ConditionState:
     boot_s: float | None = None
     peak_memory_mb: float | None = None
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    boot: int = 0
+    pass_index: int | None = None  # the pass its engine is in (None: fresh boot)
 
 
 class Campaign:
@@ -146,8 +107,22 @@ class Campaign:
         self._records: list[RequestRecord] = []
         self.sequential: dict[str, list[dict[str, Any]]] = {}
         self.stopped_after_block: int | None = None
+        self.plan = self._make_plan()
+        self._look: int | None = None
+        self._progress_key: tuple[str, int, int] | None = None
+        self._progress_done = 0
+        self._progress_t0 = 0.0
 
     # -- the run ------------------------------------------------------------------------
+    def _make_plan(self) -> ReplayPlan:
+        load = self.pilot.load
+        return plan_replay(
+            [p.id for p in self.trace.prompts], self.conditions,
+            {level: load.block_size(level) for level in load.levels}, load.passes,
+            load.boots_per_condition, "interleaved" if load.interleaved else "sequential",
+            strata={p.id: p.slice for p in self.trace.prompts}, seed=load.seed,
+        )
+
     def run(self) -> SavedCampaign:
         self.directory.mkdir(parents=True, exist_ok=True)
         for name, why in self.skipped.items():
@@ -171,60 +146,101 @@ class Campaign:
         return data
 
     async def _run(self) -> None:
-        if self.pilot.load.order == "sequential":
-            await self._run_sequential()
-        else:
-            await self._run_interleaved()
-
-    async def _run_sequential(self) -> None:
-        """One engine up at a time (one GPU): boot, all blocks, sampled pass, stop."""
-        for name in self.conditions:
-            await self._boot(name)
-            for block in range(self.pilot.load.blocks):
-                await self._replay_block(name, block)
-                self._end_block()
-            await self._sampled_pass(name)
-            self._stop(self.states[name])
+        sampler = asyncio.create_task(self._sample_memory())
+        try:
+            if self.plan.order == "interleaved":
+                await self._run_interleaved()
+            else:
+                await self._run_sequential()
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
 
     async def _run_interleaved(self) -> None:
-        """ABBA: every condition up at once (each booted once), blocks interleaved, with a
-        group-sequential look after each block when early stopping is on."""
-        load = self.pilot.load
-        for name in self.conditions:
-            await self._boot(name)
-        for block, names in enumerate(block_order(self.conditions, load.blocks, load.order)):
-            for name in names:
-                await self._replay_block(name, block)
-            self._end_block()
-            if self.stop_rule is not None and self._interim_look(block):
-                self.stopped_after_block = block
-                self._save_meta()
-                self.progress(ProgressEvent("all", "done", message=(
-                    f"every candidate's speed is decided after block {block + 1} of "
-                    f"{load.blocks}: stopping early")))
+        """Every condition up at once, per boot; the plan's short stretches alternate between
+        conditions; the sampled pass after the last greedy stretch."""
+        boots = self.plan.boots_per_condition
+        for boot in range(boots):
+            for name in self.conditions:
+                await self._boot(name, boot)
+            stopped = await self._replay_plan([s for s in self.plan.stretches if s.boot == boot])
+            if stopped or boot == boots - 1:
+                for name in self.conditions:
+                    await self._sampled_pass(name)
+            for name in self.conditions:
+                self._stop(self.states[name])
+            if stopped:
                 break
-        for name in self.conditions:
-            await self._sampled_pass(name)
 
-    def _end_block(self) -> None:
+    async def _run_sequential(self) -> None:
+        """One engine up at a time (one GPU): per boot, each condition boots, replays all its
+        stretches (and, on its first boot, the sampled pass), and stops."""
+        for boot in range(self.plan.boots_per_condition):
+            stretches = [s for s in self.plan.stretches if s.boot == boot]
+            for name in dict.fromkeys(s.condition for s in stretches):
+                await self._boot(name, boot)
+                if await self._replay_plan([s for s in stretches if s.condition == name]):
+                    return
+                if boot == 0:
+                    await self._sampled_pass(name)
+                self._stop(self.states[name])
+
+    async def _replay_plan(self, stretches: Sequence[Stretch]) -> bool:
+        """Replay ``stretches`` in order; True when early stopping ended the greedy passes.
+
+        Between passes (outside any measured request) the garbage collector runs and what
+        exists is frozen; within a pass it is off, so no 50-100 ms collector pause lands
+        inside a measured request."""
+        passes: set[tuple[int, int]] = set()
+        try:
+            for s in stretches:
+                if self._look is not None and s.look > self._look and self._interim_look():
+                    return True
+                self._look = s.look
+                if (s.boot, s.pass_index) not in passes:
+                    passes.add((s.boot, s.pass_index))
+                    self._end_pass()
+                    gc.enable()
+                    gc.collect()
+                    gc.freeze()
+                    gc.disable()
+                await self._replay_stretch(s)
+        finally:
+            gc.unfreeze()
+            gc.enable()
+            self._end_pass()
+        return False
+
+    def _end_pass(self) -> None:
         assert self._writer is not None
         self._writer.sync()
         self._save_meta()
 
-    def _interim_look(self, block: int) -> bool:
-        """Look after a block (the run's stop rule): True when every candidate is decided
-        and blocks remain."""
-        assert self.stop_rule is not None
-        look = self.stop_rule(self._records, block)
+    def _interim_look(self) -> bool:
+        """Look after ``self._look`` (the run's stop rule): True when every candidate is
+        decided and greedy passes remain."""
+        assert self.stop_rule is not None or self._look is not None
+        if self.stop_rule is None or self._look is None or self._look >= self.plan.looks:
+            return False
+        look = self.stop_rule(self._records, self._look)
         for cand, facts in look.looks.items():
             self.sequential.setdefault(cand, []).append(facts)
-        return look.decided and block + 1 < self.pilot.load.blocks
+        if look.decided:
+            self.stopped_after_block = self._look
+            self.progress(ProgressEvent("all", "done", message=(
+                f"every candidate's speed is decided after look {self._look} of "
+                f"{self.plan.looks}: stopping early")))
+        self._save_meta()
+        return look.decided
 
-    async def _boot(self, name: str) -> None:
+    async def _boot(self, name: str, boot_index: int = 0) -> None:
         state = self.states[name]
         if state.error:
             return
-        self.progress(ProgressEvent(name, "boot"))
+        self.progress(ProgressEvent(name, "boot", message=(
+            f"boot {boot_index + 1} of {self.plan.boots_per_condition}"
+            if self.plan.boots_per_condition > 1 else "")))
         t0 = time.perf_counter()
         env = {**self.pilot.target.env, **self.pilot.conditions[name].env}
         boot = BootSpec(condition=name, log_dir=self.directory / "logs", env=env)
@@ -232,6 +248,8 @@ class Campaign:
         try:
             engine = make_engine(self.pilot, name, boot)
             state.engine = engine
+            state.boot = boot_index
+            state.pass_index = None
             try:
                 await asyncio.to_thread(engine.start)
             except asyncio.CancelledError:
@@ -239,7 +257,7 @@ class Campaign:
                 # stopping the server ends its wait for readiness at once.
                 engine.stop()
                 raise
-            state.boot_s = time.perf_counter() - t0
+            state.boot_s = state.boot_s or time.perf_counter() - t0
             state.fingerprint = engine.fingerprint()
             await self._warmup(name, engine)
         except EngineError as exc:
@@ -269,19 +287,24 @@ class Campaign:
     def _text(self, prompt: Prompt, engine: Engine) -> str:
         return render_prompt(prompt, getattr(engine, "_tokenizer", None))
 
-    async def _replay_block(self, name: str, block: int) -> None:
-        state = self.states[name]
+    async def _replay_stretch(self, s: Stretch) -> None:
+        state = self.states[s.condition]
         if state.engine is None or state.error:
             return
-        if block > 0:
-            try:
-                await asyncio.to_thread(state.engine.flush)
-            except EngineError as exc:
-                self._fail(name, state, f"cache flush before block {block + 1}: {exc}")
-                return
-        for level in self.pilot.load.levels:
-            jobs = [(p, 0) for p in self.trace.prompts]
-            await self._replay(name, state, level, block, "greedy", jobs)
+        if state.pass_index != s.pass_index:
+            if state.pass_index is not None or s.pass_index > 0:
+                # A new pass starts cold for every condition: caches of earlier passes
+                # (prefix caches, KV reuse) would make later passes faster than a user sees.
+                try:
+                    await asyncio.to_thread(state.engine.flush)
+                except EngineError as exc:
+                    self._fail(s.condition, state,
+                               f"cache flush before pass {s.pass_index + 1}: {exc}")
+                    return
+            state.pass_index = s.pass_index
+        prompts = self.trace.by_id()
+        jobs = [(prompts[pid], 0) for pid in s.prompt_ids]
+        await self._replay(s.condition, state, s.level, "greedy", jobs, s)
 
     async def _sampled_pass(self, name: str) -> None:
         sampled = self.pilot.sampling.sampled
@@ -290,17 +313,19 @@ class Campaign:
             return
         prompts = self.trace.prompts[: sampled.prompts] if sampled.prompts else self.trace.prompts
         jobs = [(p, i) for p in prompts for i in range(sampled.samples_per_prompt)]
-        await self._replay(name, state, self.pilot.load.lightest(), 0, "sampled", jobs)
+        await self._replay(name, state, self.pilot.load.lightest(), "sampled", jobs, None)
 
     async def _replay(
         self,
         name: str,
         state: _ConditionState,
         level: str,
-        block: int,
         mode: str,
         jobs: list[tuple[Prompt, int]],
+        stretch: Stretch | None,
     ) -> None:
+        """One stretch: ``jobs`` of one condition at one level, ``concurrency`` in flight
+        (closed loop) or arriving as a seeded Poisson process (open loop)."""
         engine = state.engine
         assert engine is not None and self._writer is not None
         writer = self._writer
@@ -309,17 +334,16 @@ class Campaign:
         rate = self.pilot.load.rate(level)
         # Closed loop: a fixed number in flight. Open loop: only the optional cap.
         sem = asyncio.Semaphore(concurrency) if concurrency else contextlib.nullcontext()
-        arrivals = (
-            poisson_arrivals(len(jobs), rate, f"{self.pilot.sampling.seed}:{level}:{block}:{mode}")
-            if rate is not None
-            else None
-        )
-        done = 0
+        block = stretch.block if stretch is not None else 0
+        pass_index = stretch.pass_index if stretch is not None else 0
+        where = (f"{self.pilot.sampling.seed}:{level}:{state.boot}:{pass_index}:{block}:{mode}")
+        arrivals = poisson_arrivals(len(jobs), rate, where) if rate is not None else None
+        stretch_id = stretch.index if stretch is not None else -1 - len(self.schedule)
         entry = ScheduleEntry(block=block, condition=name, load=level, mode=mode,
-                              started=time.time())
+                              started=time.time(), boot=state.boot, pass_index=pass_index,
+                              stretch=stretch_id)
 
         async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
-            nonlocal done
             lag: float | None = None
             if arrival_s is not None:
                 await asyncio.sleep(max(0.0, t_start + arrival_s - time.perf_counter()))
@@ -344,52 +368,59 @@ class Campaign:
                 started = time.time()
                 result = await engine.generate(request)
             record = RequestRecord.from_measurement(
-                result, run_id=self.run_id, condition=name, block=block, repetition=block,
-                load=level, concurrency=concurrency, prompt_id=prompt.id, slice=prompt.slice,
-                domain=prompt.domain, mode="greedy" if greedy else "sampled",
-                sample_index=index, started_at=started, rate=rate, dispatch_lag_s=lag,
+                result, run_id=self.run_id, condition=name, block=block,
+                repetition=pass_index, load=level, concurrency=concurrency,
+                prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
+                mode="greedy" if greedy else "sampled", sample_index=index,
+                started_at=started, rate=rate, dispatch_lag_s=lag, boot=state.boot,
+                stretch=stretch_id,
             )
             writer.write(record)
             self._records.append(record)
-            done += 1
-            elapsed = time.perf_counter() - t_start
-            self.progress(
-                ProgressEvent(
-                    name, mode, level, block, done, len(jobs),
-                    eta_s=elapsed / done * (len(jobs) - done),
-                )
-            )
+            self._tick(name, mode, level, pass_index)
 
-        async def sample_memory() -> None:
-            while True:
-                self._note_memory(state)
-                await asyncio.sleep(0.25)
-
-        # What exists now lives through the replay: frozen, a full collection does not walk
-        # it, so no 50-100 ms collector pause lands inside a measured request. Before the
-        # clock starts: open-loop arrival times count from t_start.
-        gc.collect()
-        gc.freeze()
+        # Open-loop arrival times count from t_start.
         t_start = time.perf_counter()
-        sampler = asyncio.create_task(sample_memory())
-        try:
-            await asyncio.gather(*(
-                one(p, i, None if arrivals is None else arrivals[k])
-                for k, (p, i) in enumerate(jobs)
-            ))
-        finally:
-            gc.unfreeze()
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
-            self._note_memory(state)
+        await asyncio.gather(*(
+            one(p, i, None if arrivals is None else arrivals[k]) for k, (p, i) in enumerate(jobs)
+        ))
+        self._note_memory(state)
         entry.ended = time.time()
+        entry.loadavg = os.getloadavg()[0]
         self.schedule.append(entry)
         server = getattr(engine, "server", None)
         code = server.returncode if server is not None else None
         if server is not None and code is not None:
-            self._fail(name, state, f"server exited with code {code} during block {block + 1} "
-                       f"({mode}, load {level}); log: {server.log_path}")
+            self._fail(name, state, f"server exited with code {code} during pass "
+                       f"{pass_index + 1} ({mode}, load {level}); log: {server.log_path}")
+
+    def _tick(self, name: str, mode: str, level: str, pass_index: int) -> None:
+        """Progress: requests done in this pass (greedy, every condition) or sampled pass."""
+        state_boot = self.states[name].boot
+        key = (mode if mode == "greedy" else f"{mode}:{name}", state_boot, pass_index)
+        if key != self._progress_key:
+            self._progress_key, self._progress_done, self._progress_t0 = key, 0, time.perf_counter()
+        self._progress_done += 1
+        if mode == "greedy":
+            total = sum(len(s.prompt_ids) for s in self.plan.stretches
+                        if s.boot == state_boot and s.pass_index == pass_index)
+            who = "all"
+        else:
+            sampled = self.pilot.sampling.sampled
+            n = min(sampled.prompts or len(self.trace.prompts), len(self.trace.prompts))
+            total, who = n * sampled.samples_per_prompt, name
+        done = min(self._progress_done, total)
+        elapsed = time.perf_counter() - self._progress_t0
+        self.progress(ProgressEvent(
+            who, mode, level if mode != "greedy" else "", pass_index, done, total,
+            eta_s=elapsed / done * (total - done) if done else None,
+            message=f"boot {state_boot + 1}" if self.plan.boots_per_condition > 1 else ""))
+
+    async def _sample_memory(self) -> None:
+        while True:
+            for state in self.states.values():
+                self._note_memory(state)
+            await asyncio.sleep(0.25)
 
     def _fail(self, name: str, state: _ConditionState, error: str) -> None:
         """The condition cannot go on: say why (campaign.json), stop what is left of it."""
@@ -430,8 +461,12 @@ class Campaign:
             candidates=[c for c in pilot.candidates if c in self.conditions],
             load_levels={k: v if isinstance(v, int) else v.model_dump(mode="json")
                          for k, v in pilot.load.levels.items()},
-            blocks=pilot.load.blocks,
-            block_order=block_order(self.conditions, pilot.load.blocks, pilot.load.order),
+            blocks=self.plan.passes,
+            plan=PlanFacts(
+                passes=self.plan.passes, boots_per_condition=self.plan.boots_per_condition,
+                order=self.plan.order, looks=self.plan.looks, seed=str(self.plan.seed),
+                blocks={lvl: [list(b) for b in bs] for lvl, bs in self.plan.blocks.items()},
+            ),
             sampling=pilot.sampling.model_dump(mode="json"),
             conditions={
                 name: ConditionRun(role=pilot.conditions[name].role, error=st.error,

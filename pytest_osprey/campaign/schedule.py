@@ -86,7 +86,8 @@ def split_blocks(
 
     Every block holds at least ``block_prompts`` prompts (when there are that many), so a
     closed-loop level's concurrency is reached in every stretch. Prompts are shuffled within
-    their stratum (e.g. slice or domain) and dealt round-robin, so strata spread evenly.
+    their stratum (e.g. slice or domain) and dealt round-robin, so strata spread evenly; each
+    block keeps its prompts in trace order.
     """
     ids = list(prompt_ids)
     if not ids:
@@ -108,7 +109,9 @@ def split_blocks(
     blocks: list[list[str]] = [[] for _ in range(n_blocks)]
     for i, pid in enumerate(dealt):
         blocks[i % n_blocks].append(pid)
-    return tuple(tuple(b) for b in blocks)
+    # Within a block, prompts keep their trace order (the queue order of a stretch).
+    place = {pid: i for i, pid in enumerate(ids)}
+    return tuple(tuple(sorted(b, key=place.__getitem__)) for b in blocks)
 
 
 def _balanced_orders(conditions: Sequence[str], n: int, rng: random.Random) -> list[list[str]]:

@@ -136,15 +136,17 @@ def setup_cost(pilot: Pilot, condition: str) -> float:
 
 
 def busy_seconds(records: Sequence[RequestRecord]) -> float | None:
-    """Busy wall time of these requests: each block's span from first start to last finish,
-    summed (blocks run apart in time; the gaps between them are not load)."""
-    by_block: dict[int, list[tuple[float, float]]] = {}
+    """Busy wall time of these requests: each stretch's span (one condition replaying one
+    block, contiguous in time) from first start to last finish, summed: stretches of one
+    condition run apart in time, and the gaps between them are not its load."""
+    spans: dict[tuple[int, int | None, int], list[tuple[float, float]]] = {}
     for r in records:
         if r.started_at is not None and r.e2e_s is not None:
-            by_block.setdefault(r.block, []).append((r.started_at, r.started_at + r.e2e_s))
-    if not by_block:
+            key = (r.boot, r.stretch, r.repetition if r.stretch is None else 0)
+            spans.setdefault(key, []).append((r.started_at, r.started_at + r.e2e_s))
+    if not spans:
         return None
-    return sum(max(e for _, e in v) - min(s for s, _ in v) for v in by_block.values())
+    return sum(max(e for _, e in v) - min(s for s, _ in v) for v in spans.values())
 
 
 def condition_cost(pilot: Pilot, data: SavedCampaign, condition: str, load: str) -> ConditionCost:

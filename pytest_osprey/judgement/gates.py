@@ -1,134 +1,21 @@
-"""Gates and verdicts: what each test asserts, and KEEP / DROP / INCONCLUSIVE per candidate.
-
-The gate list is planned from the pilot alone (so pytest can collect one test per gate before
-anything runs) and evaluated from a saved campaign (so a campaign can be re-judged).
-"""
+"""Evaluating gates: one evaluator per kind, from preflight.json or a saved campaign (so a
+campaign can be re-judged). What the gates are is planned in gate_spec.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
 from ..pilot.schema import Pilot
-from ..results.folder import SavedCampaign, iter_pairs
+from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
-from ..results.records import RequestRecord
-from . import stats
 from .correctness import correctness_gate
 from .cost import break_even, condition_cost
 from .distribution import distribution_check, records_to_samples
 from .fairness import fairness_check
+from .gate_spec import PREFLIGHT, GateResult, GateSpec, Outcome, Verdict, plan_gates
 from .identity import greedy_identity
-from .sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
+from .speed_gates import latency_gate, speedup_gate
 
-Outcome = Literal["pass", "fail", "inconclusive", "skip"]
-Verdict = Literal["KEEP", "DROP", "INCONCLUSIVE"]
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    kind: str  # artifact | completed | greedy_identity | speedup | latency
-    condition: str
-    reference: str | None = None
-    load: str | None = None
-    slice: str | None = None
-    index: int | None = None  # which latency limit
-    gating: bool = True  # False: reported, never decides the verdict
-
-    @property
-    def id(self) -> str:
-        parts = [self.condition]
-        if self.reference:
-            parts.append(f"vs-{self.reference}")
-        if self.load:
-            parts.append(self.load)
-        if self.slice:
-            parts.append(self.slice)
-        if self.index is not None:
-            parts.append(f"limit{self.index}")
-        return "-".join(parts)
-
-
-@dataclass
-class GateResult:
-    spec: GateSpec
-    outcome: Outcome
-    summary: str
-    estimate: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    threshold: float | None = None
-    p_value: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.spec.kind,
-            "id": self.spec.id,
-            "condition": self.spec.condition,
-            "reference": self.spec.reference,
-            "load": self.spec.load,
-            "slice": self.spec.slice,
-            "gating": self.spec.gating,
-            "outcome": self.outcome,
-            "summary": self.summary,
-            "estimate": self.estimate,
-            "ci": [self.ci_low, self.ci_high] if self.ci_low is not None else None,
-            "threshold": self.threshold,
-            "p_value": self.p_value,
-            "details": self.details,
-        }
-
-
-PREFLIGHT = ("command_line", "artifact")  # judged before (and without) any boot
-
-
-def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> list[GateSpec]:
-    """Every gate of this pilot, in the order the tests run."""
-    specs: list[GateSpec] = [GateSpec("command_line", c) for c in conditions]
-    drafted = [c for c in conditions if pilot.conditions[c].speculates]
-    specs += [GateSpec("artifact", c) for c in drafted]
-    if dry_run:
-        return specs
-    for c in conditions:
-        specs += [GateSpec("completed", c, load=level) for level in pilot.load.levels]
-    base = pilot.baseline
-    judged = [c for c in conditions if c != base and pilot.conditions[c].role != "baseline"]
-    specs += [GateSpec("fairness", c, reference=base) for c in judged]
-    if pilot.sampling.greedy:
-        specs += [GateSpec("greedy_identity", c, reference=base) for c in judged]
-        specs += [GateSpec("correctness", c, reference=base) for c in judged]
-    if pilot.sampling.sampled.enabled:
-        specs += [GateSpec("distribution", c, reference=base) for c in judged]
-    for cand in [c for c in judged if pilot.conditions[c].role == "candidate"]:
-        for ref in [r for r in pilot.references(cand) if r in conditions]:
-            for level in pilot.load.levels:
-                primary = level == pilot.primary_load
-                specs.append(GateSpec("speedup", cand, reference=ref, load=level, gating=primary))
-            unusual = pilot.trace.unusual_slice
-            specs.append(GateSpec(
-                "speedup", cand, reference=ref, load=pilot.primary_load, slice=unusual,
-                gating=pilot.decision.gate_unusual_slice,
-            ))
-        mem = pilot.limits.memory
-        if mem.max_peak_mb is not None or mem.max_increase_pct is not None:
-            specs.append(GateSpec("memory", cand, reference=pilot.baseline))
-        cost = pilot.limits.cost
-        if cost.max_cost_per_request is not None:
-            specs.append(GateSpec("cost", cand, load=pilot.primary_load))
-        if cost.max_break_even_days is not None:
-            specs.append(GateSpec("break_even", cand, reference=pilot.baseline,
-                                  load=pilot.primary_load))
-        for i, lim in enumerate(pilot.limits.latency):
-            for level in [lim.load] if lim.load else list(pilot.load.levels):
-                specs.append(GateSpec("latency", cand, load=level, index=i))
-    return specs
-
-
-def _e2e(r: RequestRecord) -> float | None:
-    return r.e2e_s if r.ok else None
-
+__all__ = ["PREFLIGHT", "GateResult", "GateSpec", "Outcome", "Verdict", "evaluate",
+           "plan_gates"]
 
 def evaluate(
     spec: GateSpec, pilot: Pilot, data: SavedCampaign | None, preflight: Preflight
@@ -251,96 +138,6 @@ def _distribution(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResu
                                "worst": res.worst_detail})
 
 
-def _speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    assert spec.reference is not None and spec.load is not None
-    pairs = list(iter_pairs(data, spec.reference, spec.condition, spec.load, _e2e, spec.slice))
-    threshold = pilot.limits.speedup_min if spec.reference == pilot.baseline else 1.0
-    if len(pairs) < 2:
-        return GateResult(spec, "fail" if spec.gating else "skip",
-                          f"{len(pairs)} paired prompt(s): too few to judge speed")
-    ref = {pid: r for pid, r, _ in pairs}
-    cand = {pid: c for pid, _, c in pairs}
-    try:
-        res = stats.paired_speedup(
-            ref, cand, threshold=threshold, confidence=pilot.decision.confidence,
-            n_resamples=pilot.decision.bootstrap_resamples, seed=pilot.sampling.seed,
-        )
-    except stats.StatsError as exc:
-        return GateResult(spec, "fail", f"cannot judge speed: {exc}")
-    outcome = res.outcome
-    sequential = ""
-    if pilot.decision.early_stop and spec.slice is None and spec.load == pilot.primary_load \
-            and spec.reference == pilot.baseline:
-        look = sequential_look(pilot, data, spec.condition)
-        if isinstance(look, str):
-            sequential = f"; group-sequential look not possible: {look}"
-        else:
-            if look.decision != "continue":
-                outcome = "pass" if look.decision == "keep" else "fail"
-            sequential = (
-                f"; group-sequential decision {look.decision.upper()} at look {look.look}/"
-                f"{pilot.load.blocks} (z={look.z:.2f}, keep boundary {look.boundary:.2f})"
-            )
-    summary = (
-        f"completion-latency speedup {res.estimate:.3f}x, {pilot.decision.confidence:.0%} CI "
-        f"[{res.ci_low:.3f}, {res.ci_high:.3f}] vs minimum {threshold:.3f}x over {res.n_prompts} "
-        f"prompts ({res.n_pairs} requests); p={res.p_value:.3g}"
-    )
-    summary += sequential
-    if outcome == "inconclusive" and res.more_pairs_needed:
-        summary += f"; about {res.more_pairs_needed} more paired prompts would settle it"
-    return GateResult(spec, outcome, summary, estimate=res.estimate, ci_low=res.ci_low,
-                      ci_high=res.ci_high, threshold=threshold, p_value=res.p_value,
-                      details={"method": res.method, "n_prompts": res.n_prompts})
-
-
-def sequential_look(pilot: Pilot, data: SavedCampaign, candidate: str) -> SequentialDecision | str:
-    """The group-sequential decision (primary load, vs baseline) at the last recorded block.
-
-    Recomputed from the records, so the campaign's interim looks and a re-judged campaign
-    apply the same rule under the pilot's current limits. A string says why no look is possible.
-    """
-    level = pilot.primary_load
-    looks = max((r.block for r in data.records), default=-1) + 1
-    plan = obrien_fleming_plan(pilot.load.blocks, (1 - pilot.decision.confidence) / 2)
-
-    def blocks(cond: str) -> list[dict[str, list[float]]]:
-        out: list[dict[str, list[float]]] = [{} for _ in range(looks)]
-        for r in data.of(cond, level):
-            if r.ok and r.e2e_s:
-                out[r.block].setdefault(r.prompt_id, []).append(r.e2e_s)
-        return out
-
-    try:
-        return sequential_speedup(blocks(pilot.baseline), blocks(candidate),
-                                  pilot.limits.speedup_min, plan, pilot.decision.futility_speedup)
-    except stats.StatsError as exc:
-        return str(exc)
-
-
-_METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
-    "ttft": lambda r: r.ttft_s,
-    "e2e": lambda r: r.e2e_s,
-    "tpot": lambda r: r.tpot_s,
-}
-
-
-def _latency(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    assert spec.index is not None
-    lim = pilot.limits.latency[spec.index]
-    values = [v for r in data.of(spec.condition, spec.load) if r.ok
-              if (v := _METRICS[lim.metric](r)) is not None]
-    if not values:
-        return GateResult(spec, "fail", f"no {lim.metric} measurements")
-    res = stats.percentile_upper_bound(values, lim.percentile / 100, lim.max_s,
-                                       pilot.decision.confidence)
-    summary = (f"{lim.metric} p{lim.percentile:g} = {res.estimate * 1000:.1f} ms, upper "
-               f"{pilot.decision.confidence:.0%} bound {res.bound * 1000:.1f} ms vs limit "
-               f"{lim.max_s * 1000:.1f} ms (n={res.n})")
-    return GateResult(spec, res.outcome, summary, estimate=res.estimate, ci_high=res.bound,
-                      ci_low=res.estimate, threshold=lim.max_s)
-
-
 def _memory(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None
     conds = data.meta.conditions
@@ -411,8 +208,8 @@ _EVALUATORS = {
     "fairness": _fairness,
     "correctness": _correctness,
     "distribution": _distribution,
-    "speedup": _speedup,
-    "latency": _latency,
+    "speedup": speedup_gate,
+    "latency": latency_gate,
     "memory": _memory,
     "cost": _cost,
     "break_even": _break_even,

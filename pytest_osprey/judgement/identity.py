@@ -94,9 +94,10 @@ def greedy_identity(
 
 
 def first_ok_greedy(records: Sequence[RequestRecord]) -> dict[str, RequestRecord]:
-    """Prompt id -> its first completed greedy record (earliest block, then start time)."""
+    """Prompt id -> its first completed greedy record (earliest boot and pass, then start
+    time)."""
     out: dict[str, RequestRecord] = {}
-    for r in sorted(records, key=lambda r: (r.block, r.started_at or 0.0)):
+    for r in sorted(records, key=lambda r: (r.boot, r.repetition, r.started_at or 0.0)):
         if r.ok and r.mode == "greedy" and r.prompt_id not in out:
             out[r.prompt_id] = r
     return out

@@ -1,4 +1,8 @@
-"""Judge a saved campaign: evaluate every planned gate, then the verdicts and the figures."""
+"""Judge a saved campaign: evaluate every planned gate, then the verdicts and the figures.
+
+KEEP needs every gating gate of a candidate to pass: an intersection-union test, whose false
+KEEP rate is at most alpha with no adjustment across gates (an adjustment would only let one
+gate's p-value veto another's pass)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
 from .figures import Figures, all_figures
 from .gates import GateResult, GateSpec, evaluate
-from .stats import holm
 from .verdicts import CandidateVerdict, verdicts
 
 
@@ -23,32 +26,8 @@ class Judgement:
         return self.results[(spec.kind, spec.id)]
 
 
-# Gates whose pass is a rejected null hypothesis (evidence of speed / non-inferiority): these
-# are the claims whose family-wise error Holm controls, per candidate.
-HOLM_KINDS = ("speedup", "correctness")
-
-
-def apply_holm(pilot: Pilot, results: list[GateResult]) -> None:
-    """Holm over each candidate's gating claims: a pass whose adjusted p-value exceeds the
-    one-sided alpha becomes inconclusive (the evidence is not strong enough for all claims)."""
-    alpha = (1 - pilot.decision.confidence) / 2
-    for cand in pilot.candidates:
-        family = [g for g in results if g.spec.condition == cand and g.spec.gating
-                  and g.spec.kind in HOLM_KINDS and g.p_value is not None]
-        if len(family) < 2:
-            continue
-        for g, adj in zip(family, holm([g.p_value for g in family if g.p_value is not None]),
-                          strict=True):
-            g.details["p_holm"] = adj
-            if g.outcome == "pass" and adj > alpha:
-                g.outcome = "inconclusive"
-                g.summary += (f"; Holm-adjusted p={adj:.3g} over {len(family)} claims "
-                              f"> {alpha:g}")
-
-
 def judge(
     pilot: Pilot, specs: list[GateSpec], data: SavedCampaign, preflight: Preflight
 ) -> Judgement:
     results = {(s.kind, s.id): evaluate(s, pilot, data, preflight) for s in specs}
-    apply_holm(pilot, list(results.values()))
     return Judgement(results, verdicts(pilot, list(results.values())), all_figures(data, pilot))

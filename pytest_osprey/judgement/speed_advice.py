@@ -57,9 +57,10 @@ def _truncated_quantile_ncp(t_obs: float, df: float, edge: float, q: float) -> f
     def f(ncp: float) -> float:
         lo, hi = stats.nct.cdf(-edge, df, ncp), stats.nct.cdf(edge, df, ncp)
         mass = hi - lo
-        if not mass > 1e-12:  # all mass beyond an edge (or NaN): push the root inwards
-            return 1.0 - q if ncp < 0 else -q
-        return float(min(max((stats.nct.cdf(t_obs, df, ncp) - lo) / mass, 0.0), 1.0)) - q
+        inside = (stats.nct.cdf(t_obs, df, ncp) - lo) / mass if mass > 1e-12 else math.nan
+        if not math.isfinite(inside):  # all mass beyond an edge (or scipy's NaN far out):
+            return 1.0 - q if ncp < 0 else -q  # push the root inwards
+        return float(min(max(inside, 0.0), 1.0)) - q
 
     lo, hi = -30.0, 30.0
     if f(lo) * f(hi) > 0:

@@ -1,4 +1,4 @@
-"""Pure statistics for the gate: paired speed, latency limits, equivalence, multiplicity.
+"""Paired speed statistics (run-to-run comparisons) and multiplicity.
 
 Everything here is a function of numpy arrays (no pytest, no I/O). Conventions:
 
@@ -7,7 +7,8 @@ Everything here is a function of numpy arrays (no pytest, no I/O). Conventions:
   a KEEP judged on the lower bound of a 95% interval is a one-sided test at 2.5%.
 * Bad input raises :class:`StatsError` (a ``ValueError``) with a message naming the problem.
 
-The group-sequential design lives in :mod:`pytest_osprey.stats_sequential`.
+The speed gates' time-aware statistics live in :mod:`.speed`; these paired statistics
+serve the run-to-run comparison (history), where requests of two runs are independent.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class SpeedupResult:
 
     ``more_pairs_needed`` (inconclusive only): further paired prompts, each with as many
     repetitions as now, for 80% power to settle the question if the observed mean log-ratio
-    and its SD are the truth (:func:`required_pairs`); :data:`MAX_PAIRS` caps it.
+    and its SD are the truth; :data:`MAX_PAIRS` caps it.
     ``n_pairs`` counts paired observations: per prompt, the smaller repetition count.
     """
 
@@ -267,70 +268,6 @@ def _pairs_for(sd: float, delta: float, alpha: float, power: float) -> int:
             return n
         n += 1
     return MAX_PAIRS
-
-
-def required_pairs(
-    log_ratio_sd: float, effect: float, threshold: float, alpha: float = 0.025, power: float = 0.8
-) -> int:
-    """Prompts needed so a one-sided test of mean log-ratio > log(threshold) has ``power``.
-
-    ``effect`` is the true speedup, ``log_ratio_sd`` the SD of per-prompt log-ratios (after
-    pooling repetitions). Uses t quantiles (not z), so small answers are not optimistic;
-    capped at :data:`MAX_PAIRS`.
-    """
-    if not log_ratio_sd >= 0 or not math.isfinite(log_ratio_sd):
-        raise StatsError(f"log_ratio_sd must be finite and >= 0, got {log_ratio_sd}")
-    if not (effect > 0 and threshold > 0):
-        raise StatsError(f"effect and threshold must be positive, got {effect}, {threshold}")
-    if effect <= threshold:
-        raise StatsError(f"effect {effect} must exceed threshold {threshold} to be detectable")
-    _unit(alpha, "alpha")
-    _unit(power, "power")
-    return _pairs_for(log_ratio_sd, math.log(effect / threshold), alpha, power)
-
-
-# --------------------------------------------------------------------------- latency limits
-
-
-@dataclass(frozen=True)
-class BoundResult:
-    """Order-statistic confidence bound on a quantile, judged against a limit."""
-
-    estimate: float
-    bound: float
-    limit: float
-    confidence: float
-    n: int
-    outcome: Outcome
-
-
-def percentile_upper_bound(
-    samples: Sequence[float], q: float, limit: float, confidence: float = 0.95
-) -> BoundResult:
-    """Distribution-free upper confidence bound on the ``q``-quantile, e.g. p95 latency.
-
-    The bound is the smallest order statistic X_(k) with P(X_(k) >= quantile) =
-    P(Binomial(n, q) <= k-1) >= confidence (exact for continuous data, conservative with
-    ties). "pass" if bound <= limit; "fail" if the matching lower bound exceeds the limit;
-    otherwise "inconclusive". Too few samples for a finite bound give ``bound=inf``.
-    """
-    x = np.sort(_array(samples, "samples"))
-    if math.isnan(limit):
-        raise StatsError("limit must be a number, got nan")
-    _unit(q, "q")
-    _unit(confidence, "confidence")
-    n = x.size
-    k = np.arange(1, n + 1)
-    upper_ok = np.flatnonzero(stats.binom.cdf(k - 1, n, q) >= confidence)
-    bound = float(x[upper_ok[0]]) if upper_ok.size else math.inf
-    lower_ok = np.flatnonzero(stats.binom.sf(k - 1, n, q) >= confidence)
-    lower = float(x[lower_ok[-1]]) if lower_ok.size else -math.inf
-    outcome: Outcome = "inconclusive"
-    if bound <= limit:
-        outcome = "pass"
-    elif lower > limit:
-        outcome = "fail"
-    return BoundResult(float(np.quantile(x, q)), bound, limit, confidence, n, outcome)
 
 
 # --------------------------------------------------------------------------- multiplicity

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, model_validator
 
-from .base import PositiveFloat, Strict
+from .base import Strict
 
 
 class OpenLoop(Strict):
@@ -46,14 +46,53 @@ class Load(Strict):
     )
     """Load level name -> concurrency (closed loop: that many requests always in flight) or
     {rate, max_concurrency} (open loop, Poisson arrivals); each level is judged apart."""
-    warmup_requests: Annotated[int, Field(ge=0)] = 4
+    warmup_requests: Annotated[int, Field(ge=0, le=10_000)] = 4
     """Requests per condition after boot, excluded from records."""
-    blocks: Annotated[int, Field(ge=1, le=1000)] = 2
-    """Repetitions of the whole trace per condition and load level."""
-    order: Literal["abba", "sequential"] = "abba"
-    """abba: conditions interleaved, all up at once; sequential: one engine at a time (one GPU)."""
-    request_timeout_s: PositiveFloat = 300.0
+    passes: Annotated[int, Field(ge=1, le=64)] = 4
+    """Passes over the whole trace per condition, boot and load level (each prompt is
+    replayed this often; early stopping looks after each pass). Formerly `blocks`."""
+    block_prompts: dict[str, Annotated[int, Field(ge=1, le=100_000)]] = Field(
+        default_factory=dict,
+        description="Load level -> prompts per block (default: the level's concurrency, at "
+        "least 1; open loop: 8). Within a pass every condition replays each block as one short "
+        "stretch, conditions in a counterbalanced order, so that noise shared in time hits "
+        "every condition alike; a block is the statistics' unit of independence",
+    )
+    boots_per_condition: Annotated[int, Field(ge=1, le=20)] = 1
+    """Boots of each condition; the boots of all conditions alternate in time. With 1, a
+    persistent per-boot offset cannot be told from the drafter's effect (the report says
+    so); with 2 or more it is estimated and counted in the speed gates' variance."""
+    order: Literal["interleaved", "sequential", "abba"] = "interleaved"
+    """interleaved: every condition up at once, blocks alternating between conditions;
+    sequential: one engine at a time (one GPU), each condition's boot one contiguous stretch
+    (then boots_per_condition >= 2 is needed to judge speed honestly); abba: the former name
+    of interleaved."""
+    request_timeout_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 300.0
     """Per-request timeout; a timed-out request is recorded as failed."""
+    seed: int = 0
+    """Seed of the replay plan (blocks, their order, the conditions' order per block)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blocks_is_passes(cls, data: Any) -> Any:
+        # Pilots written before `passes` name the same count `blocks`.
+        if isinstance(data, Mapping) and "blocks" in data:
+            if "passes" in data:
+                raise ValueError("give either passes or its former name blocks, not both")
+            data = {**data, "passes": data["blocks"]}
+            del data["blocks"]
+        return data
+
+    @property
+    def interleaved(self) -> bool:
+        return self.order != "sequential"
+
+    def block_size(self, level: str) -> int:
+        """Prompts per block at ``level`` (see block_prompts)."""
+        if level in self.block_prompts:
+            return self.block_prompts[level]
+        value = self.levels[level]
+        return max(1, value) if isinstance(value, int) else 8
 
     def concurrency(self, level: str) -> int:
         """Closed loop: its concurrency; open loop: its cap, 0 when uncapped."""

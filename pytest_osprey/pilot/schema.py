@@ -248,13 +248,24 @@ class Decision(Strict):
     inconclusive: Literal["fail", "pass", "skip"] = "fail"
     """How an INCONCLUSIVE gate ends its test: fail, pass or skip."""
     early_stop: bool = Field(
-        False,
-        description="Look after each block (O'Brien-Fleming alpha spending) and stop the "
-        "campaign once every candidate's primary speed gate is decided",
+        True,
+        description="Look after each pass (group-sequential, power alpha spending, three "
+        "outcomes at every look) and stop the greedy passes once every candidate's primary "
+        "speed gate is decided: KEEP, DROP (confidently below the minimum) or INCONCLUSIVE "
+        "(more passes would very likely not settle it)",
     )
-    futility_speedup: PositiveFloat | None = Field(
-        1.0, description="With early_stop: drop early a candidate shown slower than this"
-    )
+    futility_power: Annotated[float, Field(ge=0, lt=0.5)] = 0.2
+    """With early_stop: at an interim look, stop INCONCLUSIVE when the chance that the
+    remaining passes reach a decision (conditional power under the trend so far) is below
+    this; 0 never stops inconclusive early."""
+    speedup_metric: Literal["per_prompt", "total_time"] = "per_prompt"
+    """What the speed gates judge: per_prompt (geometric mean of per-prompt speedups, every
+    prompt counts equally; calibrated under time-correlated noise) or total_time (ratio of
+    summed latencies: the GPU time saved, long prompts weigh more). Both are reported."""
+    drift_tolerance: Fraction = 0.2
+    """A pass or boot whose latencies run off the others by more than this (each condition
+    against itself, significant at 1%) marks the environment unstable: the speed gates are
+    INCONCLUSIVE rather than KEEP."""
     bootstrap_resamples: Annotated[int, Field(ge=100, le=1_000_000)] = 2000
     """Bootstrap resamples per speedup CI."""
     regression_tolerance: Fraction = 0.05
@@ -394,6 +405,7 @@ def _cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str
     where += [
         (("limits", "latency", i, "load"), lim.load) for i, lim in enumerate(pilot.limits.latency)
     ]
+    where += [(("load", "block_prompts", name), name) for name in pilot.load.block_prompts]
     for loc, level in where:
         if level is not None and level not in pilot.load.levels:
             out.append((loc, f"load level {level!r} is not in load.levels ({levels})"))

@@ -65,7 +65,7 @@ class GateEntry(_Sheet):
     slice unless `decision.gate_unusual_slice`)."""
     outcome: Outcome
     """pass, fail, inconclusive (the evidence settles neither way) or skip (not
-    applicable). Holm's adjustment is already applied."""
+    applicable). Gates are not adjusted against each other: KEEP needs every one to pass."""
     summary: str
     """Human-readable result; the first line is the one quoted in verdict reasons."""
     estimate: float | int | None
@@ -76,8 +76,8 @@ class GateEntry(_Sheet):
     threshold: float | int | None
     """Limit the estimate is judged against, same unit; null when the gate has none."""
     p_value: float | None
-    """One-sided p-value of the gate's test before Holm's adjustment (unitless); null when
-    the gate has no test."""
+    """One-sided p-value of the gate's deciding test (unitless); null when the gate has no
+    test."""
     details: dict[str, Any]
     """Kind-specific evidence (see Gate kinds below); `{}` when none."""
 
@@ -176,8 +176,7 @@ GATE_KINDS: dict[str, GateKind] = {
         "candidate pass rate minus reference pass rate over paired prompts (fraction -1..1)",
         "minus `limits.quality.correctness_margin` (fraction)",
         "`n_pairs` (prompts), `reference_rate`, `candidate_rate` (fractions 0-1), `losses` "
-        "(prompt id -> why the candidate's answer failed), `p_holm` (Holm-adjusted p-value, "
-        "gating claims of a candidate with two or more)"),
+        "(prompt id -> why the candidate's answer failed)"),
     "distribution": GateKind(
         "no permutation test rejects at the threshold after Holm",
         "mean total-variation distance between the sampled token distributions (0-1)",
@@ -185,16 +184,30 @@ GATE_KINDS: dict[str, GateKind] = {
         "`min_adjusted_p`, `tv_null` (TV expected by chance alone, 0-1), `underpowered`, "
         "`worst` (the most different position, in words)"),
     "speedup": GateKind(
-        "CI low > threshold; fail when CI high < threshold; else inconclusive (or the "
-        "group-sequential decision with `decision.early_stop`)",
-        "completion-latency speedup, reference / candidate, geometric mean over prompts "
-        "(ratio; > 1 is faster); CI: bootstrap over prompts",
+        "CI low > threshold (the deciding test's one-sided p <= alpha) and the environment "
+        "stable; fail when CI high < threshold; else inconclusive. The primary gate with "
+        "`decision.early_stop`: the group-sequential decision at the campaign's last look",
+        "completion-latency speedup, reference / candidate, by `decision.speedup_metric`: "
+        "per_prompt (geometric mean of per-prompt ratios) or total_time (ratio of summed "
+        "latencies) (ratio; > 1 is faster); CI: cluster-robust t over the plan's blocks "
+        "(total_time: Fieller)",
         "`limits.speedup_min` against the baseline, 1.0 against another reference (ratio)",
-        "`method` (CI method), `n_prompts`, `p_holm` (as for correctness)"),
+        "`method`, `metric`, `n_prompts`, `n_clusters` (blocks), `n_boots`, `n_passes`, "
+        "`per_prompt` and `total_time` (each `estimate`, `ci`, `p_value`, `df`, `outcome`), "
+        "`time_share` and `boot_share` (shares of the estimate's variance due to pass-to-pass "
+        "and boot-to-boot variation), `boot_confounded` (one boot per condition: a boot "
+        "offset cannot be told from the drafter), `drift` (each condition against itself: "
+        "`estimate` ratio, `ci`, `p_value`, `boot`, `pass`, `unstable`, `tolerance`), "
+        "`reason` (why not KEEP despite the interval), `sequential` (`look`, `looks`, `z`, "
+        "`keep_boundary`, `drop_boundary`, `decision`), `advice` (`more_prompts`, "
+        "`more_passes`: (smallest, central, largest), `better`)"),
     "latency": GateKind(
-        "upper confidence bound of the percentile <= threshold",
-        "observed percentile of the limit's metric (seconds); CI: [estimate, upper bound]",
-        "the limit's `max_s` (seconds)", _NONE),
+        "upper confidence bound of the percentile <= threshold; fail when the lower bound is "
+        "above it",
+        "observed percentile of the limit's metric (seconds); CI: [estimate, upper bound], "
+        "the prompt's block as the unit (Korn-Graubard clustered Clopper-Pearson)",
+        "the limit's `max_s` (seconds)",
+        "`units` (independent units), `effective_n`, `lower` (lower bound, seconds)"),
     "memory": GateKind(
         "peak within `limits.memory` (absolute and increase over the baseline)",
         "peak device memory of the candidate (MiB)",

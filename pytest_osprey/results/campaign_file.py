@@ -48,6 +48,26 @@ class ScheduleEntry(_Facts):
     mode: str
     started: float
     ended: float | None = None
+    boot: int = 0
+    pass_index: int = 0
+    stretch: int | None = None
+    loadavg: float | None = None
+    """The machine's 1-minute load average when the stretch ended."""
+
+
+class PlanFacts(_Facts):
+    """The replay plan the campaign followed (see campaign/schedule.py)."""
+
+    passes: int
+    boots_per_condition: int = 1
+    order: str = "interleaved"
+    looks: int = 1
+    seed: str = "0"
+    blocks: dict[str, list[list[str]]] = Field(default_factory=dict)
+    """Load level -> its blocks of prompt ids (a block is the statistics' unit)."""
+
+    def block_of(self, level: str) -> dict[str, int]:
+        return {pid: k for k, ids in enumerate(self.blocks.get(level, [])) for pid in ids}
 
 
 class CampaignFile(_Facts):
@@ -73,6 +93,8 @@ class CampaignFile(_Facts):
     sampling: dict[str, Any] = Field(default_factory=dict)
     conditions: dict[str, ConditionRun] = Field(default_factory=dict)
     schedule: list[ScheduleEntry] = Field(default_factory=list)
+    plan: PlanFacts | None = None
+    """The replay plan; null for campaigns recorded before plans (one block per prompt)."""
     early_stop: bool = False
     sequential: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     stopped_after_block: int | None = None

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal
 
-SCHEMA = 1
+SCHEMA = 2  # 2: block is the replay plan's block; repetition the pass; boot, stretch
 Mode = Literal["greedy", "sampled"]
 
 
@@ -52,7 +52,9 @@ class RequestRecord(Measurement):
     run_id: str
     condition: str
     block: int
+    """The replay plan's block of this prompt at this load level (schema 1: the pass)."""
     repetition: int
+    """The pass over the trace (0-based) within the boot."""
     load: str
     concurrency: int
     prompt_id: str
@@ -65,6 +67,10 @@ class RequestRecord(Measurement):
     correct: bool | None = None
     rate: float | None = None  # open-loop level: Poisson arrival rate (requests/s)
     dispatch_lag_s: float | None = None  # open loop: sent this late after its arrival time
+    boot: int = 0
+    """Which boot of the condition served it (0-based)."""
+    stretch: int | None = None
+    """The replay plan's stretch: one condition replaying one block, contiguous in time."""
     schema: int = SCHEMA
 
     @classmethod

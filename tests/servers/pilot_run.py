@@ -45,6 +45,7 @@ def fake_sglang(
     cand_env: Mapping[str, str] | None = None,
     blocks: int = 1,
     levels: Mapping[str, int] | None = None,
+    order: str = "sequential",
     boot_timeout_s: float = 30,
     request_timeout_s: float = 30,
     html: bool = False,
@@ -53,7 +54,9 @@ def fake_sglang(
 ) -> dict[str, Any]:
     """The sections of a two-condition pilot on the fake SGLang server (baseline + an NGRAM
     candidate: no drafter to check), each server noting its events under ``events``; for
-    factories.make_pilot / write_pilot, which add the trace."""
+    factories.make_pilot / write_pilot, which add the trace. ``blocks``: passes over the trace.
+    Sequential order by default: each condition's requests contiguous, in trace order, so a
+    fault planted at a server's n-th request lands where the test expects it."""
     events.mkdir(parents=True, exist_ok=True)
 
     def env(name: str, more: Mapping[str, str] | None) -> dict[str, str]:
@@ -69,7 +72,9 @@ def fake_sglang(
             **(extra_conditions or {}),
         },
         "load": {"levels": dict(levels or {"low": 1}), "warmup_requests": 0,
-                 "blocks": blocks, "request_timeout_s": request_timeout_s},
+                 "passes": blocks, "order": order, "request_timeout_s": request_timeout_s,
+                 "block_prompts": {name: 100 for name in (levels or {"low": 1})}},
+        "decision": {"early_stop": False},
         "report": {"html": html},
     }  # fmt: skip
 
