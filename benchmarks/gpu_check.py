@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu (a dry run)")
     ap.add_argument("--orders", default="interleaved,sequential",
-                    help="campaign orders to run, comma-separated (interleaved, sequential)")  # fmt: skip
+                    help="campaign orders to run, comma-separated")
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=24, help="max_new_tokens_cap")
