@@ -24,6 +24,7 @@ extend_attention_cpu: Any = _ops.extend_attention_cpu
 decode_attention_cpu: Any = _ops.decode_attention_cpu
 build_tree_kernel_efficient_cpu: Any = _ops.build_tree_kernel_efficient_cpu
 verify_tree_greedy_cpu: Any = _ops.verify_tree_greedy_cpu
+reconstruct_indices_from_tree_mask: Any = _ops.reconstruct_indices_from_tree_mask
 assign_req_to_token_pool_cpu: Any = _ops.assign_req_to_token_pool_cpu
 assign_extend_cache_locs_cpu: Any = _ops.assign_extend_cache_locs_cpu
 assign_draft_cache_locs_contiguous_cpu: Any = _ops.assign_draft_cache_locs_contiguous_cpu

@@ -44,6 +44,12 @@ SCHEMAS: dict[str, tuple[str, Callable[..., Any]]] = {
         "Tensor retrive_next_sibling, Tensor target_predict) -> ()",
         tree.verify_tree_greedy_cpu,
     ),
+    "reconstruct_indices_from_tree_mask": (
+        "(Tensor tree_mask, Tensor verified_seq_len, Tensor(a!) positions, "
+        "Tensor(b!) retrive_index, Tensor(c!) retrive_next_token, "
+        "Tensor(d!) retrive_next_sibling, int batch_size, int draft_token_num) -> ()",
+        tree.reconstruct_indices_from_tree_mask,
+    ),
     "assign_req_to_token_pool_cpu": (
         "(Tensor req_pool_indices, Tensor(a!) req_to_token, Tensor start_offset, "
         "Tensor end_offset, Tensor out_cache_loc, int pool_len) -> ()",

@@ -160,3 +160,42 @@ def verify_tree_greedy_cpu(
         flat = predicts.reshape(-1)
         where = torch.tensor(list(written.keys()), dtype=torch.long)
         flat[where] = torch.tensor(list(written.values()), dtype=flat.dtype)
+
+
+def reconstruct_indices_from_tree_mask(
+    tree_mask: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    batch_size: int,
+    draft_token_num: int,
+) -> None:
+    """The retrieval links and positions of trees given only as masks (NGRAM's drafts).
+
+    ``tree_mask`` holds per request an ``n x n`` block whose row i marks node i's ancestors
+    (earlier nodes; the root, itself or later nodes may be marked too and are ignored). A
+    node's position is the sequence length plus its ancestor count; its parent is its latest
+    ancestor; its first child the earliest later node below it; its next sibling the earliest
+    later node with the same parent (none for the root).
+    """
+    bs, n = batch_size, draft_token_num
+    if bs == 0 or n == 0:
+        return
+    mask = tree_mask.reshape(-1)[: bs * n * n].view(bs, n, n).bool()
+    idx = torch.arange(n)
+    below = mask & (idx[None, None, :] < idx[None, :, None])  # [b, node, earlier node]
+    depth = below.sum(-1)
+    positions[: bs * n] = (
+        (depth + verified_seq_len.reshape(bs, 1).long()).reshape(-1).to(positions.dtype)
+    )
+    parent = torch.where(below, idx[None, None, :], -1).amax(-1)  # [b, node]
+    nodes = idx[None, :, None].expand(bs, n, n)
+    first = torch.where(below, nodes, n).amin(1)  # earliest node having column t as ancestor
+    same = (parent[:, :, None] == parent[:, None, :]) & (idx[:, None] > idx[None, :])[None]
+    sibling = torch.where(same, nodes, n).amin(1)
+    sibling = torch.where((parent >= 0) & (sibling < n), sibling, -1)
+    retrive_index.copy_((torch.arange(bs)[:, None] * n + idx[None, :]).reshape(retrive_index.shape))
+    retrive_next_token.copy_(torch.where(first < n, first, -1).reshape(retrive_next_token.shape))
+    retrive_next_sibling.copy_(sibling.reshape(retrive_next_sibling.shape))
