@@ -159,6 +159,14 @@ def random_tree_masks(gen: torch.Generator, bs: int, n: int) -> list[list[list[b
     return masks
 
 
+@pytest.mark.parametrize("cap", [0.0, 3.0])
+def test_extend_single_prefill_without_prefix(cap: float) -> None:
+    gen = torch.Generator().manual_seed(8)
+    batch = make_batch(gen, [7], 2, 8, 8)
+    got, want = run_extend(batch, [7], 4, cap=cap, seed=8)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_extend_tree_mask_verify_matches_reference() -> None:
     gen = torch.Generator().manual_seed(7)
     n = 6  # a verify step: every request extends by the same number of draft tokens
@@ -230,6 +238,21 @@ def test_decode_writes_new_kv_then_attends(hkv: int) -> None:
     got, want, k_after, v_after = run_decode(batch, 4, seed=hkv)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     assert torch.equal(batch.k_pool, k_after) and torch.equal(batch.v_pool, v_after)
+
+
+def test_decode_equal_lengths_and_an_empty_sequence() -> None:
+    gen = torch.Generator().manual_seed(4)
+    batch = make_batch(gen, [9, 9, 9], 2, 8, 8)  # no padding: no mask
+    got, want, _, _ = run_decode(batch, 4, seed=4)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    batch = make_batch(gen, [0, 5], 2, 8, 8)
+    o = torch.full((2, 4, 8), float("nan"))
+    OPS.decode_attention_cpu(
+        torch.randn(2, 4, 8), batch.k_pool, batch.v_pool, 1.0, 1.0, o, None, None,
+        torch.zeros(2, dtype=torch.long), torch.empty(2, 4, 8, 9), batch.req_to_token,
+        batch.req_pool_indices, batch.seq_lens, 0.3, 0.0, False, 0, None, None,
+    )  # fmt: skip
+    assert torch.equal(o[0], torch.zeros(4, 8)) and torch.isfinite(o[1]).all()
 
 
 def test_decode_window_cap_sinks_and_draft_rows() -> None:

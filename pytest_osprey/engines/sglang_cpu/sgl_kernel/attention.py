@@ -42,46 +42,50 @@ def _attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    visible: torch.Tensor,
+    visible: torch.Tensor | None,
     sm_scale: float,
     logit_cap: float,
     sinks: torch.Tensor | None,
+    *,
+    causal: bool = False,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v per (batch, head): q [B, Lq, H, D], k/v [B, Lk, Hkv, D*],
-    visible [B, Lq, Lk] -> [B, Lq, H, Dv]. A query row that sees no key gives zeros."""
+    visible [B, Lq, Lk] (None: every key; ``causal`` with Lq == Lk: the earlier ones) ->
+    [B, Lq, H, Dv]. Every row must see at least one key. Computed in q's dtype through
+    PyTorch's fused attention, as SGLang's torch_native backend does, so that plain and
+    speculative serving round alike."""
     b, lq, h, _ = q.shape
     hkv = k.shape[2]
-    any_visible = visible.any(dim=-1)
-    # A row with nothing visible would be NaN; let it see key 0 and zero it afterwards.
-    visible = visible.clone()
-    visible[..., 0] |= ~any_visible
     if logit_cap <= 0 and sinks is None:
-        out = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            attn_mask=visible[:, None],
+            attn_mask=None if visible is None else visible[:, None],
+            is_causal=causal and visible is None,
             scale=sm_scale,
             enable_gqa=h != hkv,
         ).transpose(1, 2)
-    else:
-        # Soft-capped logits and attention sinks have no fused kernel: plain float32 math.
-        group = h // hkv
-        qf = q.float().reshape(b, lq, hkv, group, -1).permute(0, 2, 3, 1, 4)
-        kf = k.float().permute(0, 2, 1, 3)[:, :, None]
-        vf = v.float().permute(0, 2, 1, 3)[:, :, None]
-        scores = torch.matmul(qf, kf.transpose(-1, -2)) * sm_scale
-        if logit_cap > 0:
-            scores = logit_cap * torch.tanh(scores / logit_cap)
+    # Soft-capped logits and attention sinks have no fused kernel: plain float32 math.
+    if visible is None and causal:
+        visible = torch.ones(lq, k.shape[1], dtype=torch.bool).tril()[None]
+    group = h // hkv
+    qf = q.float().reshape(b, lq, hkv, group, -1).permute(0, 2, 3, 1, 4)
+    kf = k.float().permute(0, 2, 1, 3)[:, :, None]
+    vf = v.float().permute(0, 2, 1, 3)[:, :, None]
+    scores = torch.matmul(qf, kf.transpose(-1, -2)) * sm_scale
+    if logit_cap > 0:
+        scores = logit_cap * torch.tanh(scores / logit_cap)
+    if visible is not None:
         scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-        if sinks is not None:
-            # A sink is one more logit in the softmax's denominator, with no value.
-            sink = sinks.float().reshape(1, hkv, group, 1, 1).expand(b, hkv, group, lq, 1)
-            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-        else:
-            probs = torch.softmax(scores, dim=-1)
-        out = torch.matmul(probs, vf).permute(0, 3, 1, 2, 4).reshape(b, lq, h, -1)
-    return torch.where(any_visible[..., None, None], out.to(q.dtype), 0)
+    if sinks is not None:
+        # A sink is one more logit in the softmax's denominator, with no value.
+        sink = sinks.float().reshape(1, hkv, group, 1, 1).expand(b, hkv, group, lq, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, vf).permute(0, 3, 1, 2, 4).reshape(b, lq, h, -1)
+    return out.to(q.dtype)
 
 
 def _window(visible: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -156,6 +160,11 @@ def extend_attention_cpu(
         )
     queries = q_extend[q_index]
 
+    if bs == 1 and tree_mask is None and is_causal and sliding_window_size <= 0 and lk == lq:
+        # One request, no cached prefix: plain causal attention, no mask to build.
+        out = _attend(queries, keys, values, None, sm_scale, logit_cap, sinks, causal=True)
+        o_extend[q_index[0]] = out[0].to(o_extend.dtype)
+        return
     # Column j of request b is new token c = j - prefix[b] when c >= 0.
     cols = torch.arange(lk, device=device)
     c = cols[None, None, :] - prefix[:, None, None]  # [bs, 1, lk]
@@ -171,8 +180,10 @@ def extend_attention_cpu(
         new_visible = c <= i
     else:
         new_visible = torch.ones_like(c, dtype=torch.bool)
-    visible = k_valid[:, None, :] & q_valid[:, :, None] & ((c < 0) | new_visible)
+    visible = k_valid[:, None, :] & ((c < 0) | new_visible)
     visible = _window(visible, prefix[:, None] + rows[None, :], sliding_window_size)
+    # Padding rows (past a request's new tokens) see everything and are dropped below.
+    visible = visible | ~q_valid[:, :, None]
 
     out = _attend(queries, keys, values, visible, sm_scale, logit_cap, sinks)
     o_extend[q_index[q_valid]] = out[q_valid].to(o_extend.dtype)
@@ -219,10 +230,18 @@ def decode_attention_cpu(
         return
     seq = seq_lens.long()
     lk = int(seq.max())
+    empty = seq == 0
+    has_empty = bool(empty.any())
     slots, valid = _slots(req_to_token, req_pool_indices, seq, lk)
     keys = _read_pool(k_cache, slots, k_scale, query.dtype)
     values = _read_pool(v_cache, slots, v_scale, query.dtype)
     q = query.reshape(bs, 1, -1, keys.shape[-1])
-    visible = _window(valid[:, None, :], (seq - 1)[:, None], sliding_window_size)
+    visible: torch.Tensor | None = None
+    if sliding_window_size > 0 or has_empty or int(seq.min()) != lk:
+        # An empty sequence (never sent by SGLang) reads slot 0 and gets zeros below.
+        valid[:, 0] |= empty
+        visible = _window(valid[:, None, :], (seq - 1)[:, None], sliding_window_size)
     out = _attend(q, keys, values, visible, sm_scale, logit_cap, sinks)
+    if has_empty:
+        out = torch.where(empty[:, None, None, None], 0, out)
     output.copy_(out.reshape(output.shape).to(output.dtype))
