@@ -61,7 +61,10 @@ def pilot(condition: dict[str, Any] | None = None, **target: Any) -> Pilot:
                 "python": PYTHON,
                 "dtype": "float32",
                 "mem_fraction": 0.3,
-                "env": {"SGLANG_USE_CPU_ENGINE": "1"},
+                # One OpenMP thread: SGLang's CPU path runs several processes (HTTP, scheduler,
+                # detokenizer) beside the test client, and on 2 shared cores two spinning
+                # OpenMP threads were 10x slower per token than one.
+                "env": {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"},
                 "engine_args": CPU_ARGS,
                 "boot_timeout_s": 600,
                 **target,
@@ -141,5 +144,17 @@ def still_alive(pids: set[int]) -> set[int]:
             if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 alive.add(pid)
         except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def group_alive(pgid: int) -> set[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    alive = set()
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.add(proc.pid)
+        except (ProcessLookupError, psutil.Error):
             pass
     return alive
