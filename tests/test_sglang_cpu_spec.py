@@ -157,7 +157,9 @@ def test_plain_incremental_stream_sends_only_new_pieces(plain: Served) -> None:
 def test_standalone_chain(chain: Served, plain: Served, record_property: Any) -> None:
     check_served(chain, plain, "STANDALONE")
     for meta in chain.meta:
-        assert len(meta["spec_correct_drafts_histogram"]) == STEPS + 1
+        # Per-position acceptance: bucket i counts verify steps that accepted i drafts (the
+        # list stops at the largest count seen).
+        assert len(meta["spec_correct_drafts_histogram"]) <= STEPS + 1
         assert meta["spec_num_proposed_drafts"] == STEPS * meta["spec_verify_ct"]
     record_property("accept_length", round(pooled(chain.meta), 3))
     record_property("tokens_per_s", round(chain.tokens_per_s, 1))
