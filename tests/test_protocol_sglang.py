@@ -201,6 +201,23 @@ def test_protocol_sglang_fingerprint_from_server_info_fallback() -> None:
     assert "s3cret" not in repr(fp)
 
 
+@pytest.mark.parametrize(
+    ("info", "verification"),
+    [
+        ({"speculative_algorithm": None, "device": "cpu"}, None),
+        ({"speculative_algorithm": "STANDALONE", "device": "cpu"}, "greedy"),
+        ({"speculative_algorithm": "EAGLE3", "device": "cuda"}, "sampled"),
+    ],
+)
+def test_protocol_sglang_fingerprint_says_how_drafts_are_verified(
+    info: dict[str, Any], verification: str | None
+) -> None:
+    with ScriptedServer() as srv:
+        srv.routes[("GET", "/server_info")] = Reply(json_body={"version": "0.5.23", **info})
+        fp = sg.SGLangClient(srv.url, "c").fingerprint()
+    assert fp["verification"] == verification
+
+
 def test_protocol_sglang_endpoint_503_while_starting() -> None:
     p = pilot(ep={"role": "candidate", "endpoint": {"url": "x", "protocol": "sglang"}})
     with ScriptedServer() as srv:

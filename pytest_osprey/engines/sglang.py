@@ -131,6 +131,15 @@ def _margins(tops: Any) -> list[float] | None:
     return out
 
 
+def _verification(info: Mapping[str, Any]) -> str | None:
+    """How drafts are verified: None without speculation; "greedy" where SGLang always
+    commits the target's argmax (on CPU, whatever the request's temperature); "sampled"
+    where temperature > 0 verifies by speculative sampling (greedy at temperature 0)."""
+    if not info.get("speculative_algorithm"):
+        return None
+    return "greedy" if str(info.get("device")) == "cpu" else "sampled"
+
+
 class SGLangClient:
     """The native SGLang HTTP API of one server (booted here or an endpoint)."""
 
@@ -248,6 +257,7 @@ class SGLangClient:
             "context_length": info.get("context_length"),
             "kv_capacity_tokens": kv_tokens,
             "avg_spec_accept_length": accept,
+            "verification": _verification(info),
             "args": args,
         }
 
