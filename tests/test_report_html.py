@@ -122,6 +122,7 @@ def test_plots_are_png(plots: dict[str, bytes]) -> None:
     assert set(plots) == {
         "latency_cdf", "ttft_throughput", "accept_length", "speedup_cand_vs_baseline",
         "speedup_cand_vs_current", "speedup_broken_vs_baseline", "speedup_broken_vs_current",
+        "timeline", "load_speedups",
     }  # "broken" (zero successful requests) still gets its plots, empty panels saying so
     for key, png in plots.items():
         assert png.startswith(PNG_MAGIC), key
@@ -132,7 +133,7 @@ def test_plots_survive_a_single_prompt_and_repetition() -> None:
     data = make_data(prompts=[("p1", "core")], blocks=1)
     data.meta.candidates = ["cand"]
     plots = all_plots(data)
-    assert len(plots) == 5
+    assert len(plots) == 7
     assert all(png.startswith(PNG_MAGIC) for png in plots.values())
 
 
@@ -159,7 +160,8 @@ def test_prompt_speedups_geometric_mean_and_ci(data: SavedCampaign) -> None:
 
 
 def test_page_has_every_section_in_order(page: str) -> None:
-    ids = ["verdicts", "gates", "figures", "cost", "plots", "outputs", "errors"]
+    ids = ["verdicts", "setup", "stability", "gates", "figures", "analyses", "cost", "plots",
+           "outputs", "errors"]
     at = [page.index(f'id="{i}"') for i in ids]
     assert at == sorted(at)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import platform
 import random
 import secrets
@@ -96,6 +97,15 @@ def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) ->
     if pilot.max_new_tokens_cap is not None:
         n = min(n, pilot.max_new_tokens_cap)
     return n
+
+
+def host_load() -> list[float] | None:
+    """The host's 1/5/15-minute load averages (reports set them beside the timings: a busy
+    machine explains a slow block); None where the platform has none."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def block_order(conditions: Sequence[str], blocks: int, order: str) -> list[list[str]]:
@@ -316,7 +326,7 @@ class Campaign:
         )
         done = 0
         entry = ScheduleEntry(block=block, condition=name, load=level, mode=mode,
-                              started=time.time())
+                              started=time.time(), loadavg=host_load())
 
         async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
             nonlocal done
@@ -384,6 +394,7 @@ class Campaign:
                 await sampler
             self._note_memory(state)
         entry.ended = time.time()
+        entry.loadavg_end = host_load()
         self.schedule.append(entry)
         server = getattr(engine, "server", None)
         code = server.returncode if server is not None else None
@@ -431,6 +442,8 @@ class Campaign:
             load_levels={k: v if isinstance(v, int) else v.model_dump(mode="json")
                          for k, v in pilot.load.levels.items()},
             blocks=pilot.load.blocks,
+            warmup_requests=pilot.load.warmup_requests,
+            order=pilot.load.order,
             block_order=block_order(self.conditions, pilot.load.blocks, pilot.load.order),
             sampling=pilot.sampling.model_dump(mode="json"),
             conditions={
@@ -447,5 +460,6 @@ class Campaign:
             started_at=self.started_at,
             ended_at=time.time() if self.status != "running" else None,
             host={"machine": platform.machine(), "node": platform.node(),
-                  "python": platform.python_version()},
+                  "python": platform.python_version(), "cpus": os.cpu_count(),
+                  "system": platform.system(), "processor": platform.processor() or None},
         ).save(self.directory)

@@ -123,6 +123,10 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
         for i, lim in enumerate(pilot.limits.latency):
             for level in [lim.load] if lim.load else list(pilot.load.levels):
                 specs.append(GateSpec("latency", cand, load=level, index=i))
+        if pilot.limits.goodput is not None:
+            specs += [GateSpec("goodput", cand, reference=base, load=level,
+                               gating=level == pilot.primary_load)
+                      for level in pilot.load.levels]
     return specs
 
 
@@ -404,6 +408,12 @@ def _break_even(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult
     )
 
 
+def _goodput(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    from .goodput import goodput_gate  # built on this module's GateResult: imported late
+
+    return goodput_gate(spec, pilot, data)
+
+
 _PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}
 _EVALUATORS = {
     "completed": _completed,
@@ -416,4 +426,5 @@ _EVALUATORS = {
     "memory": _memory,
     "cost": _cost,
     "break_even": _break_even,
+    "goodput": _goodput,
 }

@@ -147,23 +147,33 @@ NICE_TICKS = (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.
               4.0, 5.0, 7.0, 10.0, 20.0, 50.0, 100.0)
 
 
-def _speedup_axis(ax: Axes, low: float, high: float) -> None:
-    """Log axis with plain 'Nx' labels at a handful of round speedups."""
-    ax.set_xscale("log")
-    ax.set_xlim(low, high)
-    inside = [t for t in NICE_TICKS if low <= t <= high]
-    step = max(1, math.ceil(len(inside) / 8))
-    ticks = sorted({1.0, *(t for t in inside[::step] if abs(math.log(t)) > 0.12)})
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+def _speedup_axis(ax: Axes, low: float, high: float, axis: str = "x") -> None:
+    """Log axis with plain 'Nx' labels at a handful of round speedups, spaced apart so that
+    their labels never run into each other."""
+    which = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(low, high)
+    gap = math.log(high / low) / 9  # at most about 9 labels across the axis
+    ticks = [1.0]
+    for t in sorted(NICE_TICKS, key=lambda t: abs(math.log(t))):
+        if low <= t <= high and all(abs(math.log(t / u)) >= gap for u in ticks):
+            ticks.append(t)
+    which.set_major_locator(FixedLocator(sorted(ticks)))
+    which.set_minor_locator(NullLocator())
+    which.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+
+
+Overall = dict[str, tuple[float, float, float]]  # load -> the gate's estimate, CI low, high
 
 
 def speedup_plot(
-    data: SavedCampaign, reference: str, candidate: str, threshold: float = 1.0, seed: int = 0
+    data: SavedCampaign, reference: str, candidate: str, threshold: float = 1.0, seed: int = 0,
+    overall: Overall | None = None,
 ) -> bytes:
     """Per-prompt speedup of ``candidate`` over ``reference``: one panel per load level,
-    prompts down the side grouped and colored by slice, log-scale speedup axis."""
+    prompts down the side grouped and colored by slice, log-scale speedup axis; the speed
+    gate's overall estimate and CI (``overall``) as a band where given."""
+    overall = overall or {}
     levels = _levels(data)
     per_level = [prompt_speedups(data, reference, candidate, lv, seed) for lv, _ in levels]
     ids = sorted({(s, p) for rows in per_level for p, s, *_ in rows})
@@ -171,6 +181,7 @@ def speedup_plot(
     slice_names = sorted({s for s, _ in ids})
     colors = {s: _color(i) for i, s in enumerate(slice_names)}
     values = [v for rows in per_level for row in rows for v in row[2:] if v is not None]
+    values += [v for band in overall.values() for v in band if math.isfinite(v) and v > 0]
     low = min([*values, threshold, 1.0]) / 1.15
     high = max([*values, threshold, 1.0]) * 1.15
     fig = Figure(figsize=(4.8 * len(levels) + 1.4, 2.6 + 0.24 * max(len(ids), 4)),
@@ -193,6 +204,10 @@ def speedup_plot(
                             xerr=[lo, hi], fmt="none", ecolor=colors[s], alpha=0.6, lw=1.2)
             ax.scatter([row[2] for row in mine], [pos[row[0]] for row in mine],
                        color=colors[s], s=24, zorder=3, label=f"slice {s}")
+        band = overall.get(level)
+        if band is not None and band[1] > 0 and band[2] > 0:
+            ax.axvspan(band[1], band[2], color="#55a868", alpha=0.15, zorder=0,
+                       label="overall 95% CI (the speed gate)")
         if rows:
             geo = float(np.exp(np.mean(np.log([row[2] for row in rows]))))
             ax.axvline(geo, color="#55a868", lw=1.2, ls=":", label="geometric mean")
@@ -221,6 +236,13 @@ def speedup_plot(
 # --------------------------------------------------------------------------- accept length
 
 
+def draft_tokens(data: SavedCampaign) -> int:
+    """The most tokens any condition drafts per step (its fingerprint; 4 when unknown)."""
+    ks = [int(k) for c in data.meta.conditions.values()
+          if isinstance(k := c.fingerprint.get("num_draft_tokens"), int)]
+    return max(ks, default=4)
+
+
 def accept_length_plot(data: SavedCampaign) -> bytes:
     """Histogram of per-request accept length, one series per drafter condition."""
     fig = Figure(figsize=(7.5, 4.0), layout="constrained")
@@ -239,16 +261,21 @@ def accept_length_plot(data: SavedCampaign) -> bytes:
             label = f"{cond} (n={len(values)}, per-request mean {np.mean(values):.2f}"
             label += f", pooled {pooled:.2f})" if pooled is not None else ")"
             series.append((i, label, values))
+    # The axis spans what an accept length can be: 1 (no draft accepted, the target's own
+    # token only) to k + 1 (every one of k drafted tokens accepted), so a drafter stuck at the
+    # floor shows as such instead of filling an axis zoomed onto 1.00-1.25.
+    top = max([max(v) for _, _, v in series] + [draft_tokens(data) + 1.0, 2.0])
+    ax.set_xlim(0.9, top + 0.1)
     if series:
-        top = max(max(v) for _, _, v in series)
-        bins = np.linspace(1.0, max(top, 1.0) + 0.25, 25).tolist()
+        bins = np.linspace(1.0, top, max(10, round((top - 1.0) * 8) + 1)).tolist()
         for i, label, values in series:
             ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color=_color(i),
                     edgecolor=_color(i), lw=1.5,
                     label=label)
-        ax.legend(fontsize=8)
     else:
         _empty(ax, "no drafter condition recorded an accept length")
+    ax.axvline(1.0, color="#444444", lw=1, ls="--", label="1 = no drafted token accepted")
+    ax.legend(fontsize=8)
     ax.set_xlabel("accept length (tokens per verify step, bonus token included)")
     ax.set_ylabel("requests")
     ax.grid(alpha=0.3)
@@ -311,16 +338,33 @@ def ttft_throughput_plot(data: SavedCampaign) -> bytes:
 # --------------------------------------------------------------------------- all together
 
 
-def all_plots(data: SavedCampaign, speedup_min: float = 1.0, seed: int = 0) -> dict[str, bytes]:
+def _overall(summary: dict[str, Any] | None, reference: str, candidate: str) -> Overall:
+    out: Overall = {}
+    for g in (summary or {}).get("gates", []):
+        ci = g.get("ci")
+        if (g.get("kind"), g.get("condition"), g.get("reference")) == (
+                "speedup", candidate, reference) and not g.get("slice") \
+                and g.get("estimate") is not None and ci and None not in ci:
+            out[str(g.get("load"))] = (float(g["estimate"]), float(ci[0]), float(ci[1]))
+    return out
+
+
+def all_plots(data: SavedCampaign, speedup_min: float = 1.0, seed: int = 0,
+              summary: dict[str, Any] | None = None) -> dict[str, bytes]:
     """Every report plot, keyed by a stable name (the HTML report shows them in this order).
     Speedup plots: each candidate vs the baseline (threshold ``speedup_min``) and vs the
-    current drafter (threshold 1)."""
+    current drafter (threshold 1), with the speed gates' CIs from ``summary``; then the
+    analyses (``plots_analyses``)."""
+    from .plots_analyses import analysis_plots
+
     plots = {"latency_cdf": latency_cdf(data), "ttft_throughput": ttft_throughput_plot(data)}
     baseline = data.meta.baseline
     current = data.meta.current
     for cand in data.meta.candidates:
         for ref, threshold in ((baseline, speedup_min), (current, 1.0)):
             if ref:
-                plots[f"speedup_{cand}_vs_{ref}"] = speedup_plot(data, ref, cand, threshold, seed)
+                plots[f"speedup_{cand}_vs_{ref}"] = speedup_plot(
+                    data, ref, cand, threshold, seed, _overall(summary, ref, cand))
     plots["accept_length"] = accept_length_plot(data)
+    plots.update(analysis_plots(data, summary or {}, speedup_min))
     return plots
