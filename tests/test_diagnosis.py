@@ -215,3 +215,21 @@ def test_total_time_shapes() -> None:
     assert total_time({"total_time": {"estimate": 1.3, "ci": [1.1, 1.5]}}) == (1.3, 1.1, 1.5)
     assert total_time({"total_time": {"estimate": 1.3, "ci_low": 1.2, "ci_high": 1.4}}) == (
         1.3, 1.2, 1.4)
+
+
+def test_holm_inconclusive_is_explained() -> None:
+    p = make_pilot()
+    gate = speed("cand", "concurrent", 1.3, 1.12, 1.5)
+    gate.outcome = "inconclusive"  # as apply_holm leaves it
+    gate.summary += "; Holm-adjusted p=0.0298 over 2 claims > 0.025"
+    d = run(p, [gate, identity("cand")], 3.0)
+    (reason,) = d.reasons
+    assert "not strongly enough for all 2 of the candidate's claims at once (Holm)" in \
+        reason.text
+    assert "p=" not in reason.text
+
+
+def test_a_quality_gate_without_evidence_does_not_count() -> None:
+    untested = GateResult(GateSpec("correctness", "c", reference="baseline"), "pass", "")
+    untested.evidence = "not_evaluable"  # type: ignore[attr-defined]
+    assert quality_word([untested]) == "unchecked"

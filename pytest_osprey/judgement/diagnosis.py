@@ -173,7 +173,9 @@ def _short_text(g: GateResult) -> str:
 
 
 def quality_word(gates: Sequence[GateResult]) -> str:
-    quality = [g for g in gates if g.spec.kind in QUALITY_KINDS and g.outcome != "skip"]
+    # A gate that passed without evidence (it could not have failed) says nothing either way.
+    quality = [g for g in gates if g.spec.kind in QUALITY_KINDS and g.outcome != "skip"
+               and getattr(g, "evidence", "tested") in (None, "tested")]
     if not quality:
         return "unchecked"
     if any(g.outcome == "fail" for g in quality):

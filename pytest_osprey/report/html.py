@@ -42,8 +42,8 @@ h1{font-size:26px;margin:0 0 4px}h2{font-size:20px;margin:34px 0 10px;
 nav a{margin-right:14px;color:#0969da;text-decoration:none}
 table{border-collapse:collapse;margin:6px 0 12px;font-size:13px;max-width:100%}
 table.gates{table-layout:fixed;width:100%}table.gates td{overflow-wrap:anywhere}
-table.gates col.kind{width:118px}table.gates col.judged{width:150px}
-table.gates col.outcome{width:92px}table.gates col.num{width:128px}
+table.gates col.kind{width:118px}table.gates col.judged{width:140px}
+table.gates col.outcome{width:112px}table.gates col.num{width:128px}
 table.gates td.num{white-space:normal}
 .scroll{overflow-x:auto;max-width:100%}
 th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
@@ -60,7 +60,8 @@ td.summary{white-space:pre-wrap;overflow-wrap:anywhere;
 .KEEP{background:#dafbe1;border-color:#1a7f37;color:#0f5323}
 .DROP{background:#ffebe9;border-color:#cf222e;color:#82071e}
 .INCONCLUSIVE{background:#fff8c5;border-color:#bf8700;color:#6c4400}
-.badge{display:inline-block;border-radius:10px;padding:0 8px;font-weight:600;font-size:12px}
+.badge{display:inline-block;border-radius:10px;padding:0 8px;font-weight:600;font-size:12px;
+ white-space:nowrap}
 .pass{background:#dafbe1;color:#1a7f37}.fail{background:#ffebe9;color:#cf222e}
 .inconclusive{background:#fff8c5;color:#9a6700}.skip{background:#eaeef2;color:#59636e}
 .over{color:#cf222e;font-weight:600}.note{color:#59636e;font-size:13px}

@@ -243,6 +243,11 @@ def draft_tokens(data: SavedCampaign) -> int:
     return max(ks, default=4)
 
 
+def accept_axis_top(data: SavedCampaign, highest: list[float]) -> float:
+    """Right end of the accept-length axis: k + 1 for k drafted tokens (or what was seen)."""
+    return max([*highest, draft_tokens(data) + 1.0, 2.0])
+
+
 def accept_length_plot(data: SavedCampaign) -> bytes:
     """Histogram of per-request accept length, one series per drafter condition."""
     fig = Figure(figsize=(7.5, 4.0), layout="constrained")
@@ -264,7 +269,7 @@ def accept_length_plot(data: SavedCampaign) -> bytes:
     # The axis spans what an accept length can be: 1 (no draft accepted, the target's own
     # token only) to k + 1 (every one of k drafted tokens accepted), so a drafter stuck at the
     # floor shows as such instead of filling an axis zoomed onto 1.00-1.25.
-    top = max([max(v) for _, _, v in series] + [draft_tokens(data) + 1.0, 2.0])
+    top = accept_axis_top(data, [max(v) for _, _, v in series])
     ax.set_xlim(0.9, top + 0.1)
     if series:
         bins = np.linspace(1.0, top, max(10, round((top - 1.0) * 8) + 1)).tolist()
