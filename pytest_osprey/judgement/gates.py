@@ -19,6 +19,7 @@ from .correctness import correctness_gate
 from .cost import break_even, condition_cost
 from .distribution import distribution_check, records_to_samples
 from .fairness import fairness_check
+from .goodput import goodput_gate
 from .identity import greedy_identity
 from .sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
 
@@ -409,9 +410,11 @@ def _break_even(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult
 
 
 def _goodput(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    from .goodput import goodput_gate  # built on this module's GateResult: imported late
-
-    return goodput_gate(spec, pilot, data)
+    assert spec.reference is not None and spec.load is not None
+    res = goodput_gate(pilot, data, spec.condition, spec.reference, spec.load)
+    return GateResult(spec, res.outcome, res.summary, estimate=res.estimate, ci_low=res.ci_low,
+                      ci_high=res.ci_high, threshold=res.threshold, p_value=res.p_value,
+                      details=res.details)
 
 
 _PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}

@@ -22,6 +22,7 @@ candidate and load level as paired non-inferiority against the baseline:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
@@ -29,8 +30,8 @@ from scipy import stats as sps
 from ..pilot.schema import GoodputTargets, Pilot
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
-from .gates import GateResult, GateSpec
 from .noninferiority import mcnemar_noninferiority
+from .stats import Outcome
 
 
 class _Sheet(BaseModel):
@@ -160,17 +161,32 @@ def share_bounds(good: int, n: int, alpha: float) -> tuple[float, float]:
     return low, high
 
 
-def goodput_gate(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    """The goodput gate of ``spec.condition`` against ``spec.reference`` at ``spec.load``."""
+@dataclass(frozen=True)
+class GoodputResult:
+    """The goodput gate's judgement (the gate kind ``goodput`` wraps it)."""
+
+    outcome: Outcome
+    summary: str
+    estimate: float | None = None  # candidate share - reference share, paired
+    ci_low: float | None = None
+    ci_high: float | None = None
+    threshold: float | None = None  # -margin
+    p_value: float | None = None
+    details: dict[str, object] = field(default_factory=dict)
+
+
+def goodput_gate(pilot: Pilot, data: SavedCampaign, candidate: str, reference: str,
+                 load: str) -> GoodputResult:
+    """The goodput gate of ``candidate`` against ``reference`` at ``load``."""
     targets = pilot.limits.goodput
-    assert targets is not None and spec.reference is not None and spec.load is not None
+    assert targets is not None
     alpha = (1 - pilot.decision.confidence) / 2
-    ref, cand = paired_flags(data, spec.reference, spec.condition, spec.load, targets)
+    ref, cand = paired_flags(data, reference, candidate, load, targets)
     n = len(ref)
     what = targets_text(targets)
     if n == 0:
-        return GateResult(spec, "fail", f"no request of {spec.condition} pairs with "
-                          f"{spec.reference} at {spec.load}: goodput cannot be compared")
+        return GoodputResult("fail", f"no request of {candidate} pairs with {reference} at "
+                             f"{load}: goodput cannot be compared")
     margin = targets.margin
     res = mcnemar_noninferiority(ref, cand, margin, alpha)
     ref_share, cand_share = sum(ref) / n, sum(cand) / n
@@ -180,7 +196,7 @@ def goodput_gate(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResul
         "losses": sum(r and not c for r, c in zip(ref, cand, strict=True)),
         "targets": what, "margin": margin,
     }
-    summary = (f"goodput {cand_share:.0%} vs {spec.reference} {ref_share:.0%} "
+    summary = (f"goodput {cand_share:.0%} vs {reference} {ref_share:.0%} "
                f"({res.estimate * 100:+.1f} points, {pilot.decision.confidence:.0%} CI "
                f"[{res.ci_low * 100:+.1f}, {res.ci_high * 100:+.1f}] vs margin "
                f"-{margin * 100:g}) over {n} paired requests; targets {what}")
@@ -191,7 +207,7 @@ def goodput_gate(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResul
     if mcnemar_noninferiority(ref, [False] * n, margin, alpha).outcome != "fail":
         outcome = "inconclusive"
         notes.append(f"cannot detect a loss: losing all {sum(ref)} of the {n} paired requests "
-                     f"{spec.reference} served within the targets would not show the candidate "
+                     f"{reference} served within the targets would not show the candidate "
                      "worse than the margin; add prompts or blocks, or relax the targets")
     elif outcome == "inconclusive" and \
             mcnemar_noninferiority(ref, ref, margin, alpha).outcome != "pass":
@@ -209,6 +225,5 @@ def goodput_gate(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResul
             notes.append(f"not shown above the floor of {targets.min_share:.0%}")
     if notes:
         summary += "; " + "; ".join(notes)
-    return GateResult(spec, outcome, summary, estimate=res.estimate, ci_low=res.ci_low,
-                      ci_high=res.ci_high, threshold=-margin, p_value=res.p_value,
-                      details=details)
+    return GoodputResult(outcome, summary, res.estimate, res.ci_low, res.ci_high, -margin,
+                         res.p_value, details)

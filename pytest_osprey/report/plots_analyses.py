@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from ..judgement.distribution import END, records_to_samples
 from ..results.folder import SavedCampaign
-from .plots import _color, _conditions, _empty, _levels, _png, _speedup_axis
+from .plotkit import color_of, condition_order, empty_note, level_order, speedup_axis, to_png
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
 
@@ -37,8 +37,8 @@ def timeline(data: SavedCampaign) -> bytes:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax = fig.subplots()
     if not recs:
-        _empty(ax, "no timed request")
-        return _png(fig)
+        empty_note(ax, "no timed request")
+        return to_png(fig)
     t0 = min([r.started_at or 0.0 for r in recs] + [e.started for e in data.meta.schedule])
     blocks: dict[int, list[float]] = {}
     for e in data.meta.schedule:
@@ -50,14 +50,14 @@ def timeline(data: SavedCampaign) -> bytes:
             ax.axvspan(start - t0, end - t0, color="#eaeef2", zorder=0)
         ax.text((start + end) / 2 - t0, 1.0, f"block {b + 1}", ha="center", va="bottom",
                 fontsize=8, color="#59636e", transform=ax.get_xaxis_transform())
-    levels = [lv for lv, _ in _levels(data)]
-    for i, cond in enumerate(_conditions(data)):
+    levels = [lv for lv, _ in level_order(data)]
+    for i, cond in enumerate(condition_order(data)):
         for j, level in enumerate(levels):
             mine = [r for r in recs if r.condition == cond and r.load == level]
             if mine:
                 ax.scatter([(r.started_at or 0) - t0 for r in mine],
                            [(r.e2e_s or 0) * 1000 for r in mine], s=12, alpha=0.7,
-                           color=_color(i), marker=MARKERS[j % len(MARKERS)],
+                           color=color_of(i), marker=MARKERS[j % len(MARKERS)],
                            label=f"{cond}, {level}")
     loads = [(e.started - t0, e.loadavg[0]) for e in data.meta.schedule if e.loadavg]
     if loads:
@@ -72,7 +72,7 @@ def timeline(data: SavedCampaign) -> bytes:
     ax.legend(fontsize=7, ncols=min(4, max(1, len(levels))), loc="upper left")
     ax.set_title("Timeline: every greedy request as it ran (shaded: alternate blocks)",
                  fontsize=11, pad=14)
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- across loads
@@ -80,7 +80,7 @@ def timeline(data: SavedCampaign) -> bytes:
 
 def load_speedups(data: SavedCampaign, summary: Mapping[str, Any], threshold: float) -> bytes:
     """Each candidate's speedup at every load level in one view, with the gates' CIs."""
-    levels = _levels(data)
+    levels = level_order(data)
     x = {lv: k for k, (lv, _) in enumerate(levels)}
     fig = Figure(figsize=(7.5, 4.0), layout="constrained")
     ax = fig.subplots()
@@ -102,16 +102,16 @@ def load_speedups(data: SavedCampaign, summary: Mapping[str, Any], threshold: fl
         ax.errorbar(xs, [p[1] for p in pts],
                     yerr=[[max(0.0, p[1] - p[2]) for p in pts],
                           [max(0.0, p[3] - p[1]) for p in pts]],
-                    fmt="o", color=_color(i), capsize=4, label=f"{cand} vs {ref}",
+                    fmt="o", color=color_of(i), capsize=4, label=f"{cand} vs {ref}",
                     ls="-" if ref == data.meta.baseline else "--")
         totals = [(xx, p[4]) for xx, p in zip(xs, pts, strict=True) if p[4] is not None]
         if totals:
-            ax.scatter(*zip(*totals, strict=True), marker="x", color=_color(i), zorder=4,
+            ax.scatter(*zip(*totals, strict=True), marker="x", color=color_of(i), zorder=4,
                        label=f"{cand} vs {ref}: total time")
         values += [v for p in pts for v in p[1:4]]
     if not series:
-        _empty(ax, "no speed gate was judged")
-    _speedup_axis(ax, min(values) / 1.1, max(values) * 1.1, axis="y")
+        empty_note(ax, "no speed gate was judged")
+    speedup_axis(ax, min(values) / 1.1, max(values) * 1.1, axis="y")
     ax.axhline(1.0, color="#444444", lw=1)
     if threshold != 1.0:
         ax.axhline(threshold, color="#c44e52", lw=1.2, ls="--",
@@ -123,7 +123,7 @@ def load_speedups(data: SavedCampaign, summary: Mapping[str, Any], threshold: fl
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
     ax.set_title("Speedup across load levels (bars: the speed gates' 95% CIs)", fontsize=11)
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- per domain
@@ -144,15 +144,15 @@ def domain_plot(rows: Sequence[Mapping[str, Any]], threshold: float) -> bytes:
             y = pos[str(r["domain"])] + off
             low, high = r.get("ci_low"), r.get("ci_high")
             if low is not None and high is not None:
-                ax1.plot([low, high], [y, y], color=_color(i), lw=2, alpha=0.6)
+                ax1.plot([low, high], [y, y], color=color_of(i), lw=2, alpha=0.6)
                 values += [low, high]
             values.append(r["speedup"])
         ax1.scatter([r["speedup"] for r in mine], [pos[str(r["domain"])] + off for r in mine],
-                    color=_color(i), zorder=3, label=cand)
+                    color=color_of(i), zorder=3, label=cand)
         acc = [r for r in rows if r["candidate"] == cand and r.get("accept_length") is not None]
         ax2.barh([pos[str(r["domain"])] + off for r in acc], [r["accept_length"] for r in acc],
-                 height=0.16, color=_color(i), alpha=0.8, label=cand)
-    _speedup_axis(ax1, min(values) / 1.1, max(values) * 1.1)
+                 height=0.16, color=color_of(i), alpha=0.8, label=cand)
+    speedup_axis(ax1, min(values) / 1.1, max(values) * 1.1)
     ax1.axvline(1.0, color="#444444", lw=1)
     if threshold != 1.0:
         ax1.axvline(threshold, color="#c44e52", lw=1.2, ls="--")
@@ -166,7 +166,7 @@ def domain_plot(rows: Sequence[Mapping[str, Any]], threshold: float) -> bytes:
     ax2.set_xlabel("accept length, pooled (1 = nothing accepted)")
     ax2.grid(alpha=0.3, axis="x")
     fig.suptitle("Per domain, at the primary load", fontsize=11)
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- distribution
@@ -198,15 +198,15 @@ def distribution_plot(data: SavedCampaign, reference: str, candidate: str,
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     if not ref or not cand:
-        _empty(ax1, "no sampled outputs on both sides")
-        _empty(ax2, "no sampled outputs on both sides")
-        return _png(fig)
+        empty_note(ax1, "no sampled outputs on both sides")
+        empty_note(ax2, "no sampled outputs on both sides")
+        return to_png(fig)
     xs = np.arange(positions)
     for i, (name, samples) in enumerate(((reference, ref), (candidate, cand))):
-        ax1.plot(xs, _repeat_rates(samples, positions), "-o", color=_color(i), label=name)
+        ax1.plot(xs, _repeat_rates(samples, positions), "-o", color=color_of(i), label=name)
         lengths = np.sort([len(s) for seqs in samples.values() for s in seqs])
         ax2.step(np.r_[lengths[0], lengths], np.arange(lengths.size + 1) / lengths.size,
-                 where="post", color=_color(i), lw=1.8, label=f"{name} (n={lengths.size})")
+                 where="post", color=color_of(i), lw=1.8, label=f"{name} (n={lengths.size})")
     ax1.set_xlabel("output position")
     ax1.set_ylabel("chance two samples share the token")
     ax1.set_ylim(bottom=0)
@@ -226,7 +226,7 @@ def distribution_plot(data: SavedCampaign, reference: str, candidate: str,
                    f"per position vs {details.get('tv_null') or 0:.3f} by chance alone, "
                    f"min adjusted p {details.get('min_adjusted_p') or 0:.3g}")
     fig.suptitle(f"Sampled outputs, {candidate} vs {reference} - {verdict}", fontsize=11)
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- acceptance, goodput
@@ -238,7 +238,7 @@ def acceptance_plot(shares: Mapping[str, Sequence[float]]) -> bytes:
     width = 0.8 / max(len(shares), 1)
     for i, (cond, values) in enumerate(shares.items()):
         xs = np.arange(len(values)) + (i - (len(shares) - 1) / 2) * width
-        ax.bar(xs, values, width=width * 0.9, color=_color(i), label=cond)
+        ax.bar(xs, values, width=width * 0.9, color=color_of(i), label=cond)
     top = max((len(v) for v in shares.values()), default=1)
     ax.set_xticks(range(top), [str(k + 1) for k in range(top)])
     ax.set_ylim(0, 1.05)
@@ -247,7 +247,7 @@ def acceptance_plot(shares: Mapping[str, Sequence[float]]) -> bytes:
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
     ax.set_title("Acceptance per draft position", fontsize=11)
-    return _png(fig)
+    return to_png(fig)
 
 
 def goodput_plot(section: Mapping[str, Any], levels: Sequence[tuple[str, str]]) -> bytes:
@@ -262,7 +262,7 @@ def goodput_plot(section: Mapping[str, Any], levels: Sequence[tuple[str, str]]) 
                           if r["condition"] == cond and r["load"] == level), None)
             if share is not None:
                 ax.bar(j + (i - (len(conds) - 1) / 2) * width, share, width=width * 0.9,
-                       color=_color(i), label=cond if j == 0 else None)
+                       color=color_of(i), label=cond if j == 0 else None)
     if section.get("min_share") is not None:
         ax.axhline(section["min_share"], color="#c44e52", ls="--", lw=1.2, label="floor")
     ax.set_xticks(range(len(levels)), [f"{lv} ({c})" for lv, c in levels])
@@ -271,7 +271,7 @@ def goodput_plot(section: Mapping[str, Any], levels: Sequence[tuple[str, str]]) 
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
     ax.set_title("Goodput per condition and load level", fontsize=11)
-    return _png(fig)
+    return to_png(fig)
 
 
 def analysis_plots(data: SavedCampaign, summary: Mapping[str, Any],
@@ -290,5 +290,5 @@ def analysis_plots(data: SavedCampaign, summary: Mapping[str, Any],
     if summary.get("acceptance_by_position"):
         plots["acceptance_positions"] = acceptance_plot(summary["acceptance_by_position"])
     if summary.get("goodput"):
-        plots["goodput"] = goodput_plot(summary["goodput"], _levels(data))
+        plots["goodput"] = goodput_plot(summary["goodput"], level_order(data))
     return plots
