@@ -281,7 +281,7 @@ def test_verdict_headline_and_bullets(data: SavedCampaign) -> None:
 
 def test_accept_length_axis_spans_its_range() -> None:
     # A drafter at the floor (accept length 1.0-1.05) is drawn on 1..k+1, not zoomed in.
-    from pytest_osprey.report.plots import accept_axis_top, draft_tokens
+    from pytest_osprey.report.plotkit import accept_axis_top, draft_tokens
 
     weak = make_data()
     weak.records = [rec(r.condition, r.prompt_id, r.slice, r.load, r.block,

@@ -73,3 +73,13 @@ def speedup_axis(ax: Axes, low: float, high: float, axis: str = "x") -> None:
     which.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
 
 
+def draft_tokens(data: SavedCampaign) -> int:
+    """The most tokens any condition drafts per step (its fingerprint; 4 when unknown)."""
+    ks = [int(k) for c in data.meta.conditions.values()
+          if isinstance(k := c.fingerprint.get("num_draft_tokens"), int)]
+    return max(ks, default=4)
+
+
+def accept_axis_top(data: SavedCampaign, highest: list[float]) -> float:
+    """Right end of the accept-length axis: k + 1 for k drafted tokens (or what was seen)."""
+    return max([*highest, draft_tokens(data) + 1.0, 2.0])

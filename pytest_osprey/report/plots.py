@@ -16,7 +16,15 @@ from matplotlib.figure import Figure
 
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
-from .plotkit import color_of, condition_order, empty_note, level_order, speedup_axis, to_png
+from .plotkit import (
+    accept_axis_top,
+    color_of,
+    condition_order,
+    empty_note,
+    level_order,
+    speedup_axis,
+    to_png,
+)
 from .plots_analyses import analysis_plots
 
 FloatArray = npt.NDArray[np.float64]
@@ -175,18 +183,6 @@ def speedup_plot(
 
 
 # --------------------------------------------------------------------------- accept length
-
-
-def draft_tokens(data: SavedCampaign) -> int:
-    """The most tokens any condition drafts per step (its fingerprint; 4 when unknown)."""
-    ks = [int(k) for c in data.meta.conditions.values()
-          if isinstance(k := c.fingerprint.get("num_draft_tokens"), int)]
-    return max(ks, default=4)
-
-
-def accept_axis_top(data: SavedCampaign, highest: list[float]) -> float:
-    """Right end of the accept-length axis: k + 1 for k drafted tokens (or what was seen)."""
-    return max([*highest, draft_tokens(data) + 1.0, 2.0])
 
 
 def accept_length_plot(data: SavedCampaign) -> bytes:

@@ -16,7 +16,15 @@ from matplotlib.figure import Figure
 
 from ..judgement.distribution import END, records_to_samples
 from ..results.folder import SavedCampaign
-from .plotkit import color_of, condition_order, empty_note, level_order, speedup_axis, to_png
+from .plotkit import (
+    accept_axis_top,
+    color_of,
+    condition_order,
+    empty_note,
+    level_order,
+    speedup_axis,
+    to_png,
+)
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
 
@@ -129,7 +137,7 @@ def load_speedups(data: SavedCampaign, summary: Mapping[str, Any], threshold: fl
 # --------------------------------------------------------------------------- per domain
 
 
-def domain_plot(rows: Sequence[Mapping[str, Any]], threshold: float) -> bytes:
+def domain_plot(rows: Sequence[Mapping[str, Any]], threshold: float, accept_top: float) -> bytes:
     """Speedup (with its descriptive CI) and accept length per domain, per candidate."""
     cands = list(dict.fromkeys(str(r["candidate"]) for r in rows))
     domains = sorted({str(r["domain"]) for r in rows})
@@ -162,7 +170,7 @@ def domain_plot(rows: Sequence[Mapping[str, Any]], threshold: float) -> bytes:
     ax1.grid(alpha=0.3, axis="x")
     _legend(ax1)
     ax2.axvline(1.0, color="#444444", lw=1, ls="--")
-    ax2.set_xlim(left=0)
+    ax2.set_xlim(0, accept_top + 0.1)  # the whole range, 1 to k + 1: a floor shows as one
     ax2.set_xlabel("accept length, pooled (1 = nothing accepted)")
     ax2.grid(alpha=0.3, axis="x")
     fig.suptitle("Per domain, at the primary load", fontsize=11)
@@ -279,7 +287,10 @@ def analysis_plots(data: SavedCampaign, summary: Mapping[str, Any],
     plots = {"timeline": timeline(data), "load_speedups": load_speedups(data, summary,
                                                                          threshold)}
     if summary.get("domains"):
-        plots["domains"] = domain_plot(summary["domains"], threshold)
+        seen = [float(r["accept_length"]) for r in summary["domains"]
+                if r.get("accept_length") is not None]
+        plots["domains"] = domain_plot(summary["domains"], threshold,
+                                       accept_axis_top(data, seen))
     gates = summary.get("gates", [])
     base = data.meta.baseline
     if base and any(r.mode == "sampled" for r in data.records):
