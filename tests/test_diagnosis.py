@@ -124,6 +124,15 @@ def test_batch_size_crossover() -> None:
     check_headline(headline(d))
 
 
+def test_no_crossover_from_noise() -> None:
+    # Faster at low load only by its point estimate (the CI straddles 1): not a crossover.
+    p = make_pilot()
+    results = [speed("cand", "low", 1.33, 0.86, 2.06, gating=False),
+               speed("cand", "concurrent", 0.76, 0.66, 0.88), identity("cand")]
+    d = run(p, results, 2.8)
+    assert all(r.diagnosis is None for r in d.reasons) and d.notes == []
+
+
 def _slice_records() -> SavedCampaign:
     recs = []
     for pid, slice_, verify in (("a", "core", 10), ("b", "core", 10), ("u", "unusual", 40)):

@@ -206,12 +206,12 @@ def _crossover(speeds: Sequence[Speed], order: Mapping[str, int]) -> tuple[str, 
         return None
     light = ranked[0]
     assert light.estimate is not None
-    faster = light.estimate > 1 and (light.ci_low is None or light.ci_low > 1
-                                     or light.estimate >= 1.05)
+    # Shown, not guessed: each side's CI must exclude 1 (the point estimate alone only where
+    # a gate has no CI), or noise at one level reads as a crossover.
+    faster = light.ci_low > 1 if light.ci_low is not None else light.estimate >= 1.05
     for heavy in ranked[1:]:
         assert heavy.estimate is not None
-        slower = heavy.estimate < 1 and (heavy.ci_high is None or heavy.ci_high < 1
-                                         or heavy.estimate <= 0.95)
+        slower = heavy.ci_high < 1 if heavy.ci_high is not None else heavy.estimate <= 0.95
         if faster and slower:
             return heavy.load, (
                 f"faster at {light.load} ({light.estimate:.2f}x) but slower at {heavy.load} "
