@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .report.console import Line as Line
 
 EXIT_USAGE = 4
 
@@ -15,10 +20,25 @@ DESCRIPTION = """Keep or drop a speculative-decoding drafter, decided with evide
 judgement, reports, the same results folder and exit codes (0 every gate passed, 1 a gate
 failed, 4 usage error)."""
 
+EXAMPLES = """examples:
+  python -m pytest_osprey run pilot.yaml --dry-run     check the pilot and artifacts only
+  python -m pytest_osprey run pilot.yaml --results out measure, judge, write out/report.html
+  python -m pytest_osprey report out                   judge a saved campaign again"""
+
+
+_ANSI = {"red": "31", "green": "32", "yellow": "33", "bold": "1"}
+
+
+def _styled(line: Line, color: bool) -> str:
+    codes = [_ANSI[w] for w in line.style.split() if w in _ANSI]
+    if not color or not codes or not line.text:
+        return line.text
+    return f"\x1b[{';'.join(codes)}m{line.text}\x1b[0m"
+
 
 def _run(args: argparse.Namespace) -> int:
     from .campaign import ProgressEvent
-    from .report.terminal import text_table
+    from .report.console import Line, closing_lines, dry_run_lines
     from .run import PilotRun, RunOptions, UsageError, sigterm_interrupts, stop_servers
 
     last: list[tuple[str, str, str, int]] = []
@@ -43,21 +63,21 @@ def _run(args: argparse.Namespace) -> int:
             outcome = run.run()
     finally:
         stop_servers()
+    lines: list[Line] = []
     for result in outcome.gates:
-        mark = "FAIL" if run.fails(result) else result.outcome.upper()
-        if result.outcome != "pass" or run.fails(result):
-            print(f"{mark:12} {result.spec.kind}[{result.spec.id}]: "
-                  f"{result.summary.splitlines()[0]}")
+        if run.fails(result) and result.spec.kind in ("command_line", "artifact"):
+            lines.append(Line(f"FAILED {result.spec.kind} {result.spec.condition}: "
+                              f"{result.summary.splitlines()[0]}", "red"))
     if outcome.campaign_error:
         print(f"campaign error: {outcome.campaign_error}", file=sys.stderr)
     if outcome.judgement is not None:
-        print("\n".join(text_table(outcome.judgement.figures)))
-        for v in outcome.judgement.verdicts:
-            print(v.line())
-    elif run.dry_run:
-        print(f"dry run: {len(outcome.gates)} preflight check(s), nothing was booted")
-    for path in outcome.reports:
-        print(f"results: {path}")
+        lines += closing_lines(run.pilot, outcome.judgement, run.campaign(), outcome.comparison,
+                               outcome.reports)
+    elif run.dry_run and run.checked is not None:
+        lines += dry_run_lines(run.checked, run.conditions)
+    color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    for line in lines:
+        print(_styled(line, color))
     return outcome.exit_code
 
 
@@ -75,15 +95,27 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for path in run.reports:
         print(path)
-    for v in judgement.verdicts:
-        print(v.line())
+    from .judgement.diagnosis import diagnose_all
+    from .report.headline import bullet_lines, headline
+
+    for d in diagnose_all(run.pilot, judgement.verdicts, list(judgement.results.values()),
+                          judgement.figures, run.campaign()):
+        print(headline(d))
+        for line in bullet_lines(d):
+            print(line)
     return 0 if all(v.verdict == "KEEP" for v in judgement.verdicts) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_osprey", description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="Run a pilot without pytest (same results and exit codes)")
+    parser = argparse.ArgumentParser(prog="python -m pytest_osprey", description=DESCRIPTION,
+                                     epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text + ".")
+
+    run = command("run", "Run a pilot without pytest (same results and exit codes)")
     run.add_argument("pilot", help="The pilot file (pilot.yaml)")
     run.add_argument("--results", metavar="DIR", help="Results folder")
     run.add_argument("--reuse", metavar="DIR", help="Judge a saved campaign; boot nothing")
@@ -93,15 +125,15 @@ def main(argv: list[str] | None = None) -> int:
                      help="Run only these conditions (the baseline is always included)")
     run.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
-    rep = sub.add_parser("report", help="Re-judge a results folder and rewrite its reports")
+    rep = command("report", "Re-judge a results folder and rewrite its reports")
     rep.add_argument("directory", help="A results folder (holds campaign.json)")
     rep.add_argument("--config", help="Pilot whose limits to apply (default: the saved copy)")
     rep.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
-    sub.add_parser("schema", help="Print the JSON Schema of pilot.yaml (for editor completion)")
-    sub.add_parser("reference", help="Print the pilot.yaml reference (Markdown)")
-    sub.add_parser("summary-schema", help="Print the JSON Schema of summary.json")
-    sub.add_parser("summary-reference", help="Print the summary.json reference (Markdown)")
+    command("schema", "Print the JSON Schema of pilot.yaml (for editor completion)")
+    command("reference", "Print the pilot.yaml reference (Markdown)")
+    command("summary-schema", "Print the JSON Schema of summary.json")
+    command("summary-reference", "Print the summary.json reference (Markdown)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage; this tool's usage code is 4

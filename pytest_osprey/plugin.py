@@ -32,6 +32,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Check the pilot, command lines and artifacts only; boot nothing")
     group.addoption("--osprey-conditions", metavar="A,B", default=None,
                     help="Run only these conditions (the baseline is always included)")
+    group.addoption("--osprey-benchmark-tables", action="store_true", default=False,
+                    help="Run the latency series as pytest-benchmark benchmarks and show its "
+                         "tables (implied by --benchmark-json, --benchmark-autosave and "
+                         "--benchmark-compare)")
     group.addoption("--osprey-compare", metavar="DIR", default=None,
                     help="Compare with an earlier accepted campaign of the same trace and flag "
                          "regressions of the drafters kept there")

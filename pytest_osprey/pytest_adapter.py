@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from .engines import BootSpec, Engine, EngineError, make_engine
 from .judgement import GateResult, GateSpec, Judgement
 from .judgement.gates import PREFLIGHT
 from .pilot import Pilot
-from .report.terminal import text_table
+from .report.console import Line, closing_lines, dry_run_lines
 from .results import Preflight, SavedCampaign
 from .run import CampaignError, PilotRun, stop_servers
 
@@ -159,17 +159,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Gates this pilot does not plan (e.g. no latency limits, or a dry run) are deselected,
-    not shown as empty skips."""
+    not shown as empty skips; so are the latency series unless a benchmark output is asked
+    for (``--benchmark-json``, ``--benchmark-autosave``, ``--benchmark-compare``,
+    ``--osprey-benchmark-tables``)."""
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
+    series = benchmark_tables_wanted(config)
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         unplanned = item.get_closest_marker("osprey") is not None and not (
-            "osprey_gate" in params or "osprey_series" in params or "osprey_history" in params)
+            "osprey_gate" in params or (series and "osprey_series" in params)
+            or "osprey_history" in params)
         (drop if unplanned else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _write(tr: Any, line: Line) -> None:
+    markup = {word: True for word in line.style.split()}
+    tr.write_line(line.text, **markup)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -182,25 +191,36 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(f"campaign error: {run.campaign_error}", red=True)
     judgement = run.judged
     if judgement is None:
-        tr.write_line("dry run: nothing was booted" if run.dry_run
-                      else "no campaign was judged in this session")
+        if run.dry_run and run.checked is not None:
+            for line in dry_run_lines(run.checked, run.conditions):
+                _write(tr, line)
+        else:
+            tr.write_line("no campaign was judged in this session")
         return
-    for line in text_table(judgement.figures):
-        tr.write_line(line)
-    tr.write_line("")
-    for v in judgement.verdicts:
-        color = {"KEEP": "green", "DROP": "red", "INCONCLUSIVE": "yellow"}[v.verdict]
-        tr.write_line(v.line(), **{color: True, "bold": True})
-    if run.comparison is not None:
-        comp = run.comparison
-        tr.write_line(f"compared with {comp.previous_dir} (run {comp.previous_run_id}):")
-        for f in comp.findings:
-            tr.write_line(f"  {'REGRESSION ' if f.regression else ''}{f.text}",
-                          red=f.regression)
-        for note in comp.notes:
-            tr.write_line(f"  {note}")
-    for p in run.reports:
-        tr.write_line(f"results: {p}")
+    for line in closing_lines(run.pilot, judgement, run.campaign(), run.comparison,
+                              run.reports):
+        _write(tr, line)
+
+
+# pytest-benchmark's own output (its header line, its tables) is shown only when a benchmark
+# output was asked for: the latency series are then run as benchmarks, else deselected.
+BENCHMARK_OPTIONS = ("benchmark_json", "benchmark_autosave", "benchmark_save",
+                     "benchmark_compare", "benchmark_only", "benchmark_histogram")
+
+
+def benchmark_tables_wanted(config: pytest.Config) -> bool:
+    if config.getoption("osprey_benchmark_tables", False):
+        return True
+    return any(config.getoption(name, None) for name in BENCHMARK_OPTIONS)  # [] when unset
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_header(config: pytest.Config) -> Generator[None, Any, Any]:
+    lines = yield
+    if benchmark_tables_wanted(config):
+        return lines
+    return [line for line in lines
+            if not (isinstance(line, str) and line.startswith("benchmark: "))]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -222,23 +242,26 @@ def _uncaptured(config: pytest.Config) -> Iterator[None]:
 
 
 class ProgressPrinter:
-    """Campaign progress in the terminal: a line per phase, then a few per replay."""
+    """Campaign progress in the terminal: a line when a phase starts and when it ends, and
+    at most one every 30 s in between."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.tr = config.pluginmanager.getplugin("terminalreporter")
         self.last: tuple[str, str, str, int] | None = None
         self.last_t = 0.0
 
     def __call__(self, e: ProgressEvent) -> None:
-        if self.tr is None:
+        # Looked up when needed: the terminal reporter registers itself after this plugin's
+        # pytest_configure, where the printer is made.
+        tr = self.config.pluginmanager.getplugin("terminalreporter")
+        if tr is None:
             return
         key = (e.condition, e.phase, e.load, e.block)
         now = time.monotonic()
         first = key != self.last
         finished = e.total and e.done == e.total
-        if not (first or finished or now - self.last_t > 10):
+        if not (first or finished or now - self.last_t > 30):
             return
         self.last, self.last_t = key, now
         with _uncaptured(self.config):
-            self.tr.write_line(e.line(finished=bool(finished)))
+            tr.write_line(e.line(finished=bool(finished)))

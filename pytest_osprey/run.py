@@ -183,8 +183,16 @@ class PilotRun:
                 self._preflight = saved
             else:
                 self._preflight = run_preflight(self.pilot, self.conditions)
-                self.results_dir.mkdir(parents=True, exist_ok=True)
-                self._preflight.save(self.results_dir)
+                # A dry run measures nothing: it leaves no results folder behind unless one
+                # was named (then preflight.json goes there, e.g. as a CI artifact).
+                if not self.dry_run or self.options.results:
+                    self.results_dir.mkdir(parents=True, exist_ok=True)
+                    self._preflight.save(self.results_dir)
+        return self._preflight
+
+    @property
+    def checked(self) -> Preflight | None:
+        """The preflight if it has been made (no step runs)."""
         return self._preflight
 
     def campaign(self) -> SavedCampaign:

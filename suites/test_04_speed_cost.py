@@ -37,3 +37,9 @@ def test_break_even(osprey_gate_result: GateResult, osprey_config: Pilot) -> Non
 def test_memory(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
     """Peak memory within limits.memory (absolute, and increase over the baseline)."""
     assert_gate(osprey_gate_result, osprey_config)
+
+
+@pytest.mark.osprey(kind="goodput")
+def test_goodput(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """Share of requests meeting limits.goodput's targets non-inferior to the baseline's."""
+    assert_gate(osprey_gate_result, osprey_config)

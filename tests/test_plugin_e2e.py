@@ -187,8 +187,14 @@ def test_weak_drafter_pilot_fails_on_speed(pytester: pytest.Pytester) -> None:
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     assert "FAILED" in out and "test_speedup[cand-vs-baseline-low]" in out
-    verdict = next(line for line in out.splitlines() if line.startswith("DROP cand"))
-    assert "speedup[cand-vs-baseline-low]" in verdict
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("DROP cand:"))
+    verdict = lines[at]
+    assert len(verdict) <= 160 and "p=" not in verdict and "[cand-" not in verdict
+    assert "speedup 0." in verdict and "accept 1.0" in verdict
+    # The reason is named, and the diagnosis says what an accept length near 1 means.
+    assert lines[at + 1].startswith("  - speed at low: 0.")
+    assert "never accepted" in lines[at + 2] or "almost never accepted" in lines[at + 2]
     # Quality and completion still pass: the weak drafter is dropped for speed alone.
     summary = _summary(pytester)
     outcomes = {(g["kind"], g["id"]): g["outcome"] for g in summary["gates"]}

@@ -116,6 +116,7 @@ def test_plots_are_png(plots: dict[str, bytes]) -> None:
     assert set(plots) == {
         "latency_cdf", "ttft_throughput", "accept_length", "speedup_cand_vs_baseline",
         "speedup_cand_vs_current", "speedup_broken_vs_baseline", "speedup_broken_vs_current",
+        "timeline", "load_speedups",
     }  # "broken" (zero successful requests) still gets its plots, empty panels saying so
     for key, png in plots.items():
         assert png.startswith(PNG_MAGIC), key
@@ -126,7 +127,7 @@ def test_plots_survive_a_single_prompt_and_repetition() -> None:
     data = make_data(prompts=[("p1", "core")], blocks=1)
     data.meta.candidates = ["cand"]
     plots = all_plots(data)
-    assert len(plots) == 5
+    assert len(plots) == 7
     assert all(png.startswith(PNG_MAGIC) for png in plots.values())
 
 
@@ -153,7 +154,8 @@ def test_prompt_speedups_geometric_mean_and_ci(data: SavedCampaign) -> None:
 
 
 def test_page_has_every_section_in_order(page: str) -> None:
-    ids = ["verdicts", "gates", "figures", "cost", "plots", "outputs", "errors"]
+    ids = ["verdicts", "setup", "stability", "gates", "figures", "analyses", "cost", "plots",
+           "outputs", "errors"]
     at = [page.index(f'id="{i}"') for i in ids]
     assert at == sorted(at)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -218,3 +220,68 @@ def test_write_html_is_atomic(tmp_path: Path, data: SavedCampaign) -> None:
     assert path == tmp_path / "report.html"
     assert path.read_text("utf-8").startswith("<!DOCTYPE html>")
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+def test_no_cost_configured_says_so(data: SavedCampaign) -> None:
+    summary = make_summary(data)
+    summary["cost"]["device_hour_price"] = 0.0
+    cost = render_html(summary, data, {})
+    cost = cost[cost.index('id="cost"'):cost.index('id="plots"')]
+    assert "Cost not configured" in cost
+    assert "0.00" not in cost and "savings" not in cost
+
+
+def test_page_forbids_every_load_and_shows_setup_and_stability(data: SavedCampaign) -> None:
+    summary = make_summary(data)
+    summary["setup"] = [{"what": "engine", "value": "transformers 4.57 <x>"}]
+    summary["stability"] = {"baseline": "baseline", "drift": [
+        {"load": "busy", "block": 2, "ratio": 1.73, "prompts": 3}], "max_drift": 0.73,
+        "load": [], "cpus": 2, "warnings": ["the baseline ran 73% slower in block 2"]}
+    page = render_html(summary, data, {"timeline": PNG_MAGIC})
+    assert '<meta http-equiv="Content-Security-Policy" content="default-src' in page
+    setup = page[page.index('id="setup"'):page.index('id="stability"')]
+    assert "transformers 4.57 &lt;x&gt;" in setup
+    stability = page[page.index('id="stability"'):page.index('id="gates"')]
+    assert 'class="warning"' in stability and "73% slower" in stability
+    assert "1.73x" in stability and 'alt="timeline"' in stability  # the plot sits here
+
+
+def test_reported_only_gates_stand_apart(data: SavedCampaign) -> None:
+    summary = make_summary(data)
+    summary["gates"].append({**summary["gates"][0], "id": "cand-vs-baseline-low", "load": "low",
+                             "gating": False, "outcome": "fail"})
+    page = render_html(summary, data, {})
+    gates = page[page.index('id="gates"'):page.index('id="figures"')]
+    deciding, reported = gates.split('class="reported"')
+    assert "cand-vs-baseline-low" not in deciding and "cand-vs-baseline-low" in reported
+    assert "never decide the verdict or fail the run" in reported
+    assert "table-layout:fixed" in page  # the gates table wraps instead of overflowing
+
+
+def test_verdict_headline_and_bullets(data: SavedCampaign) -> None:
+    summary = make_summary(data)
+    summary["verdicts"][1] |= {
+        "headline": "DROP broken: speedup 0.61x [0.57, 0.66] vs 1.10x needed at busy",
+        "bullets": [{"name": "speed at busy", "outcome": "fail", "text": "0.61x <b>",
+                     "diagnosis": "never accepted", "gate": "speedup[broken-vs-baseline-busy]"}],
+        "notes": []}
+    page = render_html(summary, data, {})
+    box = page[page.index('class="verdict DROP"'):]
+    box = box[:box.index("</div>")]
+    assert "speedup 0.61x [0.57, 0.66] vs 1.10x needed at busy" in box
+    assert "<b>speed at busy</b>: 0.61x &lt;b&gt;" in box and "diagnosis: never accepted" in box
+    assert "broken-vs-baseline-busy" not in box
+
+
+def test_accept_length_axis_spans_its_range() -> None:
+    # A drafter at the floor (accept length 1.0-1.05) is drawn on 1..k+1, not zoomed in.
+    from pytest_osprey.report.plotkit import accept_axis_top, draft_tokens
+
+    weak = make_data()
+    weak.records = [rec(r.condition, r.prompt_id, r.slice, r.load, r.block,
+                        accept_length=1.02 if r.accept_length else None) for r in weak.records]
+    for c in weak.meta.conditions.values():
+        c.fingerprint = {"num_draft_tokens": 6}
+    assert draft_tokens(weak) == 6
+    assert accept_axis_top(weak, [1.02]) == 7.0  # 1 (nothing accepted) .. 7 (all 6 drafts)
+    assert all_plots(weak)["accept_length"].startswith(PNG_MAGIC)

@@ -74,6 +74,7 @@ limits:
   memory: {max_increase_pct: 30}
   latency: [{metric: ttft, percentile: 50, max_s: 0.5, load: busy}]
   cost: {max_cost_per_request: 0.01, max_break_even_days: 30}
+  goodput: {ttft_s: 0.5, e2e_s: 5.0, margin: 0.3}
 decision: {early_stop: true}
 cost:
   device_hour_price: 3.0
@@ -237,7 +238,11 @@ def test_summary_validates_against_the_json_schema(run: Run) -> None:
 
 def test_files_without_the_later_additions_still_validate(run: Run) -> None:
     # What summary.json held before the schema was written down is still a valid sheet.
-    old = {k: v for k, v in run.summary.items() if k != "comparison"}
+    later = ("comparison", "setup", "stability", "goodput", "domains",
+             "acceptance_by_position")
+    old = {k: v for k, v in run.summary.items() if k not in later}
+    old["verdicts"] = [{k: v[k] for k in ("candidate", "verdict", "reasons")}
+                       for v in old["verdicts"]]
     added = ("load_label", "dispatch_lag_p99_s", "cost_per_request", "checked", "correct",
              "correct_fraction")
     old["figures"] = [{k: v for k, v in f.items() if k not in added} for f in old["figures"]]
@@ -265,7 +270,8 @@ def test_schema_rejects_a_broken_sheet(run: Run) -> None:
 
 
 TOP_KEYS = ["schema", "run_id", "pilot_name", "trace_hash", "config_hash", "status",
-            "verdicts", "gates", "figures", "cost", "conditions", "comparison"]
+            "verdicts", "gates", "figures", "cost", "conditions", "comparison", "setup",
+            "stability", "goodput", "domains", "acceptance_by_position"]
 GATE_KEYS = ["kind", "id", "condition", "reference", "load", "slice", "gating", "outcome",
              "summary", "estimate", "ci", "threshold", "p_value", "details"]
 FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", "ttft_p95_s",
@@ -294,7 +300,18 @@ def test_golden_structure(run: Run) -> None:
     assert list(s["cost"]["limits"]) == ["max_cost_per_request", "max_break_even_days"]
     assert all(list(c) == COST_ROW_KEYS for c in s["cost"]["table"])
     assert [list(b) for b in s["cost"]["break_even"]] == [BREAK_EVEN_KEYS] * 4  # 2 x 2 refs
-    assert list(s["verdicts"][0]) == ["candidate", "verdict", "reasons"]
+    assert list(s["verdicts"][0]) == ["candidate", "verdict", "reasons", "headline", "bullets",
+                                      "notes"]
+    assert all(len(v["headline"]) <= 160 for v in s["verdicts"])
+    assert list(s["goodput"]) == ["ttft_s", "tpot_s", "e2e_s", "min_share", "margin", "table"]
+    assert [(r["condition"], r["load"]) for r in s["goodput"]["table"]] == [
+        (c, level) for c in CONDITIONS for level in LEVELS]
+    assert {r["what"] for r in s["setup"]} >= {"engine", "hardware", "dtype", "blocks",
+                                               "load levels"}
+    assert list(s["stability"]) == ["baseline", "drift", "max_drift", "load", "cpus",
+                                    "warnings"]
+    assert {(d["candidate"], d["domain"]) for d in s["domains"]} == {("cand", "d"),
+                                                                     ("slow", "d")}
     assert all(list(c) == ["role", "error", "boot_s", "peak_memory_mb"]
                for c in s["conditions"].values())
     # Counts stay integers, CIs pairs.

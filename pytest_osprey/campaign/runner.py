@@ -65,6 +65,15 @@ def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) ->
     return n
 
 
+def host_load() -> list[float] | None:
+    """The host's 1/5/15-minute load averages (reports set them beside the timings: a busy
+    machine explains a slow block); None where the platform has none."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 @dataclass
 class _ConditionState:
     engine: Engine | None = None
@@ -341,7 +350,7 @@ class Campaign:
         stretch_id = stretch.index if stretch is not None else -1 - len(self.schedule)
         entry = ScheduleEntry(block=block, condition=name, load=level, mode=mode,
                               started=time.time(), boot=state.boot, pass_index=pass_index,
-                              stretch=stretch_id)
+                              stretch=stretch_id, loadavg=host_load())
 
         async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
             lag: float | None = None
@@ -386,7 +395,7 @@ class Campaign:
         ))
         self._note_memory(state)
         entry.ended = time.time()
-        entry.loadavg = os.getloadavg()[0]
+        entry.loadavg_end = host_load()
         self.schedule.append(entry)
         server = getattr(engine, "server", None)
         code = server.returncode if server is not None else None
@@ -467,6 +476,8 @@ class Campaign:
                 order=self.plan.order, looks=self.plan.looks, seed=str(self.plan.seed),
                 blocks={lvl: [list(b) for b in bs] for lvl, bs in self.plan.blocks.items()},
             ),
+            warmup_requests=pilot.load.warmup_requests,
+            order=pilot.load.order,
             sampling=pilot.sampling.model_dump(mode="json"),
             conditions={
                 name: ConditionRun(role=pilot.conditions[name].role, error=st.error,
@@ -482,5 +493,6 @@ class Campaign:
             started_at=self.started_at,
             ended_at=time.time() if self.status != "running" else None,
             host={"machine": platform.machine(), "node": platform.node(),
-                  "python": platform.python_version()},
+                  "python": platform.python_version(), "cpus": os.cpu_count(),
+                  "system": platform.system(), "processor": platform.processor() or None},
         ).save(self.directory)

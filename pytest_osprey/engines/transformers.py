@@ -112,6 +112,8 @@ class TransformersEngine:
         self._weights_bytes = 0  # allocated on the GPU by loading this condition's models
         self._work_bytes = 0  # most allocated on the GPU during one of its requests
         self._gpu_basis: str | None = None  # NVML's basis ("process"/"device") or "allocator"
+        self.log_path = boot.log_dir / f"{condition}.log"
+        self._served = self._failed = 0
         self.validate(pilot, condition)
 
     @staticmethod
@@ -128,6 +130,19 @@ class TransformersEngine:
             raise EngineError(f"{condition}: the transformers engine needs a drafter checkpoint")
         _dtype(cond.dtype or pilot.target.dtype)
 
+    # -- log ----------------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        """One line in logs/<condition>.log, as a booted server's log would have: what was
+        loaded, how, failures, and what was served. Best effort: a log must never fail a
+        request."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("a", encoding="utf-8") as fh:
+                fh.write(f"{stamp} {message}\n")
+        except OSError:
+            pass
+
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         import torch
@@ -138,6 +153,12 @@ class TransformersEngine:
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         t0 = time.perf_counter()
         target = self.pilot.target
+        spec = self.cond.speculation
+        self.log(f"{self.condition}: loading target {target.model} ({self.dtype_name} on "
+                 f"{target.device}, quantization {self.cond.quantization or 'none'})"
+                 + (f", drafter {self.cond.drafter} drafting "
+                    f"{spec.num_draft_tokens if spec else 4} tokens per step"
+                    if self.cond.drafter else ", speculation off"))
         if target.threads:
             torch.set_num_threads(target.threads)
         dtype = _dtype(self.dtype_name)
@@ -166,6 +187,7 @@ class TransformersEngine:
                 gc.num_assistant_tokens_schedule = "constant"
                 gc.assistant_confidence_threshold = 0.0
         except (OSError, ValueError, RuntimeError) as exc:
+            self.log(f"cannot load models: {exc}")
             raise EngineError(f"{self.condition}: cannot load models: {exc}") from exc
         if self._cuda:
             self._weights_bytes = torch.cuda.memory_allocated(dev) - before
@@ -176,8 +198,12 @@ class TransformersEngine:
         # Every target forward is one verify step (the prefill doubles as the first).
         self._hook = self._model.register_forward_hook(count)
         self.load_seconds = time.perf_counter() - t0
+        self.log(f"ready after {self.load_seconds:.1f} s: torch {torch.__version__}, "
+                 f"{torch.get_num_threads()} threads; serves one request at a time")
 
     def stop(self) -> None:
+        if self._model is not None:
+            self.log(f"stopped: served {self._served} request(s), {self._failed} failed")
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -204,12 +230,17 @@ class TransformersEngine:
             return await asyncio.to_thread(self._generate_guarded, request, start)
 
     def _generate_guarded(self, request: GenerationRequest, start: float) -> GenerationResult:
+        self._served += 1
         try:
-            return self._generate(request, start)
+            result = self._generate(request, start)
         except Exception as exc:  # one bad request must not end the campaign
-            return GenerationResult.failure(
+            result = GenerationResult.failure(
                 f"{type(exc).__name__}: {exc}", e2e_s=time.perf_counter() - start
             )
+        if not result.ok:
+            self._failed += 1
+            self.log(f"request {request.prompt_id} failed: {result.error}")
+        return result
 
     def _generate(self, request: GenerationRequest, start: float) -> GenerationResult:
         import torch

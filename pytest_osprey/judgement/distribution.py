@@ -119,7 +119,7 @@ def records_to_samples(
     """Prompt id -> output token ids of ``condition``'s completed sampled requests."""
     kept = sorted(
         (r for r in records if r.condition == condition and r.mode == "sampled" and r.ok),
-        key=lambda r: (r.prompt_id, r.sample_index, r.block, r.started_at or 0.0),
+        key=lambda r: (r.prompt_id, r.sample_index, r.boot, r.repetition, r.started_at or 0.0),
     )
     out: dict[str, list[list[int]]] = {}
     for r in kept:

@@ -109,4 +109,8 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
         for i, lim in enumerate(pilot.limits.latency):
             for level in [lim.load] if lim.load else list(pilot.load.levels):
                 specs.append(GateSpec("latency", cand, load=level, index=i))
+        if pilot.limits.goodput is not None:
+            specs += [GateSpec("goodput", cand, reference=base, load=level,
+                               gating=level == pilot.primary_load)
+                      for level in pilot.load.levels]
     return specs

@@ -11,6 +11,7 @@ from .cost import break_even, condition_cost
 from .distribution import distribution_check, records_to_samples
 from .fairness import fairness_check
 from .gate_spec import PREFLIGHT, GateResult, GateSpec, Outcome, Verdict, plan_gates
+from .goodput import goodput_gate
 from .identity import greedy_identity
 from .speed_gates import latency_gate, speedup_gate
 
@@ -201,6 +202,14 @@ def _break_even(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult
     )
 
 
+def _goodput(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    assert spec.reference is not None and spec.load is not None
+    res = goodput_gate(pilot, data, spec.condition, spec.reference, spec.load)
+    return GateResult(spec, res.outcome, res.summary, estimate=res.estimate, ci_low=res.ci_low,
+                      ci_high=res.ci_high, threshold=res.threshold, p_value=res.p_value,
+                      details=res.details)
+
+
 _PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}
 _EVALUATORS = {
     "completed": _completed,
@@ -213,4 +222,5 @@ _EVALUATORS = {
     "memory": _memory,
     "cost": _cost,
     "break_even": _break_even,
+    "goodput": _goodput,
 }

@@ -219,6 +219,29 @@ class CostLimits(Strict):
     """Days of expected traffic to recover the setup cost."""
 
 
+class GoodputTargets(Strict):
+    """Service-level targets a request must meet to count as "good" (goodput); at least one."""
+
+    ttft_s: PositiveFloat | None = None
+    """Time to first token at most this (seconds)."""
+    tpot_s: PositiveFloat | None = None
+    """Mean inter-token latency, (e2e - ttft) / (tokens - 1), at most this (seconds)."""
+    e2e_s: PositiveFloat | None = None
+    """Completion latency at most this (seconds)."""
+    min_share: Fraction | None = None
+    """Share of a candidate's requests that must meet every target (its lower confidence
+    bound); default: no absolute floor, only the comparison with the baseline."""
+    margin: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.05
+    """Non-inferiority margin: the candidate's share may fall at most this far below the
+    baseline's (paired by prompt and block)."""
+
+    @model_validator(mode="after")
+    def _some_target(self) -> GoodputTargets:
+        if self.ttft_s is None and self.tpot_s is None and self.e2e_s is None:
+            raise ValueError("name at least one target: ttft_s, tpot_s or e2e_s")
+        return self
+
+
 class Limits(Strict):
     speedup_min: PositiveFloat = 1.0
     """Completion-latency speedup over the baseline that KEEP requires (CI lower bound above it)."""
@@ -232,6 +255,9 @@ class Limits(Strict):
     """Cost limits."""
     min_completed_fraction: Fraction = 1.0
     """Share of requests that must complete."""
+    goodput: GoodputTargets | None = None
+    """Goodput gate per candidate and load level: the share of requests meeting these targets,
+    non-inferior to the baseline's (gating at the primary load); default: not judged."""
 
 
 class Decision(Strict):
@@ -303,6 +329,9 @@ class ReportSettings(Strict):
     """Write report.md (and $GITHUB_STEP_SUMMARY)."""
     html: bool = True
     """Write report.html with plots."""
+    markdown_max_kib: Annotated[int, Field(ge=4, le=1000)] = 64
+    """Size cap of report.md (KiB): details beyond it are cut with a note (GitHub refuses a
+    step summary over 1 MiB)."""
 
 
 class Pilot(Strict):

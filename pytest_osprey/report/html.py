@@ -6,11 +6,7 @@ Every string that comes from records, config or the summary goes through :func:`
 
 from __future__ import annotations
 
-import base64
-import html
-import math
 import re
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +14,54 @@ from ..judgement.figures import Figures, all_figures
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
-from .terminal import TABLE_HEADER, table_rows
+from .html_sections import PLOT_CAPTIONS, analyses, setup_section, stability_section
+from .htmlkit import badge as _badge
+from .htmlkit import esc as _e
+from .htmlkit import figure as _figure
+from .htmlkit import money as _money
+from .htmlkit import num as _num
+from .htmlkit import table as _table
+from .setup import memory_basis
+from .terminal import Columns, header, legend, speedup_cells, table_rows
 
 MAX_DIVERGENT = 20  # divergent prompts shown per condition pair
 SAMPLES_WHEN_IDENTICAL = 3
 _NEWLINES = re.compile(r"(\n+)")
+# Nothing may load from anywhere: inline style and data: images only.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_ERRORS = 5
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;
  margin:0;background:#f6f8fa}
-main{max-width:1280px;margin:0 auto;padding:24px 28px 60px;background:#fff}
+main{max-width:1280px;margin:0 auto;padding:24px 28px 60px;background:#fff;
+ box-sizing:border-box}
 h1{font-size:26px;margin:0 0 4px}h2{font-size:20px;margin:34px 0 10px;
  border-bottom:1px solid #d0d7de;padding-bottom:4px}h3{font-size:16px;margin:20px 0 8px}
 .meta{color:#59636e;font-size:13px}.meta code{font-size:12px}
 nav a{margin-right:14px;color:#0969da;text-decoration:none}
-table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:13px;max-width:100%}
+table.gates{table-layout:fixed;width:100%}table.gates td{overflow-wrap:anywhere}
+table.gates col.kind{width:118px}table.gates col.judged{width:140px}
+table.gates col.outcome{width:112px}table.gates col.num{width:128px}
+table.gates td.num{white-space:normal}
+.scroll{overflow-x:auto;max-width:100%}
 th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f6}tr:nth-child(even) td{background:#fafbfc}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.summary{white-space:pre-wrap;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;
- max-width:560px}
+td.summary{white-space:pre-wrap;overflow-wrap:anywhere;
+ font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 .verdict{border-radius:8px;padding:12px 16px;margin:10px 0;border:2px solid}
 .verdict .label{font-weight:700;font-size:20px;margin-right:10px}
-.verdict ul{margin:6px 0 0;padding-left:20px}
+.verdict ul{margin:6px 0 0;padding-left:20px}.verdict .head{font-size:15px}
+.verdict .diag{font-style:italic}.warning{background:#fff8c5;border:1px solid #d4a72c;
+ border-radius:6px;padding:8px 12px;margin:8px 0;color:#4d2d00}
+.reported{border-left:4px solid #8c959f;padding-left:10px}
 .KEEP{background:#dafbe1;border-color:#1a7f37;color:#0f5323}
 .DROP{background:#ffebe9;border-color:#cf222e;color:#82071e}
 .INCONCLUSIVE{background:#fff8c5;border-color:#bf8700;color:#6c4400}
-.badge{display:inline-block;border-radius:10px;padding:0 8px;font-weight:600;font-size:12px}
+.badge{display:inline-block;border-radius:10px;padding:0 8px;font-weight:600;font-size:12px;
+ white-space:nowrap}
 .pass{background:#dafbe1;color:#1a7f37}.fail{background:#ffebe9;color:#cf222e}
 .inconclusive{background:#fff8c5;color:#9a6700}.skip{background:#eaeef2;color:#59636e}
 .over{color:#cf222e;font-weight:600}.note{color:#59636e;font-size:13px}
@@ -58,61 +74,6 @@ figcaption{color:#59636e;font-size:13px}
 mark{background:#ffd8b5}.ws{color:#8c959f;font-size:11px}
 """
 
-PLOT_CAPTIONS = {
-    "latency_cdf": "Completion latency CDF per condition, one panel per load level.",
-    "ttft_throughput": "Time to first token and per-request output tokens/s, per condition "
-    "and load level (boxes: quartiles; whiskers: 1.5 IQR).",
-    "accept_length": "Distribution of per-request accept length for drafter conditions.",
-    "speedup": "Per-prompt speedup (reference / candidate completion latency, geometric mean "
-    "over repetitions); bars are 95% bootstrap intervals over repetitions (paired by block) "
-    "where a prompt has >= 2 on both sides. Solid line: no change; dashed: the KEEP threshold; "
-    "dotted: geometric mean over prompts.",
-}
-
-
-def _e(value: object) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def _num(value: object, fmt: str = "{:.4g}") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return _e(value)
-    return _e(fmt.format(value))
-
-
-def _money(value: object) -> str:
-    """Currency amounts in plain decimals (no exponent), 3 significant digits when small."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return _num(value)
-    if not math.isfinite(value):
-        return _e(f"{value:g}")
-    if value == 0:
-        return "0.00"
-    decimals = max(2, 2 - math.floor(math.log10(abs(value))))
-    return _e(f"{value:,.{decimals}f}")
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = (),
-           classes: dict[int, str] | None = None) -> str:
-    """Cells in ``rows`` are already HTML; ``header`` is plain text. ``numeric`` columns are
-    right-aligned; ``classes`` gives other columns a CSS class."""
-    cls = {i: "num" for i in numeric} | (classes or {})
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(
-            f'<td class="{cls[i]}">{c}</td>' if i in cls else f"<td>{c}</td>"
-            for i, c in enumerate(row)
-        ) + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _badge(outcome: object) -> str:
-    cls = outcome if outcome in ("pass", "fail", "inconclusive", "skip") else "skip"
-    return f'<span class="badge {cls}">{_e(outcome)}</span>'
 
 
 # --------------------------------------------------------------------------- sections
@@ -132,7 +93,8 @@ def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
         for name, info in conds.items()
     ]
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in (
-        ("verdicts", "Verdicts"), ("gates", "Gates"), ("figures", "Figures"), ("cost", "Cost"),
+        ("verdicts", "Verdicts"), ("setup", "Set-up"), ("stability", "Stability"),
+        ("gates", "Gates"), ("figures", "Figures"), ("analyses", "Analyses"), ("cost", "Cost"),
         ("plots", "Plots"), ("outputs", "Outputs")))
     return (
         f"<h1>{_e(title)}</h1>"
@@ -140,7 +102,7 @@ def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
         f" &middot; run <code>{_e(run)}</code> &middot; status <b>{_e(status)}</b> &middot; "
         f"trace <code>{_e(trace)}</code> &middot; config <code>{_e(config)}</code> &middot; "
         f"pytest-osprey {_e(meta.tool_version or '')}</p><nav>{nav}</nav>"
-        + _table(("condition", "role", "boot s", "peak MiB", "error"), rows, {2, 3})
+        + _table(("condition", "role", "boot s", memory_basis(meta)[0], "error"), rows, {2, 3})
     )
 
 
@@ -149,44 +111,101 @@ def _verdicts(summary: dict[str, Any]) -> str:
     for v in summary.get("verdicts", []):
         verdict = v.get("verdict")
         cls = verdict if verdict in ("KEEP", "DROP", "INCONCLUSIVE") else "INCONCLUSIVE"
-        reasons = v.get("reasons") or ["every gating gate passed"]
-        items = "".join(f"<li>{_e(r)}</li>" for r in reasons)
+        line = str(v.get("headline") or "")
+        prefix = f"{verdict} {v.get('candidate')}:"
+        rest = line[len(prefix):].strip() if line.startswith(prefix) else line
+        items = []
+        for b in v.get("bullets") or []:
+            word = "" if b.get("outcome") == "fail" else f" ({_e(b.get('outcome'))})"
+            diag = (f'<br><span class="diag">diagnosis: {_e(b["diagnosis"])}</span>'
+                    if b.get("diagnosis") else "")
+            items.append(f"<li><b>{_e(b.get('name'))}</b>{word}: {_e(b.get('text'))}{diag}"
+                         "</li>")
+        if not items:
+            items = [f"<li>{_e(r)}</li>" for r in v.get("reasons") or []]
+        items += [f'<li class="diag">note: {_e(n)}</li>' for n in v.get("notes") or []]
+        if not items and verdict == "KEEP":
+            items = ["<li>every gating gate passed</li>"]
         out.append(f'<div class="verdict {cls}"><span class="label">{_e(verdict)}</span>'
-                   f"<b>{_e(v.get('candidate'))}</b><ul>{items}</ul></div>")
+                   f'<b>{_e(v.get("candidate"))}</b> <span class="head">{_e(rest)}</span>'
+                   f"<ul>{''.join(items)}</ul></div>")
     if len(out) == 1:
         out.append('<p class="note">No candidate was judged.</p>')
     return "".join(out)
 
 
-def _gates(summary: dict[str, Any]) -> str:
+def _gate_figures(g: dict[str, Any]) -> str:
+    """Estimate [CI] vs threshold (and p), stacked in one narrow cell."""
+    parts = []
+    if g.get("estimate") is not None:
+        parts.append(_num(g.get("estimate")))
+    ci = g.get("ci")
+    if isinstance(ci, list) and len(ci) == 2:
+        parts.append(f"[{_num(ci[0])}, {_num(ci[1])}]")
+    if g.get("threshold") is not None:
+        parts.append(f"vs {_num(g.get('threshold'))}")
+    if g.get("p_value") is not None:
+        parts.append(f'<span class="note">p {_num(g.get("p_value"), "{:.3g}")}</span>')
+    return "<br>".join(parts) or "-"
+
+
+def _gate_table(gates: list[dict[str, Any]]) -> str:
     rows = []
-    for g in summary.get("gates", []):
-        ci = g.get("ci")
-        ci_ok = isinstance(ci, list) and len(ci) == 2
-        ci_text = f"[{_num(ci[0])}, {_num(ci[1])}]" if ci_ok else "-"
-        rows.append((
-            _e(g.get("kind")), _e(g.get("id")), "yes" if g.get("gating", True) else "report only",
-            _badge(g.get("outcome")), _num(g.get("estimate")), ci_text, _num(g.get("threshold")),
-            _num(g.get("p_value"), "{:.3g}"), _e(g.get("summary")),
-        ))
-    if not rows:
+    for g in gates:
+        where = " ".join(x for x in (
+            _e(g.get("condition")), f"vs {_e(g['reference'])}" if g.get("reference") else "",
+            f"at {_e(g['load'])}" if g.get("load") else "",
+            f"on {_e(g['slice'])}" if g.get("slice") else "") if x)
+        evidence = g.get("evidence")
+        badge = _badge(g.get("outcome")) + (
+            f'<br><span class="note">{_e(evidence)}</span>'
+            if evidence and evidence != "tested" else "")
+        kind = (f'<span title="test_{_e(g.get("kind"))}[{_e(g.get("id"))}]">'
+                + _e(g.get("kind")).replace("_", "_<wbr>") + "</span>")  # wraps at "_"
+        rows.append((kind, where, badge, _gate_figures(g), _e(g.get("summary"))))
+    cols = ('<colgroup><col class="kind"><col class="judged"><col class="outcome">'
+            '<col class="num"><col></colgroup>')
+    table = _table(("gate", "judged", "outcome", "estimate [CI] vs threshold", "result"),
+                   rows, {3}, {4: "summary"})
+    return table.replace("<table>", f'<table class="gates">{cols}', 1)
+
+
+def _gates(summary: dict[str, Any]) -> str:
+    gates = summary.get("gates", [])
+    if not gates:
         return '<h2 id="gates">Gates</h2><p class="note">No gate results.</p>'
-    header = ("gate", "id", "gating", "outcome", "estimate", "CI", "threshold", "p", "summary")
-    return '<h2 id="gates">Gates</h2>' + _table(header, rows, {4, 5, 6, 7}, {8: "summary"})
+    deciding = [g for g in gates if g.get("gating", True)]
+    reported = [g for g in gates if not g.get("gating", True)]
+    out = ['<h2 id="gates">Gates</h2>',
+           f"<h3>Gates that decide the verdict ({len(deciding)})</h3>", _gate_table(deciding)]
+    if reported:
+        out += [f'<div class="reported"><h3>Reported only ({len(reported)}): never decide the '
+                "verdict or fail the run</h3>"
+                '<p class="note">Other load levels and the unusual slice, shown for '
+                "information. In pytest a reported-only gate that passes shows PASSED; any "
+                "other outcome shows SKIPPED with its result.</p>",
+                _gate_table(reported), "</div>"]
+    return "".join(out)
 
 
 def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     raw = summary.get("figures")
     figs = ([Figures.model_validate(d) for d in raw] if raw is not None
             else all_figures(data))
-    out = ['<h2 id="figures">Figures per condition and load level</h2>']
+    label, note, _ = memory_basis(data.meta)
+    cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
+                   speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
+    out = ['<h2 id="figures">Figures per condition and load level</h2>',
+           f'<p class="note">{_e(legend(cols))}.</p>']
     levels = list(dict.fromkeys(f.load for f in figs))
-    header = [h for h in TABLE_HEADER if h != "load"]
+    full = header(cols, full=True)
+    head = [h for i, h in enumerate(full) if i != 1]
     for level in levels:
         mine = [f for f in figs if f.load == level]
-        rows = [[_e(c) for i, c in enumerate(row) if i != 1] for row in table_rows(mine)]
+        rows = [[_e(c) for i, c in enumerate(row) if i != 1]
+                for row in table_rows(mine, cols, full=True)]
         out.append(f"<h3>Load {_e(level)} ({_e(mine[0].load_label)})</h3>")
-        out.append(_table(header, rows, set(range(1, len(header)))))
+        out.append(_table(head, rows, set(range(1, len(head)))))
     if not figs:
         out.append('<p class="note">No figures.</p>')
     return "".join(out)
@@ -197,6 +216,10 @@ def _cost(summary: dict[str, Any]) -> str:
     cost = summary.get("cost")
     if not cost:
         return out[0] + '<p class="note">No cost section in the summary.</p>'
+    if not cost.get("device_hour_price"):
+        return out[0] + ('<p class="note">Cost not configured: <code>cost.device_hour_price'
+                         "</code> is 0, so no cost per request and no break-even are computed. "
+                         "Set it (and <code>cost.setup</code> per drafter) to see them.</p>")
     cur = _e(cost.get("currency", ""))
     limits = cost.get("limits") or {}
     max_cost, max_days = limits.get("max_cost_per_request"), limits.get("max_break_even_days")
@@ -251,9 +274,7 @@ def _plots(plots: dict[str, bytes]) -> str:
     out = ['<h2 id="plots">Plots</h2>']
     for key, png in plots.items():
         caption = PLOT_CAPTIONS.get(key) or PLOT_CAPTIONS.get(key.split("_", 1)[0], "")
-        uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-        out.append(f'<figure><img src="{uri}" alt="{_e(key)}">'
-                   f"<figcaption><b>{_e(key)}</b>: {_e(caption)}</figcaption></figure>")
+        out.append(_figure(key, png, caption))
     if not plots:
         out.append('<p class="note">No plots.</p>')
     return "".join(out)
@@ -263,7 +284,8 @@ def _first_outputs(records: list[RequestRecord]) -> dict[str, RequestRecord]:
     """Per prompt: the earliest successful greedy output (lowest block, first load level)."""
     out: dict[str, RequestRecord] = {}
     for r in records:
-        if r.ok and (r.prompt_id not in out or r.block < out[r.prompt_id].block):
+        if r.ok and (r.prompt_id not in out or (r.boot, r.repetition)
+                     < (out[r.prompt_id].boot, out[r.prompt_id].repetition)):
             out[r.prompt_id] = r
     return out
 
@@ -369,13 +391,16 @@ def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, b
                 title: str | None = None) -> str:
     """The whole report page as one string (UTF-8, no external resources)."""
     title = title or summary.get("title") or f"Drafter pilot: {summary.get('pilot_name', '')}"
+    plots = dict(plots)
     body = "".join((
-        _header(summary, data, str(title)), _verdicts(summary), _gates(summary),
-        _figures(summary, data), _cost(summary), _history(summary), _plots(plots),
-        _outputs(data), _errors(data),
+        _header(summary, data, str(title)), _verdicts(summary),
+        setup_section(summary), stability_section(summary, plots), _gates(summary),
+        _figures(summary, data), analyses(summary, plots), _cost(summary), _history(summary),
+        _plots(plots), _outputs(data), _errors(data),
     ))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{CSS}</style></head>"
         f"<body><main>{body}</main></body></html>\n"

@@ -1,37 +1,301 @@
-"""report.md: verdicts, figures and gates in Markdown (also for $GITHUB_STEP_SUMMARY)."""
+"""report.md: made to be read as a pull-request comment or a CI step summary.
+
+First what decides: a headline per candidate with its reasons, a warning when the machine was
+unsteady, one key table, and a line saying when, on what, and where the full report is. Then
+the details, each collapsed (``<details>``): the gates that decide, the gates reported only
+(visibly apart: they never fail the run), cost, set-up, stability, all figures, per-domain
+speed, goodput. A comparison with an earlier campaign stays in the head: a regression is news.
+
+Every piece of text from the pilot, the engine or the records is escaped (``<``, ``>``, ``&``,
+and ``|`` in table cells): a model's output or an engine's error must not become markup.
+The page is capped (``report.markdown_max_kib``, 64 KiB by default, never above GitHub's
+1 MiB step-summary limit): sections that do not fit are cut, with a note saying so.
+"""
 
 from __future__ import annotations
 
-from ..judgement.history import Comparison
-from ..judgement.judge import Judgement
-from ..results.folder import SavedCampaign
-from .terminal import TABLE_HEADER, table_rows
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..judgement.figures import Figures
+from ..results.campaign_file import CampaignFile
+from .setup import hardware, memory_basis, short_setup, started
+from .terminal import Columns, speedup_cells, speedup_text, table_rows
+
+GITHUB_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step summary
+RESERVE = 400  # bytes kept for the truncation note
+ICONS = {"KEEP": ":white_check_mark:", "DROP": ":x:", "INCONCLUSIVE": ":warning:"}
 
 
-def markdown(judgement: Judgement, data: SavedCampaign, title: str,
-             comparison: Comparison | None = None) -> str:
-    lines = [f"# {title}", ""]
-    for v in judgement.verdicts:
-        lines.append(f"- **{v.verdict}** `{v.candidate}`")
-        lines += [f"  - {r}" for r in v.reasons]
-    if not judgement.verdicts:
-        lines.append("- no candidate was judged")
-    lines += ["", "## Figures", ""]
-    lines.append("| " + " | ".join(TABLE_HEADER) + " |")
-    lines.append("|" + "---|" * len(TABLE_HEADER))
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(judgement.figures)]
-    lines += ["", "## Gates", "", "| gate | outcome | summary |", "|---|---|---|"]
-    for g in judgement.results.values():
-        text = g.summary.splitlines()[0].replace("|", "\\|")
-        lines.append(f"| {g.spec.kind}[{g.spec.id}] | {g.outcome} | {text} |")
-    if comparison is not None:
-        lines += ["", "## Compared with an earlier campaign", "",
-                  f"`{comparison.previous_dir}` (run `{comparison.previous_run_id}`), "
-                  f"tolerance {comparison.tolerance:.0%}.", ""]
-        lines += [f"- {'**REGRESSION** ' if f.regression else ''}{f.text}"
-                  for f in comparison.findings]
-        lines += [f"- {note}" for note in comparison.notes]
-    meta = data.meta
-    lines += ["", f"Run `{meta.run_id}`, trace `{str(meta.trace_hash)[:12]}`, "
-              f"status {meta.status}.", ""]
-    return "\n".join(lines)
+def esc(value: object) -> str:
+    """Text from the pilot, the engine or the records, safe in Markdown."""
+    return html.escape("" if value is None else str(value), quote=False)
+
+
+def cell(value: object) -> str:
+    """Safe in a table cell: one line, pipes escaped."""
+    return " ".join(esc(value).split()).replace("|", "\\|")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    out = ["| " + " | ".join(cell(h) for h in header) + " |",
+           "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _details(summary: str, lines: Sequence[str]) -> str:
+    return "\n".join(["<details><summary>" + summary + "</summary>", "", *lines, "",
+                      "</details>", ""])
+
+
+# --------------------------------------------------------------------------- the head
+
+
+def _verdicts(summary: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for v in summary.get("verdicts", []):
+        verdict = str(v.get("verdict"))
+        line = esc(v.get("headline") or f"{verdict} {v.get('candidate')}")
+        rest = line[len(verdict):] if line.startswith(verdict) else " " + line
+        out.append(f"{ICONS.get(verdict, '')} **{esc(verdict)}**{rest}".strip())
+        for b in v.get("bullets", []):
+            word = "" if b.get("outcome") == "fail" else f" ({esc(b.get('outcome'))})"
+            out.append(f"- **{esc(b.get('name'))}**{word}: {esc(b.get('text'))}")
+            if b.get("diagnosis"):
+                out.append(f"  - *diagnosis:* {esc(b['diagnosis'])}")
+        out += [f"- *note:* {esc(n)}" for n in v.get("notes", [])]
+        out.append("")
+    if not out:
+        out = ["No candidate was judged.", ""]
+    return out
+
+
+def _columns(summary: Mapping[str, Any], meta: CampaignFile) -> Columns:
+    label, note, _ = memory_basis(meta)
+    return Columns(memory=label, memory_note=note, baseline=meta.baseline,
+                   speedups=speedup_cells(summary.get("gates", []), meta.baseline))
+
+
+def _figures(summary: Mapping[str, Any]) -> list[Figures]:
+    return [Figures.model_validate(f) for f in summary.get("figures", [])]
+
+
+def key_table(summary: Mapping[str, Any], meta: CampaignFile) -> list[str]:
+    cols = _columns(summary, meta)
+    rows = [(r[0], r[1], r[5], r[4], r[3], r[6], r[7])
+            for r in table_rows(_figures(summary), cols)]
+    return _table(("condition", "load", "speedup vs baseline [95% CI]",
+                   "completion p50/p95 ms", "TTFT p50/p95 ms", "aggregate tok/s",
+                   "accept len"), rows)
+
+
+def _footer(meta: CampaignFile, folder: str) -> str:
+    when = started(meta) or "date unknown"
+    return (f"<sub>Campaign started {esc(when)} on {esc(hardware(meta))} &middot; "
+            f"{esc(short_setup(meta, with_hardware=False))} &middot; run `{esc(meta.run_id)}` "
+            f"&middot; full report with plots: `{esc(folder)}/report.html` in the results "
+            "folder</sub>")
+
+
+# --------------------------------------------------------------------------- details
+
+
+def _gate_rows(gates: Iterable[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for g in gates:
+        outcome = str(g.get("outcome"))
+        evidence = g.get("evidence")
+        if evidence and evidence != "tested":
+            outcome += f" ({evidence})"
+        where = " ".join(x for x in (
+            str(g.get("condition")),
+            f"vs {g['reference']}" if g.get("reference") else "",
+            f"at {g['load']}" if g.get("load") else "",
+            f"on {g['slice']}" if g.get("slice") else "") if x)
+        text = str(g.get("summary") or "").splitlines()
+        rows.append((str(g.get("kind")), where, outcome.upper() if outcome in (
+            "fail", "inconclusive") else outcome, text[0] if text else ""))
+    return rows
+
+
+def _count(gates: Sequence[Mapping[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for g in gates:
+        counts[str(g.get("outcome"))] = counts.get(str(g.get("outcome")), 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+
+
+def _gates(summary: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    gates = summary.get("gates", [])
+    deciding = [g for g in gates if g.get("gating", True)]
+    reported = [g for g in gates if not g.get("gating", True)]
+    header = ("gate", "judged", "outcome", "result")
+    out = []
+    if deciding:
+        out.append((f"<b>Gates that decide the verdict</b> ({len(deciding)}: "
+                    f"{_count(deciding)})", _table(header, _gate_rows(deciding))))
+    if reported:
+        out.append((f"<b>Reported only</b> ({len(reported)}: {_count(reported)}) &mdash; never "
+                    "decide the verdict or fail the run",
+                    ["These gates (other load levels, the unusual slice) are shown for "
+                     "information; in pytest a reported-only gate that passes shows PASSED, "
+                     "any other outcome SKIPPED with its result.", "",
+                     *_table(header, _gate_rows(reported))]))
+    return out
+
+
+def _money(value: object) -> str:
+    """Plain decimals, 3 significant digits when small (no exponents in a cost table)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    return f"{value:,.{max(2, 2 - math.floor(math.log10(abs(value))))}f}"
+
+
+def _cost(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
+    cost = summary.get("cost") or {}
+    if not cost or not cost.get("device_hour_price"):
+        return ("Cost: not configured", [
+            "No serving cost was configured (`cost.device_hour_price` is 0), so no cost per "
+            "request or break-even is computed."])
+    cur = esc(cost.get("currency"))
+    rows = [(c.get("condition"), c.get("load"), _money(c.get("cost_per_request")),
+             _money(c.get("requests_per_hour")), _money(c.get("setup_cost")))
+            for c in cost.get("table", [])]
+    lines = [f"{_money(cost.get('device_hour_price'))} {cur} per device-hour x "
+             f"{cost.get('devices_per_server')} device(s).", "",
+             *_table(("condition", "load", f"cost per ok request ({cur})", "ok requests/hour",
+                      f"setup ({cur})"), rows)]
+    be = [(b.get("candidate"), b.get("reference"), _money(b.get("requests")),
+           _money(b.get("days")), b.get("reason") or "")
+          for b in cost.get("break_even", [])]
+    if be:
+        lines += ["", *_table(("candidate", "vs", "break-even requests", "days", "note"), be)]
+    return "Cost and break-even", lines
+
+
+def _setup(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
+    return "Set-up", _table(("set-up", "value"), [(r.get("what"), r.get("value"))
+                                       for r in summary.get("setup", [])])
+
+
+def _stability(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    st = summary.get("stability")
+    if not st:
+        return None
+    lines = [f"The baseline ({esc(st.get('baseline'))}) against its own first block, same "
+             "prompts (1.00: unchanged):", ""]
+    lines += _table(("load", "block", "baseline latency vs block 1", "prompts"),
+                    [(d.get("load"), d.get("block"), f"{d.get('ratio', 0):.2f}x",
+                      d.get("prompts")) for d in st.get("drift", [])]) if st.get("drift") \
+        else ["(one block: no drift to measure)"]
+    loads = [x for x in st.get("load", []) if x.get("loadavg_1m") is not None]
+    if loads:
+        top = max(loads, key=lambda x: x.get("loadavg_1m") or 0)
+        lines += ["", f"Load average (1 min) during the replays: up to "
+                  f"{top.get('loadavg_1m'):.1f} on {st.get('cpus') or '?'} CPUs."]
+    return "Environment stability", lines
+
+
+def _all_figures(summary: Mapping[str, Any], meta: CampaignFile) -> tuple[str, list[str]]:
+    cols = _columns(summary, meta)
+    from .terminal import header
+
+    return "All figures", _table(header(cols, full=True),
+                                 table_rows(_figures(summary), cols, full=True))
+
+
+def _domains(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    rows = summary.get("domains") or []
+    if not rows:
+        return None
+
+    def ci(r: Mapping[str, Any]) -> str:
+        return speedup_text((r.get("speedup"), r.get("ci_low"), r.get("ci_high")))
+
+    accept = [r.get("accept_length") for r in rows]
+    return ("Speed and accept length per domain", _table(
+        ("candidate", "domain", "slice", "prompts", "speedup [95% CI]", "accept len"),
+        [(r.get("candidate"), r.get("domain"), r.get("slice"), r.get("prompts"), ci(r),
+          f"{a:.2f}" if isinstance(a, float) else "-") for r, a in zip(rows, accept,
+                                                                        strict=True)]))
+
+
+def _goodput(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    gp = summary.get("goodput")
+    if not gp:
+        return None
+    rows = [(r.get("condition"), r.get("load"), f"{r.get('good')}/{r.get('sent')}",
+             f"{r['share']:.0%}" if r.get("share") is not None else "-")
+            for r in gp.get("table", [])]
+    return "Goodput", _table(("condition", "load", "good/sent", "share"), rows)
+
+
+def _comparison(summary: Mapping[str, Any]) -> list[str]:
+    """Kept in the head, not collapsed: a regression is news."""
+    comp = summary.get("comparison")
+    if not comp:
+        return []
+    lines = [f"**Compared with an earlier campaign** `{esc(comp.get('previous_dir'))}` (run "
+             f"`{esc(comp.get('previous_run_id'))}`), tolerance "
+             f"{float(comp.get('tolerance') or 0):.0%}:"]
+    lines += [f"- {'**REGRESSION** ' if f.get('regression') else ''}{esc(f.get('text'))}"
+              for f in comp.get("findings", [])]
+    lines += [f"- {esc(n)}" for n in comp.get("notes", [])]
+    return [*lines, ""]
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _fit(title: str, lines: list[str], room: int) -> str | None:
+    """The section, its table rows cut to fit ``room`` bytes; None if not even its start
+    fits."""
+    whole = _details(title, lines)
+    if _size(whole) <= room:
+        return whole
+    for keep in range(len(lines) - 1, 2, -1):
+        cut = _details(title + " (cut)", [*lines[:keep], "", "*... cut to fit the size cap: "
+                                          "the rest is in report.html and summary.json*"])
+        if _size(cut) <= room:
+            return cut
+    return None
+
+
+def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder: str,
+             max_kib: int = 64) -> str:
+    """report.md for ``summary`` (summary.json's content), at most ``max_kib`` KiB."""
+    limit = min(max_kib * 1024, GITHUB_LIMIT) - RESERVE
+    head = [f"## {esc(title)}", "", *_verdicts(summary), *_comparison(summary)]
+    warnings = (summary.get("stability") or {}).get("warnings") or []
+    if warnings:
+        head += ["> [!WARNING]", *[f"> Unsteady machine: {esc(w)}" for w in warnings], ""]
+    head += [*key_table(summary, meta), "", _footer(meta, folder), "", ""]
+    text = "\n".join(head)
+    if _size(text) > limit:  # a head that alone is too large: cut at a line
+        raw = text.encode("utf-8")[:limit]
+        text = raw[: raw.rfind(b"\n") + 1].decode("utf-8", "ignore")
+        return text + "\n*report.md cut at its size cap: the rest is in report.html.*\n"
+    sections = [*_gates(summary), _cost(summary), _setup(summary), _stability(summary),
+                _all_figures(summary, meta), _domains(summary), _goodput(summary)]
+    left_out = []
+    for sec in sections:
+        if sec is None:
+            continue
+        block = _fit(sec[0], sec[1], limit - _size(text))
+        if block is None:
+            left_out.append(sec[0].replace("<b>", "").replace("</b>", "").split(" (")[0])
+        else:
+            text += block + "\n"
+    if left_out:
+        text += (f"*Left out to stay under {max_kib} KiB: {esc(', '.join(left_out))}; see "
+                 "report.html and summary.json.*\n")
+    return text

@@ -6,60 +6,29 @@ a panel with nothing to draw says so instead of failing.
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from ..pilot.schema import level_label
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
+from .plotkit import (
+    accept_axis_top,
+    color_of,
+    condition_order,
+    empty_note,
+    level_order,
+    speedup_axis,
+    to_png,
+)
+from .plots_analyses import analysis_plots
 
 FloatArray = npt.NDArray[np.float64]
-DPI = 100
 BOOTSTRAP_RESAMPLES = 1000
-COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
-          "#8c8c8c", "#ccb974", "#64b5cd")
-
-
-def _png(fig: Figure) -> bytes:
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return buf.getvalue()
-
-
-def _conditions(data: SavedCampaign) -> list[str]:
-    names = list(data.meta.conditions)
-    for r in data.records:
-        if r.condition not in names:
-            names.append(r.condition)
-    return names
-
-
-def _levels(data: SavedCampaign) -> list[tuple[str, str]]:
-    """(level name, how its load reads: ``x4`` or ``Poisson 2/s``) in the pilot's order."""
-    levels: dict[str, str] = {
-        k: level_label(v) for k, v in data.meta.load_levels.items()
-    }
-    for r in data.records:
-        levels.setdefault(r.load, level_label({"rate": r.rate} if r.rate else r.concurrency))
-    return list(levels.items()) or [("-", "-")]
-
-
-def _color(i: int) -> str:
-    return COLORS[i % len(COLORS)]
-
-
-def _empty(ax: Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666666",
-            bbox={"facecolor": "white", "edgecolor": "#cccccc", "boxstyle": "round"}, zorder=5)
 
 
 def _ok(records: list[RequestRecord]) -> list[RequestRecord]:
@@ -71,22 +40,22 @@ def _ok(records: list[RequestRecord]) -> list[RequestRecord]:
 
 def latency_cdf(data: SavedCampaign) -> bytes:
     """Completion latency CDF: one panel per load level, one line per condition."""
-    levels = _levels(data)
+    levels = level_order(data)
     fig = Figure(figsize=(5.2 * len(levels), 4.0), layout="constrained")
     axes = fig.subplots(1, len(levels), squeeze=False)[0]
     for ax, (level, conc) in zip(axes, levels, strict=True):
         drawn = False
-        for i, cond in enumerate(_conditions(data)):
+        for i, cond in enumerate(condition_order(data)):
             values = np.sort([r.e2e_s for r in _ok(data.of(cond, level)) if r.e2e_s is not None])
             if values.size == 0:
-                ax.plot([], [], color=_color(i), label=f"{cond} (no successful request)")
+                ax.plot([], [], color=color_of(i), label=f"{cond} (no successful request)")
                 continue
             y = np.arange(0, values.size + 1) / values.size
-            ax.step(np.r_[values[0], values], y, where="post", color=_color(i), lw=1.8,
+            ax.step(np.r_[values[0], values], y, where="post", color=color_of(i), lw=1.8,
                     label=f"{cond} (n={values.size})")
             drawn = True
         if not drawn:
-            _empty(ax, "no successful requests")
+            empty_note(ax, "no successful requests")
         ax.set_title(f"load {level} ({conc})")
         ax.set_xlabel("completion latency (s)")
         ax.set_ylabel("fraction of requests")
@@ -94,7 +63,7 @@ def latency_cdf(data: SavedCampaign) -> bytes:
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle("Completion latency CDF (greedy pass, successful requests)")
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- per-prompt speedup
@@ -143,41 +112,32 @@ def prompt_speedups(
     return out
 
 
-NICE_TICKS = (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0,
-              4.0, 5.0, 7.0, 10.0, 20.0, 50.0, 100.0)
-
-
-def _speedup_axis(ax: Axes, low: float, high: float) -> None:
-    """Log axis with plain 'Nx' labels at a handful of round speedups."""
-    ax.set_xscale("log")
-    ax.set_xlim(low, high)
-    inside = [t for t in NICE_TICKS if low <= t <= high]
-    step = max(1, math.ceil(len(inside) / 8))
-    ticks = sorted({1.0, *(t for t in inside[::step] if abs(math.log(t)) > 0.12)})
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+Overall = dict[str, tuple[float, float, float]]  # load -> the gate's estimate, CI low, high
 
 
 def speedup_plot(
-    data: SavedCampaign, reference: str, candidate: str, threshold: float = 1.0, seed: int = 0
+    data: SavedCampaign, reference: str, candidate: str, threshold: float = 1.0, seed: int = 0,
+    overall: Overall | None = None,
 ) -> bytes:
     """Per-prompt speedup of ``candidate`` over ``reference``: one panel per load level,
-    prompts down the side grouped and colored by slice, log-scale speedup axis."""
-    levels = _levels(data)
+    prompts down the side grouped and colored by slice, log-scale speedup axis; the speed
+    gate's overall estimate and CI (``overall``) as a band where given."""
+    overall = overall or {}
+    levels = level_order(data)
     per_level = [prompt_speedups(data, reference, candidate, lv, seed) for lv, _ in levels]
     ids = sorted({(s, p) for rows in per_level for p, s, *_ in rows})
     pos = {p: i for i, (_, p) in enumerate(ids)}
     slice_names = sorted({s for s, _ in ids})
-    colors = {s: _color(i) for i, s in enumerate(slice_names)}
+    colors = {s: color_of(i) for i, s in enumerate(slice_names)}
     values = [v for rows in per_level for row in rows for v in row[2:] if v is not None]
+    values += [v for band in overall.values() for v in band if math.isfinite(v) and v > 0]
     low = min([*values, threshold, 1.0]) / 1.15
     high = max([*values, threshold, 1.0]) * 1.15
     fig = Figure(figsize=(4.8 * len(levels) + 1.4, 2.6 + 0.24 * max(len(ids), 4)),
                  layout="constrained")
     axes = fig.subplots(1, len(levels), squeeze=False, sharey=True)[0]
     for ax, (level, conc), rows in zip(axes, levels, per_level, strict=True):
-        _speedup_axis(ax, low, high)
+        speedup_axis(ax, low, high)
         ax.axvline(1.0, color="#444444", lw=1, label="1x (no change)")
         if threshold != 1.0:
             ax.axvline(threshold, color="#c44e52", lw=1.2, ls="--",
@@ -193,13 +153,17 @@ def speedup_plot(
                             xerr=[lo, hi], fmt="none", ecolor=colors[s], alpha=0.6, lw=1.2)
             ax.scatter([row[2] for row in mine], [pos[row[0]] for row in mine],
                        color=colors[s], s=24, zorder=3, label=f"slice {s}")
+        band = overall.get(level)
+        if band is not None and band[1] > 0 and band[2] > 0:
+            ax.axvspan(band[1], band[2], color="#55a868", alpha=0.15, zorder=0,
+                       label="overall 95% CI (the speed gate)")
         if rows:
             geo = float(np.exp(np.mean(np.log([row[2] for row in rows]))))
             ax.axvline(geo, color="#55a868", lw=1.2, ls=":", label="geometric mean")
             ax.set_title(f"load {level} ({conc}): geometric mean {geo:.3f}x, "
                          f"{len(rows)} prompts", fontsize=10)
         else:
-            _empty(ax, "no prompt completed on both sides")
+            empty_note(ax, "no prompt completed on both sides")
             ax.set_title(f"load {level} ({conc})", fontsize=10)
         ax.set_xlabel(f"speedup = {reference} / {candidate} latency")
         ax.grid(alpha=0.3, axis="x")
@@ -215,7 +179,7 @@ def speedup_plot(
     fig.suptitle(f"Per-prompt speedup, {candidate} vs {reference} "
                  "(bars: 95% bootstrap CI over repetitions; > 1x: candidate faster)",
                  fontsize=11)
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- accept length
@@ -227,7 +191,7 @@ def accept_length_plot(data: SavedCampaign) -> bytes:
     ax = fig.subplots()
     series = []
     roles = data.meta.conditions
-    for i, cond in enumerate(_conditions(data)):
+    for i, cond in enumerate(condition_order(data)):
         info = roles.get(cond)
         if (info is not None and info.role == "baseline") or cond == data.meta.baseline:
             continue  # speculation off: an accept length of 1 says nothing
@@ -239,21 +203,26 @@ def accept_length_plot(data: SavedCampaign) -> bytes:
             label = f"{cond} (n={len(values)}, per-request mean {np.mean(values):.2f}"
             label += f", pooled {pooled:.2f})" if pooled is not None else ")"
             series.append((i, label, values))
+    # The axis spans what an accept length can be: 1 (no draft accepted, the target's own
+    # token only) to k + 1 (every one of k drafted tokens accepted), so a drafter stuck at the
+    # floor shows as such instead of filling an axis zoomed onto 1.00-1.25.
+    top = accept_axis_top(data, [max(v) for _, _, v in series])
+    ax.set_xlim(0.9, top + 0.1)
     if series:
-        top = max(max(v) for _, _, v in series)
-        bins = np.linspace(1.0, max(top, 1.0) + 0.25, 25).tolist()
+        bins = np.linspace(1.0, top, max(10, round((top - 1.0) * 8) + 1)).tolist()
         for i, label, values in series:
-            ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color=_color(i),
-                    edgecolor=_color(i), lw=1.5,
+            ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color=color_of(i),
+                    edgecolor=color_of(i), lw=1.5,
                     label=label)
-        ax.legend(fontsize=8)
     else:
-        _empty(ax, "no drafter condition recorded an accept length")
+        empty_note(ax, "no drafter condition recorded an accept length")
+    ax.axvline(1.0, color="#444444", lw=1, ls="--", label="1 = no drafted token accepted")
+    ax.legend(fontsize=8)
     ax.set_xlabel("accept length (tokens per verify step, bonus token included)")
     ax.set_ylabel("requests")
     ax.grid(alpha=0.3)
     ax.set_title("Accept length per request (greedy pass, all load levels)")
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- TTFT, throughput
@@ -272,23 +241,23 @@ def _boxes(ax: Axes, values: dict[tuple[str, str], list[float]], conds: list[str
                         color="#888888", transform=ax.get_xaxis_transform())
                 continue
             ax.boxplot([vals], positions=[x], widths=width * 0.8, patch_artist=True,
-                       boxprops={"facecolor": _color(i), "alpha": 0.6},
+                       boxprops={"facecolor": color_of(i), "alpha": 0.6},
                        medianprops={"color": "black"}, flierprops={"markersize": 3})
             drawn = True
     for i, cond in enumerate(conds):
-        ax.plot([], [], marker="s", ls="", color=_color(i), alpha=0.6, label=cond)
+        ax.plot([], [], marker="s", ls="", color=color_of(i), alpha=0.6, label=cond)
     ax.set_xticks(range(len(levels)), [f"{lv} ({c})" for lv, c in levels])
     ax.set_xlim(-0.6, len(levels) - 0.4)
     ax.set_xlabel("load level")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     if not drawn:
-        _empty(ax, "no successful requests")
+        empty_note(ax, "no successful requests")
 
 
 def ttft_throughput_plot(data: SavedCampaign) -> bytes:
     """Per-request time to first token and output tokens/s, per condition and load level."""
-    conds, levels = _conditions(data), _levels(data)
+    conds, levels = condition_order(data), level_order(data)
     ttft: dict[tuple[str, str], list[float]] = {}
     tps: dict[tuple[str, str], list[float]] = {}
     for cond in conds:
@@ -305,22 +274,38 @@ def ttft_throughput_plot(data: SavedCampaign) -> bytes:
     ax2.set_ylabel("output tokens/s per request")
     ax2.set_title("Throughput per request")
     fig.suptitle("TTFT and throughput (greedy pass, successful requests)")
-    return _png(fig)
+    return to_png(fig)
 
 
 # --------------------------------------------------------------------------- all together
 
 
-def all_plots(data: SavedCampaign, speedup_min: float = 1.0, seed: int = 0) -> dict[str, bytes]:
+def _overall(summary: dict[str, Any] | None, reference: str, candidate: str) -> Overall:
+    out: Overall = {}
+    for g in (summary or {}).get("gates", []):
+        ci = g.get("ci")
+        if (g.get("kind"), g.get("condition"), g.get("reference")) == (
+                "speedup", candidate, reference) and not g.get("slice") \
+                and g.get("estimate") is not None and ci and None not in ci:
+            out[str(g.get("load"))] = (float(g["estimate"]), float(ci[0]), float(ci[1]))
+    return out
+
+
+def all_plots(data: SavedCampaign, speedup_min: float = 1.0, seed: int = 0,
+              summary: dict[str, Any] | None = None) -> dict[str, bytes]:
     """Every report plot, keyed by a stable name (the HTML report shows them in this order).
     Speedup plots: each candidate vs the baseline (threshold ``speedup_min``) and vs the
-    current drafter (threshold 1)."""
+    current drafter (threshold 1), with the speed gates' CIs from ``summary``; then the
+    analyses (``plots_analyses``)."""
     plots = {"latency_cdf": latency_cdf(data), "ttft_throughput": ttft_throughput_plot(data)}
     baseline = data.meta.baseline
     current = data.meta.current
     for cand in data.meta.candidates:
         for ref, threshold in ((baseline, speedup_min), (current, 1.0)):
             if ref:
-                plots[f"speedup_{cand}_vs_{ref}"] = speedup_plot(data, ref, cand, threshold, seed)
+                plots[f"speedup_{cand}_vs_{ref}"] = speedup_plot(
+                    data, ref, cand, threshold, seed, _overall(summary, ref, cand))
     plots["accept_length"] = accept_length_plot(data)
+    plots.update(analysis_plots(data, summary or {}, speedup_min))
     return plots
+

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..judgement.analyses import all_domain_rows, per_position_acceptance
 from ..judgement.cost import cost_summary
+from ..judgement.diagnosis import diagnose_all
+from ..judgement.goodput import goodput_section
 from ..judgement.history import Comparison
 from ..judgement.judge import Judgement
+from ..judgement.stability import stability
 from ..pilot.schema import Pilot
 from ..results.files import write_json_atomic, write_text_atomic
 from ..results.folder import SavedCampaign
+from .headline import headline
 from .markdown import markdown
+from .setup import setup_rows
 from .summary_schema import SUMMARY_SCHEMA, Summary
 
 
@@ -20,6 +27,10 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                  comparison: Comparison | None = None) -> dict[str, Any]:
     """summary.json's content, validated against its schema (summary_schema.Summary)."""
     meta = data.meta
+    diagnoses = diagnose_all(pilot, judgement.verdicts, list(judgement.results.values()),
+                             judgement.figures, data)
+    acceptance = {c: shares for c in meta.conditions
+                  if (shares := per_position_acceptance(data.of(c))) is not None}
     summary = Summary.model_validate({
         "schema": SUMMARY_SCHEMA,
         "run_id": meta.run_id,
@@ -28,8 +39,10 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "config_hash": meta.config_hash,
         "status": meta.status,
         "verdicts": [
-            {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons}
-            for v in judgement.verdicts
+            {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons,
+             "headline": headline(d), "bullets": [asdict(r) for r in d.reasons],
+             "notes": d.notes}
+            for v, d in zip(judgement.verdicts, diagnoses, strict=True)
         ],
         "gates": [g.as_dict() for g in judgement.results.values()],
         "figures": judgement.figures,
@@ -40,6 +53,11 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
             for name, info in meta.conditions.items()
         },
         "comparison": comparison,
+        "setup": [{"what": k, "value": v} for k, v in setup_rows(meta, pilot)],
+        "stability": stability(data),
+        "goodput": goodput_section(pilot, data),
+        "domains": all_domain_rows(data, pilot.primary_load, pilot.sampling.seed),
+        "acceptance_by_position": acceptance,
     })
     return summary.model_dump(by_alias=True)
 
@@ -55,10 +73,11 @@ def write_reports(directory: Path, judgement: Judgement, data: SavedCampaign,
         from .html import write_html
         from .plots import all_plots
 
-        plots = all_plots(data, pilot.limits.speedup_min, pilot.sampling.seed)
+        plots = all_plots(data, pilot.limits.speedup_min, pilot.sampling.seed, summary)
         written.append(write_html(directory, summary, data, plots, settings.title))
     if settings.markdown:
-        text = markdown(judgement, data, settings.title, comparison)
+        text = markdown(summary, data.meta, settings.title, directory.name,
+                        settings.markdown_max_kib)
         write_text_atomic(directory / "report.md", text)
         written.append(directory / "report.md")
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

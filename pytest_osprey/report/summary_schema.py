@@ -13,10 +13,13 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..judgement.analyses import DomainRow
 from ..judgement.cost import BreakEven, ConditionCost, CostLimitsEntry, CostSection
 from ..judgement.figures import Figures
 from ..judgement.gates import Outcome, Verdict
+from ..judgement.goodput import GoodputRow, GoodputSection
 from ..judgement.history import Comparison, Finding
+from ..judgement.stability import BlockDrift, BlockLoad, Stability
 
 SUMMARY_SCHEMA: Final = 1
 """Version of the summary.json format (the ``schema`` key)."""
@@ -27,6 +30,32 @@ class _Sheet(BaseModel):
     # cost table still reaches summary.json (tests flag it as undocumented).
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True,
                               populate_by_name=True)
+
+
+class ReasonEntry(_Sheet):
+    """One reason of a verdict, in words (`verdicts[].bullets[]`)."""
+
+    name: str
+    """What failed, e.g. `speed at concurrent`, `greedy outputs`."""
+    outcome: Outcome
+    """fail or inconclusive."""
+    text: str
+    """The gate's figures in a few words."""
+    diagnosis: str | None
+    """What the pattern usually means (accept length near 1: never accepted; faster at low
+    load but slower at concurrency: batch-size crossover; unusual slice worse: domain gap);
+    null when none is known."""
+    gate: str
+    """`kind[id]` of the gate: its full evidence is in `gates[]`."""
+
+
+class SetupRow(_Sheet):
+    """One line of the set-up block (`setup[]`)."""
+
+    what: str
+    """What it describes (engine, hardware, dtype, blocks, load levels, ...)."""
+    value: str
+    """As read from campaign.json, in words."""
 
 
 class VerdictEntry(_Sheet):
@@ -41,6 +70,14 @@ class VerdictEntry(_Sheet):
     reasons: list[str]
     """One line per failed, then inconclusive, gating gate: `kind[id]: first line of its
     summary`. Empty for KEEP."""
+    headline: str = ""
+    """The verdict in one line of at most 160 characters: the deciding speedup with its CI
+    and threshold, total-time speedup when judged, accept length, quality in a word."""
+    bullets: list[ReasonEntry] = Field(default_factory=list)
+    """The failed, then inconclusive, gating gates in words, each with a diagnosis where the
+    pattern is a known one."""
+    notes: list[str] = Field(default_factory=list)
+    """Diagnoses tied to no failed gate (e.g. a domain gap on a reported-only slice)."""
 
 
 class GateEntry(_Sheet):
@@ -124,6 +161,22 @@ class Summary(_Sheet):
     """Condition name -> how it ran."""
     comparison: Comparison | None = None
     """Comparison with a previous campaign (--osprey-compare); null when none."""
+    setup: list[SetupRow] = Field(default_factory=list)
+    """What ran, on what, how (engine and version, hardware, dtype, threads, blocks and
+    order, warm-up, what a load level means for this engine, what the memory figure is)."""
+    stability: Stability | None = None
+    """How steady the machine was: the baseline against itself between blocks, the load
+    average per stretch, warnings."""
+    goodput: GoodputSection | None = None
+    """Goodput per condition and load level; null when the pilot sets no
+    `limits.goodput`."""
+    domains: list[DomainRow] = Field(default_factory=list)
+    """Each candidate against the baseline per domain of the trace, at the primary load
+    (descriptive, not gated)."""
+    acceptance_by_position: dict[str, list[float]] = Field(default_factory=dict)
+    """Condition -> share of verify steps accepting the draft token at each position (0-1,
+    first drafted token first), where the engine recorded per-position counts; `{}` when
+    none did."""
 
 
 def json_schema() -> dict[str, Any]:
@@ -201,6 +254,16 @@ GATE_KINDS: dict[str, GateKind] = {
         "`reason` (why not KEEP despite the interval), `sequential` (`look`, `looks`, `z`, "
         "`keep_boundary`, `drop_boundary`, `decision`), `advice` (`more_prompts`, "
         "`more_passes`: (smallest, central, largest), `better`)"),
+    "goodput": GateKind(
+        "non-inferior share of requests meeting `limits.goodput`'s targets (exact paired "
+        "test, pairs = prompt x block; CI low > threshold) and, with `min_share`, the share's "
+        "lower bound at or above it; inconclusive when the baseline meets the targets too "
+        "rarely for a loss to show (a gate that could not fail never passes)",
+        "candidate share minus baseline share of good requests (fraction -1..1)",
+        "minus `limits.goodput.margin` (fraction)",
+        "`n_pairs`, `reference_share`, `candidate_share` (0-1), `gains`, `losses` (pairs), "
+        "`targets` (in words), `margin`; with a floor `min_share`, `share_low`, "
+        "`share_high` (one-sided Clopper-Pearson bounds, 0-1)"),
     "latency": GateKind(
         "upper confidence bound of the percentile <= threshold; fail when the lower bound is "
         "above it",
@@ -263,5 +326,6 @@ def render_reference() -> str:
 
 
 # Models documented in the reference that live with the code computing them.
-__all__ = ["BreakEven", "ConditionCost", "CostLimitsEntry", "CostSection", "Figures", "Finding",
-           "Summary"]
+__all__ = ["BlockDrift", "BlockLoad", "BreakEven", "ConditionCost", "CostLimitsEntry",
+           "CostSection", "DomainRow", "Figures", "Finding", "GoodputRow", "GoodputSection",
+           "Stability", "Summary"]

@@ -51,8 +51,11 @@ class ScheduleEntry(_Facts):
     boot: int = 0
     pass_index: int = 0
     stretch: int | None = None
-    loadavg: float | None = None
-    """The machine's 1-minute load average when the stretch ended."""
+    loadavg: list[float] | None = None
+    """The host's 1, 5 and 15 minute load averages when the stretch started (os.getloadavg);
+    null where the platform has none."""
+    loadavg_end: list[float] | None = None
+    """The same when it ended."""
 
 
 class PlanFacts(_Facts):
@@ -89,6 +92,10 @@ class CampaignFile(_Facts):
     load_levels: dict[str, Any] = Field(default_factory=dict)
     """Level name -> concurrency (int) or an open-loop level ({rate, max_concurrency})."""
     blocks: int = 1
+    warmup_requests: int | None = None
+    """Warm-up requests per condition after boot (not recorded)."""
+    order: str | None = None
+    """Block order: abba (interleaved, all conditions up at once) or sequential."""
     block_order: list[list[str]] = Field(default_factory=list)
     sampling: dict[str, Any] = Field(default_factory=dict)
     conditions: dict[str, ConditionRun] = Field(default_factory=dict)

@@ -1,0 +1,81 @@
+"""What a finished run prints (the pytest terminal summary and ``python -m pytest_osprey run``
+alike): the set-up in one line, the figures table, stability warnings, a headline per
+candidate with its reasons, the comparison with an earlier campaign, and where the results
+are. Each line comes with a style the caller may render (colour) or ignore."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..judgement.diagnosis import diagnose_all
+from ..judgement.history import Comparison
+from ..judgement.judge import Judgement
+from ..judgement.stability import stability
+from ..pilot.schema import Pilot
+from ..results.folder import SavedCampaign
+from ..results.preflight_file import Preflight
+from .headline import bullet_lines, headline
+from .setup import memory_basis, short_setup
+from .terminal import Columns, legend, results_line, speedup_cells, text_table
+
+COLORS = {"KEEP": "green", "DROP": "red", "INCONCLUSIVE": "yellow"}
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str
+    style: str = ""  # "", "red", "green", "yellow", "bold" or "<color> bold"
+
+
+def table_columns(judgement: Judgement, data: SavedCampaign) -> Columns:
+    label, note, _ = memory_basis(data.meta)
+    base = data.meta.baseline
+    gates = [g.as_dict() for g in judgement.results.values()]
+    return Columns(memory=label, memory_note=note, baseline=base,
+                   speedups=speedup_cells(gates, base))
+
+
+def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
+                  comparison: Comparison | None, reports: Sequence[Path]) -> list[Line]:
+    cols = table_columns(judgement, data)
+    out = [Line(f"set-up: {short_setup(data.meta, pilot)}")]
+    out += [Line(t) for t in text_table(judgement.figures, cols)]
+    out.append(Line(legend(cols)))
+    for warning in stability(data).warnings:
+        out.append(Line(f"WARNING unsteady machine: {warning}", "yellow"))
+    out.append(Line(""))
+    results = list(judgement.results.values())
+    for d in diagnose_all(pilot, judgement.verdicts, results, judgement.figures, data):
+        out.append(Line(headline(d), f"{COLORS[d.verdict]} bold"))
+        out += [Line(t) for t in bullet_lines(d)]
+    if comparison is not None:
+        out.append(Line(f"compared with {comparison.previous_dir} "
+                        f"(run {comparison.previous_run_id}):"))
+        for f in comparison.findings:
+            out.append(Line(f"  {'REGRESSION ' if f.regression else ''}{f.text}",
+                            "red" if f.regression else ""))
+        out += [Line(f"  {note}") for note in comparison.notes]
+    where = results_line(reports)
+    if where:
+        out.append(Line(where))
+    return out
+
+
+def dry_run_lines(preflight: Preflight, conditions: Sequence[str]) -> list[Line]:
+    """What a dry run checked, condition by condition, and that nothing was booted."""
+    out = [Line("dry run: nothing was booted; checked:")]
+    for name in conditions:
+        check = preflight.command_lines.get(name)
+        if check is not None:
+            first = check.lines[0] if check.lines else ""
+            out.append(Line(f"  {name}: command line {'ok' if check.ok else 'FAILED'}"
+                            + (f": {first}" if first else ""), "" if check.ok else "red"))
+            out += [Line(f"      {line}") for line in check.lines[1:4]]
+        report = preflight.artifacts.get(name)
+        if report is not None:
+            for c in report.checks:
+                out.append(Line(f"  {name}: artifact {c.name} {'ok' if c.ok else 'FAILED'}: "
+                                f"{c.detail}", "" if c.ok else "red"))
+    return out

@@ -1,0 +1,73 @@
+"""A verdict in words: one headline per candidate (at most 160 characters), then its reasons as
+short named bullets with a diagnosis where one is known. Used by every report and terminal."""
+
+from __future__ import annotations
+
+from ..judgement.diagnosis import Diagnosis, Reason, Speed
+
+MAX_HEADLINE = 160
+
+
+def speed_text(s: Speed | None, *, with_load: bool = True) -> str | None:
+    if s is None or s.estimate is None:
+        return None
+    text = f"{s.estimate:.2f}x"
+    if s.ci_low is not None and s.ci_high is not None:
+        text += f" [{s.ci_low:.2f}, {s.ci_high:.2f}]"
+    if s.threshold is not None:
+        text += f" vs {s.threshold:.2f}x needed"
+    return f"{text} at {s.load}" if with_load and s.load else text
+
+
+def _total(s: Speed | None) -> str | None:
+    if s is None or s.total_time is None:
+        return None
+    text = f"total time {s.total_time:.2f}x"
+    if s.total_low is not None and s.total_high is not None:
+        text += f" [{s.total_low:.2f}, {s.total_high:.2f}]"
+    return text
+
+
+def headline(d: Diagnosis, width: int = MAX_HEADLINE) -> str:
+    """``KEEP cand: speedup 1.23x [1.10, 1.37] vs 1.10x needed at concurrent, total time
+    1.20x, accept 3.17, quality identical``: the optional parts are dropped (total time
+    first, then accept length, then quality) and then the speed text shortened until the
+    line fits ``width``."""
+    head = f"{d.verdict} {d.candidate}: "
+    s = d.speed
+    speeds = [speed_text(s)]
+    if s is not None and s.estimate is not None:
+        speeds += [f"{s.estimate:.2f}x" + (f" [{s.ci_low:.2f}, {s.ci_high:.2f}]"
+                                           if s.ci_low is not None and s.ci_high is not None
+                                           else ""), f"{s.estimate:.2f}x"]
+    options = [f"speedup {t}" if t else "speed not judged" for t in speeds]
+    extra = [p for p in (
+        _total(s), f"accept {d.accept_length:.2f}" if d.accept_length is not None else None,
+        f"quality {d.quality}") if p]
+    for required in options:
+        parts = list(extra)
+        while True:
+            line = head + ", ".join([required, *parts])
+            if len(line) <= width:
+                return line
+            if not parts:
+                break
+            parts.pop(0)  # total time, then accept length, then quality
+    line = head + options[-1]
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def reason_line(r: Reason) -> str:
+    word = "" if r.outcome == "fail" else f" ({r.outcome})"
+    return f"{r.name}{word}: {r.text}"
+
+
+def bullet_lines(d: Diagnosis, indent: str = "  ") -> list[str]:
+    """The reasons, then diagnoses tied to no listed reason, as indented lines."""
+    out = []
+    for r in d.reasons:
+        out.append(f"{indent}- {reason_line(r)}")
+        if r.diagnosis:
+            out.append(f"{indent}  diagnosis: {r.diagnosis}")
+    out += [f"{indent}- note: {n}" for n in d.notes]
+    return out

@@ -1,0 +1,177 @@
+"""The set-up of a campaign in words: what ran, on what, how the blocks and load levels were
+laid out, and what the memory figure measures. Read from campaign.json (what actually ran),
+the pilot filling in only what campaign.json of an older campaign lacks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ..pilot.schema import Pilot, level_label
+from ..results.campaign_file import CampaignFile
+
+ONE_AT_A_TIME = ("transformers",)  # engines that serve one request at a time
+
+
+def _fingerprints(meta: CampaignFile) -> list[dict[str, Any]]:
+    return [c.fingerprint for c in meta.conditions.values() if c.fingerprint]
+
+
+def _common(meta: CampaignFile, key: str) -> str | None:
+    values = list(dict.fromkeys(str(fp.get(key)) for fp in _fingerprints(meta)
+                                if fp.get(key) is not None))
+    return " / ".join(values) if values else None
+
+
+def engine_name(meta: CampaignFile, pilot: Pilot | None = None) -> str:
+    engine = _common(meta, "engine") or (pilot.target.engine if pilot else None) or "unknown"
+    version = _common(meta, "version")
+    return f"{engine} {version}" if version else engine
+
+
+def memory_basis(meta: CampaignFile) -> tuple[str, str, str]:
+    """(column label, what it measures in a few words, in full) of the conditions' memory
+    figure."""
+    facts = [fp.get("memory") for fp in _fingerprints(meta)]
+    bases = {f.get("basis") for f in facts if isinstance(f, Mapping)}
+    kinds = {f.get("kind") for f in facts if isinstance(f, Mapping)}
+    notes = list(dict.fromkeys(str(fp.get("memory_method")) for fp in _fingerprints(meta)
+                               if fp.get("memory_method")))
+    note = "; ".join(notes) or "as the engine reports it"
+    if bases == {"weights"}:
+        return "weights MiB", "weights + buffers loaded, not a peak", (
+            f"{note}: what each condition holds loaded, not a peak (conditions of the "
+            "in-process engine share one process, whose peak cannot be told apart)")
+    if kinds == {"gpu"}:
+        return "peak GPU MiB", "peak GPU memory", note
+    if bases == {"rss"}:
+        return "peak RSS MiB", "peak resident memory of the server", note
+    return "memory MiB", "as each engine reports it", note
+
+
+def load_meaning(meta: CampaignFile, pilot: Pilot | None = None) -> str:
+    """What a load level means for this engine."""
+    engine = (_common(meta, "engine") or (pilot.target.engine if pilot else "")).split(" ")[0]
+    levels = ", ".join(f"{k} = {level_label(v)}" for k, v in meta.load_levels.items())
+    open_loop = any(isinstance(v, Mapping) for v in meta.load_levels.values())
+    if engine in ONE_AT_A_TIME:
+        text = ("this engine serves one request at a time (batch size 1): at xN, N requests "
+                "are in flight and wait their turn, so latency there includes queueing and "
+                "a higher level measures queueing, not batching")
+    elif engine.startswith("endpoint"):
+        text = "xN keeps N requests in flight at the endpoint; how it batches them is its own"
+    else:
+        text = ("xN keeps N requests in flight; the engine batches them together (continuous "
+                "batching), so a higher level measures speculation under a larger batch")
+    if open_loop:
+        text += ("; Poisson r/s sends requests at random times averaging r per second, "
+                 "whatever the engine's pace (<=xN: at most N in flight)")
+    return f"{levels}: {text}"
+
+
+def _order(order: str) -> str:
+    return "interleaved" if order == "abba" else order
+
+
+def _when(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def started(meta: CampaignFile) -> str | None:
+    """The campaign's start, UTC (what a report dates itself by: judging again changes
+    nothing in it)."""
+    return _when(meta.started_at)
+
+
+def hardware(meta: CampaignFile) -> str:
+    """The device and the host, without repeating what says the same (a CPU's processor
+    name is often just its architecture)."""
+    device = _common(meta, "device_name") or _common(meta, "device")
+    host = meta.host
+    machine, cpus = host.get("machine"), host.get("cpus")
+    parts = [device] if device else []
+    if machine and machine != device:
+        parts.append(str(machine))
+    text = ", ".join(parts) or "unknown"
+    return f"{text} ({cpus} CPUs)" if cpus else text
+
+
+def _design(meta: CampaignFile, order: str | None, long: bool = False) -> str:
+    """Passes, boots and order in words (the replay plan's shape)."""
+    plan = meta.plan
+    if plan is None:  # recorded before replay plans
+        return f"{meta.blocks} block(s)" + (f" {_order(order)}" if order else "")
+    text = f"{plan.passes} pass(es)"
+    if plan.boots_per_condition > 1:
+        text += f" x {plan.boots_per_condition} boots per condition"
+    text += f" {_order(plan.order)}"
+    if long:
+        sizes = ", ".join(f"{lvl}: {len(bs)} blocks of ~{max(len(b) for b in bs)} prompts"
+                          for lvl, bs in plan.blocks.items() if bs)
+        text += (f"; per pass, each block of prompts is replayed by every condition in turn "
+                 f"(counterbalanced order): {sizes}")
+        if meta.stopped_after_block:
+            text += f"; stopped early after pass {meta.stopped_after_block} (decided)"
+    return text
+
+
+def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
+                with_hardware: bool = True) -> str:
+    """One line: engine, device, dtype, threads, passes and order, warm-up."""
+    parts = [f"{engine_name(meta, pilot)} on {hardware(meta)}" if with_hardware
+             else engine_name(meta, pilot)]
+    dtype = _common(meta, "dtype")
+    if dtype:
+        parts.append(dtype)
+    threads = _common(meta, "threads")
+    if threads:
+        parts.append(f"{threads} threads")
+    order = meta.order or (pilot.load.order if pilot else None)
+    parts.append(_design(meta, order))
+    warm = meta.warmup_requests if meta.warmup_requests is not None else (
+        pilot.load.warmup_requests if pilot else None)
+    if warm is not None:
+        parts.append(f"{warm} warm-up request(s)")
+    return ", ".join(parts)
+
+
+def setup_rows(meta: CampaignFile, pilot: Pilot | None = None) -> list[tuple[str, str]]:
+    """(what, value) rows of the set-up block every report carries."""
+    rows: list[tuple[str, str]] = [("engine", engine_name(meta, pilot))]
+    torch = _common(meta, "torch")
+    if torch:
+        rows[0] = ("engine", f"{rows[0][1]} (torch {torch})")
+    rows.append(("hardware", hardware(meta)))
+    for key, label in (("dtype", "dtype"), ("quantization", "quantization"),
+                       ("threads", "threads"), ("context_length", "context length")):
+        value = _common(meta, key)
+        if value:
+            rows.append((label, value))
+    for name, info in meta.conditions.items():
+        fp = info.fingerprint
+        if fp.get("drafter"):
+            k = fp.get("num_draft_tokens")
+            rows.append((f"drafter of {name}", str(fp["drafter"])
+                         + (f", {k} tokens drafted per step" if k else "")))
+    order = meta.order or (pilot.load.order if pilot else None)
+    rows.append(("replay", _design(meta, order, long=True)))
+    warm = meta.warmup_requests if meta.warmup_requests is not None else (
+        pilot.load.warmup_requests if pilot else None)
+    if warm is not None:
+        rows.append(("warm-up", f"{warm} request(s) per condition after boot, not recorded"))
+    rows.append(("load levels", load_meaning(meta, pilot)))
+    rows.append(("prompts", f"{len(meta.prompt_ids)} (trace {str(meta.trace_hash or '')[:12]})"))
+    sampled = meta.sampling.get("sampled") if isinstance(meta.sampling, Mapping) else None
+    if isinstance(sampled, Mapping) and sampled.get("enabled"):
+        rows.append(("sampled pass", f"temperature {sampled.get('temperature')}, top-p "
+                     f"{sampled.get('top_p')}, {sampled.get('samples_per_prompt')} samples x "
+                     f"{sampled.get('prompts') or 'all'} prompts"))
+    label, _, note = memory_basis(meta)
+    rows.append((label, note))
+    when = started(meta)
+    if when:
+        rows.append(("started", when))
+    return rows

@@ -1,0 +1,244 @@
+"""Headlines and diagnoses: what a person reads first. Each known pattern is planted in
+judged gates and must be named; a headline never exceeds 160 characters nor shows internal
+ids or p-values."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_osprey.judgement.diagnosis import diagnose, quality_word, total_time
+from pytest_osprey.judgement.figures import Figures
+from pytest_osprey.judgement.gates import GateResult, GateSpec
+from pytest_osprey.judgement.verdicts import verdicts
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.report.headline import MAX_HEADLINE, bullet_lines, headline
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.records import RequestRecord
+
+LEVELS = {"low": 1, "concurrent": 4}
+
+
+def make_pilot(candidate: str = "cand", speedup_min: float = 1.1) -> Pilot:
+    return Pilot.model_validate({
+        "target": {"model": "t"},
+        "conditions": {"baseline": {"role": "baseline"},
+                       candidate: {"role": "candidate", "drafter": "d"}},
+        "trace": {"files": ["p.jsonl"]},
+        "load": {"levels": LEVELS},
+        "limits": {"speedup_min": speedup_min},
+    })
+
+
+def speed(cand: str, load: str, est: float, low: float, high: float, *, thr: float = 1.1,
+          slice_: str | None = None, gating: bool | None = None, **details: Any) -> GateResult:
+    outcome = "pass" if low > thr else "fail" if high < thr else "inconclusive"
+    spec = GateSpec("speedup", cand, reference="baseline", load=load, slice=slice_,
+                    gating=(load == "concurrent" and slice_ is None) if gating is None
+                    else gating)
+    summary = (f"completion-latency speedup {est:.3f}x, 95% CI [{low:.3f}, {high:.3f}] vs "
+               f"minimum {thr:.3f}x over 21 prompts (42 requests); p=0.0123")
+    return GateResult(spec, outcome, summary, estimate=est, ci_low=low, ci_high=high,
+                      threshold=thr, p_value=0.0123, details={"method": "bca", **details})
+
+
+def identity(cand: str, identical: int = 21, compared: int = 21) -> GateResult:
+    return GateResult(GateSpec("greedy_identity", cand, reference="baseline"),
+                      "pass" if identical == compared else "fail",
+                      f"{identical}/{compared} identical", estimate=compared - identical,
+                      threshold=0, details={"compared": compared, "identical": identical,
+                                            "genuine": [], "near_ties": []})
+
+
+def figures(cand: str, accept: float) -> list[Figures]:
+    out = []
+    for cond in ("baseline", cand):
+        for level, conc in LEVELS.items():
+            out.append(Figures(
+                condition=cond, load=level, concurrency=conc, ok=21, total=21,
+                ttft_p50_s=0.1, ttft_p95_s=0.2, e2e_p50_s=1.0, e2e_p95_s=2.0, tpot_p50_s=0.02,
+                tokens_per_s=40.0, request_tokens_per_s_p50=40.0,
+                accept_length_pooled=accept if cond == cand else 1.0,
+                accept_length_mean=accept if cond == cand else 1.0, peak_memory_mb=100.0,
+                load_label=f"x{conc}"))
+    return out
+
+
+def run(pilot: Pilot, results: list[GateResult], accept: float,
+        data: SavedCampaign | None = None) -> Any:
+    cand = pilot.candidates[0]
+    (verdict,) = verdicts(pilot, results)
+    return diagnose(pilot, verdict, results, figures(cand, accept), data)
+
+
+def check_headline(text: str) -> None:
+    assert len(text) <= MAX_HEADLINE, (len(text), text)
+    assert "p=" not in text and "[" + "cand-vs" not in text
+    assert not re.search(r"\w+\[[\w-]+\]", text), text  # no kind[id]
+
+
+def test_keep_headline_carries_the_deciding_numbers() -> None:
+    p = make_pilot()
+    results = [speed("cand", "low", 1.30, 1.20, 1.42), speed("cand", "concurrent", 1.23,
+               1.15, 1.37, total_time={"estimate": 1.2, "ci": [1.1, 1.3]}), identity("cand")]
+    d = run(p, results, 3.17)
+    text = headline(d)
+    check_headline(text)
+    assert text == ("KEEP cand: speedup 1.23x [1.15, 1.37] vs 1.10x needed at concurrent, "
+                    "total time 1.20x [1.10, 1.30], accept 3.17, quality identical")
+    assert d.reasons == [] and d.notes == []
+
+
+def test_weak_drafter_is_diagnosed_as_never_accepted() -> None:
+    p = make_pilot("tiny-drafter-weak")
+    c = "tiny-drafter-weak"
+    results = [speed(c, "low", 0.66, 0.62, 0.70), speed(c, "concurrent", 0.61, 0.57, 0.66),
+               identity(c)]
+    d = run(p, results, 1.00)
+    text = headline(d)
+    check_headline(text)
+    assert text.startswith("DROP tiny-drafter-weak: speedup 0.61x [0.57, 0.66]")
+    assert "accept 1.00" in text and "quality identical" in text
+    (reason,) = d.reasons
+    assert reason.name == "speed at concurrent"
+    assert reason.text == "0.61x [0.57, 0.66], below the 1.10x needed"
+    assert reason.diagnosis is not None and "never accepted" in reason.diagnosis
+    assert "vocabulary/tokenizer mismatch" in reason.diagnosis
+    lines = bullet_lines(d)
+    assert lines[0] == "  - speed at concurrent: 0.61x [0.57, 0.66], below the 1.10x needed"
+    assert lines[1].startswith("    diagnosis: accept length 1.00")
+
+
+def test_batch_size_crossover() -> None:
+    p = make_pilot()
+    results = [speed("cand", "low", 1.40, 1.25, 1.55, gating=False),
+               speed("cand", "concurrent", 0.85, 0.78, 0.93), identity("cand")]
+    d = run(p, results, 2.8)
+    assert d.verdict == "DROP"
+    (reason,) = d.reasons
+    assert reason.diagnosis is not None and "batch-size crossover" in reason.diagnosis
+    assert "faster at low (1.40x) but slower at concurrent (0.85x)" in reason.diagnosis
+    check_headline(headline(d))
+
+
+def test_no_crossover_from_noise() -> None:
+    # Faster at low load only by its point estimate (the CI straddles 1): not a crossover.
+    p = make_pilot()
+    results = [speed("cand", "low", 1.33, 0.86, 2.06, gating=False),
+               speed("cand", "concurrent", 0.76, 0.66, 0.88), identity("cand")]
+    d = run(p, results, 2.8)
+    assert all(r.diagnosis is None for r in d.reasons) and d.notes == []
+
+
+def _slice_records() -> SavedCampaign:
+    recs = []
+    for pid, slice_, verify in (("a", "core", 10), ("b", "core", 10), ("u", "unusual", 40)):
+        recs.append(RequestRecord(
+            run_id="r", condition="cand", block=0, repetition=0, load="concurrent",
+            concurrency=4, prompt_id=pid, slice=slice_, domain="d", mode="greedy",
+            sample_index=0, ok=True, e2e_s=1.0, output_tokens=40, spec_verify_ct=verify))
+    return SavedCampaign(Path("."), {"run_id": "r", "baseline": "baseline"}, recs)
+
+
+def test_domain_gap_on_a_reported_only_slice_is_a_note() -> None:
+    p = make_pilot()
+    results = [speed("cand", "low", 1.5, 1.4, 1.6), speed("cand", "concurrent", 1.5, 1.4, 1.6),
+               speed("cand", "concurrent", 0.9, 0.8, 1.0, slice_="unusual", gating=False),
+               identity("cand")]
+    d = run(p, results, 3.0, _slice_records())
+    assert d.verdict == "KEEP" and d.reasons == []
+    (note,) = d.notes
+    assert "domain gap" in note and "unusual slice (0.90x vs 1.50x overall" in note
+    assert "accept length 1.00 vs 4.00" in note
+
+
+def test_domain_gap_on_a_gated_slice_is_its_reason() -> None:
+    p = make_pilot()
+    results = [speed("cand", "concurrent", 1.5, 1.4, 1.6),
+               speed("cand", "concurrent", 0.9, 0.8, 1.0, slice_="unusual", gating=True),
+               identity("cand")]
+    d = run(p, results, 3.0)
+    (reason,) = d.reasons
+    assert reason.name == "speed at concurrent on the unusual slice"
+    assert reason.diagnosis is not None and "domain gap" in reason.diagnosis
+
+
+def test_inconclusive_reason_keeps_the_advice_and_drops_p_values() -> None:
+    p = make_pilot()
+    gate = speed("cand", "concurrent", 1.12, 1.02, 1.25)
+    gate.summary += "; about 40 more paired prompts would settle it"
+    d = run(p, [gate, identity("cand")], 2.5)
+    assert d.verdict == "INCONCLUSIVE"
+    (reason,) = d.reasons
+    assert reason.outcome == "inconclusive"
+    assert reason.text == ("1.12x [1.02, 1.25], straddles the 1.10x needed (about 40 more "
+                           "paired prompts would settle it)")
+
+
+def test_other_reasons_are_short_and_named() -> None:
+    p = make_pilot()
+    failing = GateResult(GateSpec("latency", "cand", load="low", index=0), "fail",
+                         "ttft p90 = 2500.0 ms, upper 95% bound 3100.0 ms vs limit 2000.0 ms "
+                         "(n=42); p=0.001 " + "x" * 200)
+    d = run(p, [speed("cand", "concurrent", 1.5, 1.4, 1.6), identity("cand", 20), failing],
+            3.0)
+    names = [r.name for r in d.reasons]
+    assert names == ["greedy outputs", "latency limit at low"]
+    assert d.reasons[0].text == "0 genuine divergence(s) in 21 prompts"
+    assert len(d.reasons[1].text) <= 110 and "p=" not in d.reasons[1].text
+    assert d.quality == "changed"
+
+
+def test_headline_fits_whatever_the_names() -> None:
+    name = "a-candidate-drafter-with-a-very-long-name-" * 3
+    p = make_pilot(name)
+    results = [speed(name, "concurrent", 1.234, 1.15, 1.4,
+                     total_time={"estimate": 1.2, "ci_low": 1.1, "ci_high": 1.3}),
+               identity(name)]
+    text = headline(run(p, results, 3.0))
+    assert len(text) <= MAX_HEADLINE and text.startswith(f"KEEP {name}: speedup 1.23x")
+    assert "total time" not in text  # the least telling part went first
+    assert not text.endswith("...")
+
+
+@pytest.mark.parametrize(("outcomes", "word"), [
+    ({"greedy_identity": "pass", "distribution": "pass"}, "identical"),
+    ({"greedy_identity": "fail"}, "changed"),
+    ({"greedy_identity": "pass", "correctness": "fail"}, "worse"),
+    ({"greedy_identity": "pass", "correctness": "inconclusive"}, "unproven"),
+    ({"distribution": "pass"}, "equivalent"),
+    ({}, "unchecked"),
+])
+def test_quality_in_a_word(outcomes: dict[str, str], word: str) -> None:
+    gates = [GateResult(GateSpec(k, "c", reference="baseline"), o, "",  # type: ignore[arg-type]
+                        details={"compared": 5, "identical": 5}) for k, o in outcomes.items()]
+    assert quality_word(gates) == word
+
+
+def test_total_time_shapes() -> None:
+    assert total_time({}) == (None, None, None)
+    assert total_time({"total_time": 1.3}) == (1.3, None, None)
+    assert total_time({"total_time": {"estimate": 1.3, "ci": [1.1, 1.5]}}) == (1.3, 1.1, 1.5)
+    assert total_time({"total_time": {"estimate": 1.3, "ci_low": 1.2, "ci_high": 1.4}}) == (
+        1.3, 1.2, 1.4)
+
+
+def test_holm_inconclusive_is_explained() -> None:
+    p = make_pilot()
+    gate = speed("cand", "concurrent", 1.3, 1.12, 1.5)
+    gate.outcome = "inconclusive"  # as apply_holm leaves it
+    gate.summary += "; Holm-adjusted p=0.0298 over 2 claims > 0.025"
+    d = run(p, [gate, identity("cand")], 3.0)
+    (reason,) = d.reasons
+    assert "not strongly enough for all 2 of the candidate's claims at once (Holm)" in \
+        reason.text
+    assert "p=" not in reason.text
+
+
+def test_a_quality_gate_without_evidence_does_not_count() -> None:
+    untested = GateResult(GateSpec("correctness", "c", reference="baseline"), "pass", "")
+    untested.evidence = "not_evaluable"  # type: ignore[attr-defined]
+    assert quality_word([untested]) == "unchecked"

@@ -1,0 +1,45 @@
+"""The embedded engine writes logs/<condition>.log, as a booted server does: what it loaded and
+how, when it was ready, each failed request, and what it served (a real engine, the tiny
+target)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from pytest_osprey.engines.base import BootSpec, GenerationRequest
+from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.pilot.schema import Pilot
+
+MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+
+
+def test_log_per_condition(tmp_path: Path) -> None:
+    if not (MODELS / "tiny-target").is_dir():
+        pytest.skip("tiny models not found (fixtures/models)")
+    import torch
+
+    threads = torch.get_num_threads()  # the engine sets target.threads process-wide
+    pilot = Pilot.model_validate({
+        "target": {"model": str(MODELS / "tiny-target"), "context_length": 64, "threads": 1},
+        "conditions": {"baseline": {"role": "baseline"}},
+        "trace": {"files": ["p.jsonl"]},
+    })
+    engine = TransformersEngine(pilot, "baseline", BootSpec("baseline", tmp_path / "logs"))
+    try:
+        engine.start()
+        ok = asyncio.run(engine.generate(GenerationRequest("short", "def add(a, b):", 4)))
+        # Prompt + output beyond the context length: the request fails, the log says why.
+        bad = asyncio.run(engine.generate(GenerationRequest("long", "x " * 80, 8)))
+    finally:
+        engine.stop()
+        torch.set_num_threads(threads)
+    assert ok.ok and not bad.ok
+    log = (tmp_path / "logs" / "baseline.log").read_text("utf-8").splitlines()
+    assert "loading target" in log[0] and "float32 on cpu" in log[0]
+    assert "speculation off" in log[0]
+    assert any("ready after" in line and "1 threads" in line for line in log)
+    assert any("request long failed: prompt" in line for line in log)
+    assert "stopped: served 2 request(s), 1 failed" in log[-1]

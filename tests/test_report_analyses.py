@@ -1,0 +1,153 @@
+"""The analyses beside the gates: environment stability (a planted slowdown must be flagged,
+a steady machine must not be), per-domain speed, acceptance per draft position, the set-up
+block and what a load level means for each engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_osprey.judgement.analyses import domain_rows, per_position_acceptance
+from pytest_osprey.judgement.stability import DRIFT_WARN, stability
+from pytest_osprey.report.setup import hardware, load_meaning, memory_basis, setup_rows
+from pytest_osprey.results.campaign_file import CampaignFile
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.records import RequestRecord
+
+DOMAINS = {"p1": "chat", "p2": "chat", "p3": "chat", "p4": "code", "p5": "code", "p6": "code"}
+
+
+def rec(cond: str, pid: str, block: int, e2e: float, **kw: Any) -> RequestRecord:
+    fields: dict[str, Any] = {
+        "run_id": "r", "condition": cond, "block": block, "repetition": block,
+        "load": "busy", "concurrency": 4, "prompt_id": pid, "slice": "core",
+        "domain": DOMAINS.get(pid, "d"), "mode": "greedy", "sample_index": 0, "ok": True,
+        "e2e_s": e2e, "ttft_s": 0.1 * e2e, "output_tokens": 30, "started_at": 100.0 * block}
+    fields.update(kw)
+    return RequestRecord(**fields)
+
+
+def meta(**kw: Any) -> dict[str, Any]:
+    base = {"run_id": "r", "baseline": "baseline", "candidates": ["cand"],
+            "load_levels": {"busy": 4}, "blocks": 2,
+            "conditions": {"baseline": {"role": "baseline"}, "cand": {"role": "candidate"}},
+            "host": {"machine": "x86_64", "cpus": 2}}
+    return base | kw
+
+
+def noisy_baseline(slowdown: float, seed: int) -> SavedCampaign:
+    """The baseline over 20 prompts in 2 blocks, 5% lognormal noise per request; block 2
+    runs ``slowdown`` times slower (a machine that got busy)."""
+    rng = np.random.default_rng(seed)
+    effect = {f"q{i}": rng.lognormal(0, 0.5) for i in range(20)}
+    recs = [rec("baseline", pid, b, e * (slowdown if b else 1.0) * rng.lognormal(0, 0.05))
+            for b in range(2) for pid, e in effect.items()]
+    return SavedCampaign(Path("."), meta(), recs)
+
+
+def test_planted_slowdown_is_flagged_and_measured() -> None:
+    st = stability(noisy_baseline(1.73, seed=1))
+    (drift,) = st.drift
+    assert (drift.load, drift.block, drift.prompts) == ("busy", 2, 20)
+    assert drift.ratio == pytest.approx(1.73, rel=0.05)
+    assert st.max_drift == pytest.approx(0.73, abs=0.06)
+    (warning,) = st.warnings
+    assert "ran 7" in warning and "slower in block 2" in warning
+
+
+def test_a_steady_machine_is_not_flagged() -> None:
+    flagged = sum(bool(stability(noisy_baseline(1.0, seed=s)).warnings) for s in range(50))
+    assert flagged == 0  # 5% request noise over 20 prompts stays far inside the 10% rule
+    assert DRIFT_WARN == 0.10
+
+
+def test_load_average_beyond_the_cpus_is_flagged() -> None:
+    data = noisy_baseline(1.0, seed=2)
+    data.meta = CampaignFile.model_validate(meta(schedule=[
+        {"block": 0, "condition": "baseline", "load": "busy", "mode": "greedy",
+         "started": 0.0, "ended": 50.0, "loadavg": [1.0, 1.0, 1.0],
+         "loadavg_end": [1.5, 1.0, 1.0]},
+        {"block": 1, "condition": "baseline", "load": "busy", "mode": "greedy",
+         "started": 100.0, "ended": 150.0, "loadavg": [7.9, 3.0, 2.0]},
+    ]))
+    st = stability(data)
+    assert [x.loadavg_1m for x in st.load] == [1.5, 7.9]
+    assert any("load average up to 7.9 on 2 CPUs (block 2" in w for w in st.warnings)
+
+
+def test_domain_speedup_and_accept_length() -> None:
+    # code runs 2x faster with the candidate, chat 1.25x; the drafter accepts more on code.
+    recs = []
+    for b in range(2):
+        for pid, dom in DOMAINS.items():
+            base = 1.0 + 0.1 * int(pid[1:])
+            speed = 2.0 if dom == "code" else 1.25
+            recs.append(rec("baseline", pid, b, base))
+            recs.append(rec("cand", pid, b, base / speed,
+                            spec_verify_ct=10 if dom == "code" else 20))
+    rows = {r.domain: r for r in domain_rows(SavedCampaign(Path("."), meta(), recs),
+                                             "baseline", "cand", "busy")}
+    assert rows["code"].speedup == pytest.approx(2.0)
+    assert rows["chat"].speedup == pytest.approx(1.25)
+    assert rows["code"].accept_length == pytest.approx(3.0)
+    assert rows["chat"].accept_length == pytest.approx(1.5)
+    assert rows["code"].prompts == 3 and rows["code"].ci_low == pytest.approx(2.0)
+
+
+def test_per_position_acceptance_from_a_histogram() -> None:
+    r = rec("cand", "p1", 0, 1.0)
+    # 10 verify steps: 2 accepted nothing, 3 one draft, 5 all three: position 1 accepted in
+    # 8 steps, position 2 in 5, position 3 in 5.
+    r.spec_correct_drafts_histogram = [2, 3, 0, 5]  # type: ignore[attr-defined]
+    shares = per_position_acceptance([r])
+    assert shares == pytest.approx([0.8, 0.5, 0.5])
+    assert per_position_acceptance([rec("cand", "p1", 0, 1.0)]) is None
+
+
+def test_per_position_acceptance_from_counts() -> None:
+    a, b = rec("cand", "p1", 0, 1.0), rec("cand", "p2", 0, 1.0)
+    a.accepted_per_position = [9, 6]  # type: ignore[attr-defined]
+    a.proposed_per_position = [10, 10]  # type: ignore[attr-defined]
+    b.accepted_per_position = [7, 2]  # type: ignore[attr-defined]
+    b.proposed_per_position = [10, 10]  # type: ignore[attr-defined]
+    assert per_position_acceptance([a, b]) == pytest.approx([0.8, 0.4])
+
+
+FP = {"engine": "transformers", "version": "4.57.1", "torch": "2.13.0", "device": "cpu",
+      "device_name": "x86_64", "dtype": "float32", "threads": 2, "context_length": 1024,
+      "memory": {"kind": "host", "basis": "weights"},
+      "memory_method": "weights + buffers of the loaded models"}
+
+
+def test_setup_block_says_what_ran_and_what_load_means() -> None:
+    m = CampaignFile.model_validate(meta(
+        blocks=2, order="abba", warmup_requests=3, load_levels={"low": 1, "concurrent": 4},
+        block_order=[["baseline", "cand"], ["cand", "baseline"]], prompt_ids=["a", "b"],
+        started_at=1_767_225_600.0,
+        conditions={"baseline": {"role": "baseline", "fingerprint": FP},
+                    "cand": {"role": "candidate", "fingerprint": {
+                        **FP, "drafter": "models/d", "num_draft_tokens": 4}}}))
+    rows = dict(setup_rows(m))
+    assert rows["engine"] == "transformers 4.57.1 (torch 2.13.0)"
+    assert rows["hardware"] == "x86_64 (2 CPUs)" == hardware(m)
+    assert rows["dtype"] == "float32" and rows["threads"] == "2"
+    assert rows["blocks"].startswith("2, order ABBA (block 1: baseline > cand")
+    assert rows["warm-up"].startswith("3 request(s)")
+    assert "one request at a time" in rows["load levels"] and "queueing" in rows["load levels"]
+    assert rows["drafter of cand"] == "models/d, 4 tokens drafted per step"
+    assert rows["started"] == "2026-01-01 00:00 UTC"
+    label, short, _ = memory_basis(m)
+    assert label == "weights MiB" and "not a peak" in short and "weights MiB" in rows
+
+
+@pytest.mark.parametrize(("engine", "says"), [
+    ("sglang", "batches them together"), ("vllm", "batches them together"),
+    ("endpoint/openai", "endpoint"), ("transformers", "one request at a time")])
+def test_load_meaning_per_engine(engine: str, says: str) -> None:
+    m = CampaignFile.model_validate(meta(conditions={"b": {"fingerprint": {"engine": engine}}},
+                                         load_levels={"p": {"rate": 2.0}}))
+    text = load_meaning(m)
+    assert says in text and "Poisson" in text

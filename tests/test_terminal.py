@@ -1,0 +1,142 @@
+"""What a user sees in the terminal: real pilot runs (pytest and ``python -m pytest_osprey``
+in subprocesses) against two scripted servers, the candidate twice as fast. Progress, the
+osprey table, the headline verdict - and pytest-benchmark's banner and tables only when a
+benchmark output is asked for. A dry run lists what it checked and leaves no folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers.pilot_run import write_trace
+from servers.scripted import Reply, ScriptedServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _routes(delay: float) -> dict[tuple[str, str], Any]:
+    meta = {"prompt_tokens": 2, "completion_tokens": 4, "finish_reason": "length"}
+    gen = Reply(events=[(delay, {"text": "abcd", "output_ids": [5, 6, 7, 8],
+                                 "meta_info": meta})])
+    return {("GET", "/health"): Reply(json_body={}), ("POST", "/flush_cache"): Reply(json_body={}),
+            ("POST", "/generate"): gen}  # fmt: skip
+
+
+def _pilot(path: Path, trace: Path, base: str, cand: str) -> Path:
+    path.write_text(f"""
+name: terminal
+target: {{engine: endpoint, model: m}}
+conditions:
+  baseline: {{role: baseline, endpoint: {{url: "{base}", protocol: sglang}}}}
+  cand: {{role: candidate, endpoint: {{url: "{cand}", protocol: sglang}}}}
+trace: {{files: ["{trace}"]}}
+load: {{levels: {{low: 1, busy: 2}}, warmup_requests: 0, blocks: 2}}
+sampling: {{greedy: true}}
+decision: {{primary_load: busy}}
+report: {{html: false}}
+""")
+    return path
+
+
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env_args = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:anyio"]
+    return subprocess.run([sys.executable, "-m", "pytest", *env_args, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("terminal")
+    trace = write_trace(tmp / "t.jsonl", 8)
+    out: dict[str, Any] = {"dir": tmp}
+    with ScriptedServer(routes=_routes(0.04)) as b, ScriptedServer(routes=_routes(0.02)) as c:
+        pilot = _pilot(tmp / "pilot.yaml", trace, b.url, c.url)
+        out["plain"] = _run(tmp, f"--osprey-config={pilot}", "--osprey-results=plain")
+        out["bench"] = _run(tmp, f"--osprey-config={pilot}", "--osprey-results=bench",
+                            f"--benchmark-json={tmp / 'bench.json'}")
+        out["cli"] = subprocess.run(
+            [sys.executable, "-m", "pytest_osprey", "run", str(pilot), "--results", "cli"],
+            cwd=tmp, capture_output=True, text=True, timeout=300)
+    out["dry"] = _run(tmp, f"--osprey-config={pilot}", "--osprey-dry-run")
+    out["cli_dry"] = subprocess.run(
+        [sys.executable, "-m", "pytest_osprey", "run", str(pilot), "--dry-run"],
+        cwd=tmp, capture_output=True, text=True, timeout=300)
+    return out
+
+
+def _closing(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("set-up:")), None)
+    assert start is not None, text
+    return lines[start:]
+
+
+def test_quiet_terminal_without_benchmark_output(outputs: dict[str, Any]) -> None:
+    res = outputs["plain"]
+    out = res.stdout
+    assert res.returncode == 0, out + res.stderr
+    assert "benchmark:" not in out  # pytest-benchmark's banner
+    assert "benchmark 'osprey" not in out and "test_latency_series" not in out
+    assert "Legend:" not in out and "OPS" not in out
+    assert "[osprey] baseline greedy block 1 load low: 8/8" in out  # progress
+    closing = _closing(out)
+    header = closing[1]
+    for column in ("TTFT p50/p95 ms", "completion p50/p95 ms", "speedup vs baseline [95% CI]",
+                   "aggregate tok/s", "accept len"):
+        assert column in header
+    base_row = next(line for line in closing if line.startswith("baseline ") and "busy" in line)
+    assert base_row.split()[5:7] == ["n/a", "n/a"] or base_row.count("n/a") >= 2
+    cand_row = next(line for line in closing if line.startswith("cand ") and "busy" in line)
+    assert "x [" in cand_row  # its speedup with a CI
+    verdict = next(line for line in closing if line.startswith("KEEP cand:"))
+    assert len(verdict) <= 160 and "speedup" in verdict and "at busy" in verdict
+    assert "p=" not in verdict and "[cand-" not in verdict
+    assert any(line.startswith("results: ") and "plain" in line for line in closing)
+    # Short: the whole session, progress included, fits a screen or two.
+    assert len(out.splitlines()) < 70, out
+
+
+def test_benchmark_tables_and_json_when_asked(outputs: dict[str, Any]) -> None:
+    res = outputs["bench"]
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "benchmark:" in res.stdout and "benchmark 'osprey busy e2e'" in res.stdout
+    bench = json.loads((outputs["dir"] / "bench.json").read_text())
+    names = {b["param"] for b in bench["benchmarks"]}
+    assert names == {f"{c}-{lv}-{m}" for c in ("baseline", "cand") for lv in ("low", "busy")
+                     for m in ("e2e", "ttft")}
+
+
+def test_cli_run_prints_the_same_closing_lines(outputs: dict[str, Any]) -> None:
+    cli, plain = outputs["cli"], outputs["plain"]
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert "[osprey] cand greedy block 2 load busy: 8/8" in cli.stdout
+    closing = _closing(cli.stdout)
+    assert closing[1] == _closing(plain.stdout)[1]  # the same table header
+    assert any(line.startswith("KEEP cand: speedup") for line in closing)
+    assert "\x1b[" not in cli.stdout  # no colour codes into a pipe
+
+
+@pytest.mark.parametrize("which", ["dry", "cli_dry"])
+def test_dry_run_lists_its_checks_and_leaves_no_folder(outputs: dict[str, Any],
+                                                       which: str) -> None:
+    res = outputs[which]
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "dry run: nothing was booted; checked:" in res.stdout
+    assert "baseline: command line ok: endpoint http://127.0.0.1:" in res.stdout
+    assert "cand: command line ok" in res.stdout
+    assert not (outputs["dir"] / "osprey-results").exists()
+
+
+def test_help_describes_the_tool() -> None:
+    res = subprocess.run([sys.executable, "-m", "pytest_osprey", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    assert "Keep or drop a speculative-decoding drafter" in res.stdout
+    assert "examples:" in res.stdout and "run pilot.yaml --dry-run" in res.stdout
+    sub = subprocess.run([sys.executable, "-m", "pytest_osprey", "run", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert "Run a pilot without pytest" in sub.stdout
