@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers.pilot_run import write_trace
+from factories import write_trace
 from servers.scripted import Reply, ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
