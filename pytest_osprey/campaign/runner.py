@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import platform
 import random
 import secrets
@@ -22,11 +23,13 @@ from typing import Any
 
 from .. import __version__
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
+from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
+from ..signals import interrupt_reason
 
 Progress = Callable[["ProgressEvent"], None]
 # Early stopping, handed in by the run (the campaign measures; judging is not its business):
@@ -91,6 +94,16 @@ def sample_seed(base: int, condition: str, index: int) -> int:
     return (base + index + zlib.crc32(condition.encode()) * 100_003) % 2**31
 
 
+def stop_reason(exc: BaseException) -> str:
+    """Why a campaign stopped, in words for campaign.json."""
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+        return f"interrupted by {interrupt_reason()}"
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"stopped by an error: {exc.strerror or exc}{where}"
+    return f"stopped by an error: {type(exc).__name__}: {exc}"
+
+
 def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
     n = override or prompt.max_new_tokens or pilot.max_new_tokens
     if pilot.max_new_tokens_cap is not None:
@@ -146,6 +159,7 @@ class Campaign:
         self._records: list[RequestRecord] = []
         self.sequential: dict[str, list[dict[str, Any]]] = {}
         self.stopped_after_block: int | None = None
+        self.stop_reason: str | None = None
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> SavedCampaign:
@@ -158,12 +172,16 @@ class Campaign:
         try:
             asyncio.run(self._run())
             self.status = "complete"
-        except BaseException:
+        except BaseException as exc:
             self.status = "interrupted"
+            self.stop_reason = stop_reason(exc)
             raise
         finally:
+            # Interrupted: every engine at once, with a short grace (CI kills after ~10 s).
+            stop_engines([s.engine for s in self.states.values() if s.engine is not None],
+                         grace_s=None if self.status == "complete" else INTERRUPT_GRACE_S)
             for state in self.states.values():
-                self._stop(state)
+                state.engine = None
             self._writer.close()
             self._save_meta()
         data = load_campaign(self.directory)
@@ -444,6 +462,8 @@ class Campaign:
             sequential=self.sequential,
             stopped_after_block=self.stopped_after_block,
             status=self.status,
+            stop_reason=self.stop_reason,
+            writer_pid=os.getpid(),
             started_at=self.started_at,
             ended_at=time.time() if self.status != "running" else None,
             host={"machine": platform.machine(), "node": platform.node(),

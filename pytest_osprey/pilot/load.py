@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from .base import PositiveFloat, Strict
+from .base import MAX_COUNT, Seconds, Strict
 
 
 class OpenLoop(Strict):
@@ -41,18 +41,18 @@ def _default_levels() -> dict[str, LoadLevel]:
 
 
 class Load(Strict):
-    levels: dict[str, LoadLevel] = Field(
-        default_factory=_default_levels, min_length=1
+    levels: dict[Annotated[str, Field(max_length=64)], LoadLevel] = Field(
+        default_factory=_default_levels, min_length=1, max_length=32
     )
     """Load level name -> concurrency (closed loop: that many requests always in flight) or
     {rate, max_concurrency} (open loop, Poisson arrivals); each level is judged apart."""
-    warmup_requests: Annotated[int, Field(ge=0)] = 4
+    warmup_requests: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 4
     """Requests per condition after boot, excluded from records."""
     blocks: Annotated[int, Field(ge=1, le=1000)] = 2
     """Repetitions of the whole trace per condition and load level."""
     order: Literal["abba", "sequential"] = "abba"
     """abba: conditions interleaved, all up at once; sequential: one engine at a time (one GPU)."""
-    request_timeout_s: PositiveFloat = 300.0
+    request_timeout_s: Seconds = 300.0
     """Per-request timeout; a timed-out request is recorded as failed."""
 
     def concurrency(self, level: str) -> int:

@@ -1,4 +1,5 @@
-"""Atomic file writes: readers never see half a file, a failed write leaves the old one."""
+"""Atomic file writes: readers never see half a file, a failed write leaves the old one, and
+no registered secret reaches the disk (see redact)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .redact import scrub, scrub_obj
+
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temporary file and rename, so readers never see half a file."""
-    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
+    text = json.dumps(scrub_obj(data), indent=2, ensure_ascii=False, default=str) + "\n"
     write_text_atomic(path, text)
 
 
@@ -23,7 +26,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            fh.write(scrub(text))
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
