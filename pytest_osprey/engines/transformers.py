@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,22 @@ class _TokenClock:
             times.extend(prev + step * (k + 1) for k in range(n))
             prev = t
         return times
+
+
+class _Cancel:
+    """A stopping criterion that ends ``generate`` after the current step once the request
+    is cancelled or the engine stopped (checked by transformers after every step)."""
+
+    def __init__(self, *flags: threading.Event) -> None:
+        self.flags = flags
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor,
+                 **kwargs: Any) -> torch.Tensor:
+        import torch
+
+        stop = any(f.is_set() for f in self.flags)
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool,
+                          device=input_ids.device)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -112,6 +129,7 @@ class TransformersEngine:
         self._weights_bytes = 0  # allocated on the GPU by loading this condition's models
         self._work_bytes = 0  # most allocated on the GPU during one of its requests
         self._gpu_basis: str | None = None  # NVML's basis ("process"/"device") or "allocator"
+        self._stopping = threading.Event()  # stop(): every request in flight ends at once
         self.validate(pilot, condition)
 
     @staticmethod
@@ -134,6 +152,7 @@ class TransformersEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
+        self._stopping.clear()
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         t0 = time.perf_counter()
@@ -178,6 +197,7 @@ class TransformersEngine:
         self.load_seconds = time.perf_counter() - t0
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -201,18 +221,28 @@ class TransformersEngine:
         # asyncio.Lock serves waiters first-come first-served, so a prompt's place in the
         # queue is the same in every condition: paired comparisons stay fair under load.
         async with self._queue:
-            return await asyncio.to_thread(self._generate_guarded, request, start)
+            cancel = threading.Event()
+            try:
+                return await asyncio.to_thread(self._generate_guarded, request, start, cancel)
+            except asyncio.CancelledError:
+                # Ctrl-C / SIGTERM: the thread would otherwise generate to the end (seconds
+                # to minutes) while the run waits for it; it stops after its current step.
+                cancel.set()
+                raise
 
-    def _generate_guarded(self, request: GenerationRequest, start: float) -> GenerationResult:
+    def _generate_guarded(self, request: GenerationRequest, start: float,
+                          cancel: threading.Event | None = None) -> GenerationResult:
         try:
-            return self._generate(request, start)
+            return self._generate(request, start, cancel or threading.Event())
         except Exception as exc:  # one bad request must not end the campaign
             return GenerationResult.failure(
                 f"{type(exc).__name__}: {exc}", e2e_s=time.perf_counter() - start
             )
 
-    def _generate(self, request: GenerationRequest, start: float) -> GenerationResult:
+    def _generate(self, request: GenerationRequest, start: float,
+                  cancel: threading.Event) -> GenerationResult:
         import torch
+        from transformers import StoppingCriteriaList
 
         if self._model is None:
             raise EngineError(f"{self.condition}: engine is not started")
@@ -232,6 +262,7 @@ class TransformersEngine:
             "return_dict_in_generate": True,
             "output_logits": request.want_margins,
             "pad_token_id": self._tokenizer.pad_token_id,
+            "stopping_criteria": StoppingCriteriaList([_Cancel(cancel, self._stopping)]),
         }
         if request.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -253,6 +284,9 @@ class TransformersEngine:
             torch.cuda.reset_peak_memory_stats(dev)
         with torch.inference_mode():
             out = self._model.generate(**enc, **kwargs)
+        if cancel.is_set() or self._stopping.is_set():
+            return GenerationResult.failure("cancelled (the run was interrupted)",
+                                            e2e_s=time.perf_counter() - start)
         if track:
             torch.cuda.synchronize(dev)
             self._work_bytes = max(self._work_bytes, torch.cuda.max_memory_allocated(dev) - base)
