@@ -20,6 +20,7 @@ from .judgement.gates import PREFLIGHT
 from .pilot import Pilot
 from .report.terminal import text_table
 from .results import Preflight, SavedCampaign
+from .results.redact import scrub
 from .run import CampaignError, PilotRun, stop_servers
 
 RUN = pytest.StashKey[PilotRun]()
@@ -58,7 +59,7 @@ def osprey_campaign(request: pytest.FixtureRequest, osprey_preflight: Preflight)
     try:
         return pilot_run(request.config).campaign()
     except CampaignError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        pytest.fail(scrub(str(exc)), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +79,7 @@ def osprey_gate_result(request: pytest.FixtureRequest, osprey_gate: GateSpec) ->
 
 def assert_gate(result: GateResult, pilot: Pilot) -> None:
     """Turn a gate's outcome into the test's outcome (INCONCLUSIVE as the pilot says)."""
-    text = f"{result.spec.kind}[{result.spec.id}]: {result.summary}"
+    text = scrub(f"{result.spec.kind}[{result.spec.id}]: {result.summary}")
     if result.outcome == "skip":
         pytest.skip(text)
     if not result.spec.gating and result.outcome != "pass":
@@ -119,7 +120,7 @@ def osprey_server(request: pytest.FixtureRequest) -> Iterator[Callable[[str], En
                 engine.start()
             except EngineError as exc:
                 engine.stop()
-                pytest.fail(str(exc), pytrace=False)
+                pytest.fail(scrub(str(exc)), pytrace=False)
             engines[condition] = engine
         return engines[condition]
 
@@ -172,40 +173,68 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Said before anything runs: a partial saved campaign, a server bound to the network."""
+    run = config.stash.get(RUN, None)
+    if run is None:
+        return []
+    config.stash[_SHOWN] = len(run.notes)
+    return [scrub(f"osprey warning: {note}") for note in run.notes]
+
+
+_SHOWN = pytest.StashKey[int]()
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     run = config.stash.get(RUN, None)
     if run is None:
         return
     tr = terminalreporter
+
+    def line(text: str, **markup: bool) -> None:
+        tr.write_line(scrub(text), **markup)
+
     tr.section("osprey pilot")
+    if run.partial:
+        line(f"INTERRUPTED: {run.partial}; judged as measured, no verdict", red=True, bold=True)
+    for note in run.notes[config.stash.get(_SHOWN, 0):]:
+        line(f"warning: {note}", yellow=True)
     if run.campaign_error:
-        tr.write_line(f"campaign error: {run.campaign_error}", red=True)
+        line(f"campaign error: {run.campaign_error}", red=True)
     judgement = run.judged
     if judgement is None:
-        tr.write_line("dry run: nothing was booted" if run.dry_run
-                      else "no campaign was judged in this session")
+        line("dry run: nothing was booted" if run.dry_run
+             else "no campaign was judged in this session")
+        for p in run.reports:
+            line(f"results: {p}")
         return
-    for line in text_table(judgement.figures):
-        tr.write_line(line)
-    tr.write_line("")
+    for row in text_table(judgement.figures):
+        line(row)
+    line("")
     for v in judgement.verdicts:
         color = {"KEEP": "green", "DROP": "red", "INCONCLUSIVE": "yellow"}[v.verdict]
-        tr.write_line(v.line(), **{color: True, "bold": True})
+        line(v.line(), **{color: True, "bold": True})
     if run.comparison is not None:
         comp = run.comparison
-        tr.write_line(f"compared with {comp.previous_dir} (run {comp.previous_run_id}):")
+        line(f"compared with {comp.previous_dir} (run {comp.previous_run_id}):")
         for f in comp.findings:
-            tr.write_line(f"  {'REGRESSION ' if f.regression else ''}{f.text}",
-                          red=f.regression)
+            line(f"  {'REGRESSION ' if f.regression else ''}{f.text}", red=f.regression)
         for note in comp.notes:
-            tr.write_line(f"  {note}")
+            line(f"  {note}")
     for p in run.reports:
-        tr.write_line(f"results: {p}")
+        line(f"results: {p}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # Backstop: whatever was booted is ended, whatever happened.
-    stop_servers()
+    # Backstop: whatever was booted is ended, whatever happened (quickly when interrupted).
+    from .engines.stopping import INTERRUPT_GRACE_S
+
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    stop_servers(INTERRUPT_GRACE_S if interrupted else None)
+    run = session.config.stash.get(RUN, None)
+    # A partial campaign or lost results never pass, whatever the gates said.
+    if run is not None and run.failed_outside_gates and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # --------------------------------------------------------------------------- progress
@@ -241,4 +270,4 @@ class ProgressPrinter:
             return
         self.last, self.last_t = key, now
         with _uncaptured(self.config):
-            self.tr.write_line(e.line(finished=bool(finished)))
+            self.tr.write_line(scrub(e.line(finished=bool(finished))))

@@ -97,11 +97,11 @@ def sample_seed(base: int, condition: str, index: int) -> int:
 def stop_reason(exc: BaseException) -> str:
     """Why a campaign stopped, in words for campaign.json."""
     if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
-        return f"interrupted by {interrupt_reason()}"
+        return interrupt_reason()
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
-        return f"stopped by an error: {exc.strerror or exc}{where}"
-    return f"stopped by an error: {type(exc).__name__}: {exc}"
+        return f"error: {exc.strerror or exc}{where}"
+    return f"error: {type(exc).__name__}: {exc}"
 
 
 def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
@@ -160,6 +160,11 @@ class Campaign:
         self.sequential: dict[str, list[dict[str, Any]]] = {}
         self.stopped_after_block: int | None = None
         self.stop_reason: str | None = None
+
+    @property
+    def measured(self) -> list[RequestRecord]:
+        """The records written so far (all of them once the campaign has ended)."""
+        return list(self._records)
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> SavedCampaign:

@@ -142,7 +142,8 @@ def live_status(meta: CampaignFile) -> str:
 
 
 def incomplete_note(meta: CampaignFile, measured: int) -> str | None:
-    """Why this campaign is not a complete one, in a line (None when it is complete)."""
+    """Why this campaign is not a complete one, in a line (None when it is complete); shown
+    after an ``INTERRUPTED`` label, its verdicts withheld."""
     status = live_status(meta)
     if status == "complete":
         return None
@@ -156,8 +157,8 @@ def incomplete_note(meta: CampaignFile, measured: int) -> str | None:
     elif status == "running":
         why = f"the campaign is still running ({where}) or its host cannot be checked"
     else:
-        why = f"the campaign was interrupted ({meta.stop_reason or 'reason not recorded'})"
-    return f"INTERRUPTED: {why}; {done}. Judged as measured: no verdict."
+        why = f"the campaign was interrupted ({meta.stop_reason or 'no reason recorded'})"
+    return f"{why}; {done}"
 
 
 def _expected_greedy(meta: CampaignFile) -> int:

@@ -82,16 +82,22 @@ def scrub_obj(obj: T) -> T:
     """A JSON-like value with every string in it (keys too) scrubbed; structure unchanged."""
     if not _FORMS:
         return obj
-    return _walk(obj)  # type: ignore[no-any-return]
+    return _walk(obj, set())  # type: ignore[no-any-return]
 
 
-def _walk(obj: Any) -> Any:
+def _walk(obj: Any, open_: set[int]) -> Any:
     if isinstance(obj, str):
         return scrub(obj)
-    if isinstance(obj, dict):
-        return {(_walk(k) if isinstance(k, str) else k): _walk(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_walk(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_walk(v) for v in obj)
-    return obj
+    if not isinstance(obj, dict | list | tuple):
+        return obj
+    if id(obj) in open_:  # as json.dumps would say
+        raise ValueError("Circular reference detected")
+    open_.add(id(obj))
+    try:
+        if isinstance(obj, dict):
+            return {(scrub(k) if isinstance(k, str) else k): _walk(v, open_)
+                    for k, v in obj.items()}
+        items = [_walk(v, open_) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    finally:
+        open_.discard(id(obj))
