@@ -222,6 +222,10 @@ def _ended_cleanly(out: Outcome) -> None:
     assert out.rc not in (None, 0)
     assert out.campaign["status"] == "interrupted"
     assert out.campaign["ended_at"] is not None
+    # What was measured is reported, marked, with no verdict.
+    assert {"summary.json", "report.md"} <= out.results, out.output[-3000:]
+    assert out.summary["status"] == "interrupted" and out.summary["partial"]
+    assert all(v["verdict"] == "INCONCLUSIVE" for v in out.summary["verdicts"])
 
 
 # --------------------------------------------------------------------------- SIGINT
