@@ -60,15 +60,16 @@ def read_pilot_text(path: Path, source: str) -> str:
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            if size > MAX_PILOT_BYTES:
-                raise ConfigError(f"{source}: the file is {size:,} bytes; a pilot file may be "
-                                  f"at most {MAX_PILOT_BYTES // 2**20} MiB")
-            data = fh.read(MAX_PILOT_BYTES + 1)  # a pipe or device reports no size
+            # Checked before reading: a 50 MB file is refused at once, not parsed for a minute.
+            data = fh.read(MAX_PILOT_BYTES + 1) if size <= MAX_PILOT_BYTES else b""
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such pilot file") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise ConfigError(f"{source}: cannot read: {_oserror(exc)}") from None
-    if len(data) > MAX_PILOT_BYTES:
+    if size > MAX_PILOT_BYTES:
+        raise ConfigError(f"{source}: the file is {size:,} bytes; a pilot file may be at most "
+                          f"{MAX_PILOT_BYTES // 2**20} MiB")
+    if len(data) > MAX_PILOT_BYTES:  # a pipe or device reports no size
         raise ConfigError(f"{source}: more than {MAX_PILOT_BYTES // 2**20} MiB; a pilot file "
                           "may be at most that")
     try:
