@@ -91,6 +91,7 @@ def fresh_results(path: Path, reuse_hint: str) -> Path:
         raise FolderError(one_line(exc, f"results folder {path}: cannot create it")) from None
     if entries:
         shown = "campaign.json" if "campaign.json" in entries else entries[0]
+        shown = shown if shown.isprintable() else repr(shown)  # the message stays one line
         more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
         raise FolderError(
             f"results folder {path} is not empty (it holds {shown}{more}); an earlier run's "
