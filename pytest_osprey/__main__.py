@@ -79,9 +79,9 @@ def _run(args: argparse.Namespace) -> int:
                  f"{result.summary.splitlines()[0] if result.summary else ''}")
     if outcome.campaign_error:
         _say(f"campaign error: {outcome.campaign_error}", err=True)
+    if outcome.partial:
+        _say(f"INTERRUPTED: {outcome.partial}; judged as measured, no verdict", err=True)
     if outcome.judgement is not None:
-        if outcome.partial:
-            _say(f"INTERRUPTED: {outcome.partial}; judged as measured, no verdict")
         _say("\n".join(text_table(outcome.judgement.figures)))
         for v in outcome.judgement.verdicts:
             _say(v.line())

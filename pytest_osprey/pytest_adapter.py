@@ -271,3 +271,4 @@ class ProgressPrinter:
         self.last, self.last_t = key, now
         with _uncaptured(self.config):
             self.tr.write_line(scrub(e.line(finished=bool(finished))))
+            self.tr.flush()  # seen as it happens, also when the output is a file
