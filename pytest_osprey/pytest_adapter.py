@@ -255,9 +255,14 @@ class ProgressPrinter:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.tr = config.pluginmanager.getplugin("terminalreporter")
         self.last: tuple[str, str, str, int] | None = None
         self.last_t = 0.0
+
+    @property
+    def tr(self) -> Any:
+        # Looked up when printing: built at configure time, this printer may precede the
+        # terminal reporter's registration (then every progress line was lost).
+        return self.config.pluginmanager.getplugin("terminalreporter")
 
     def __call__(self, e: ProgressEvent) -> None:
         if self.tr is None:

@@ -52,7 +52,9 @@ def _num(value: Any) -> str:
 def _bounds(metadata: list[Any], what: str = "") -> str:
     """``1 to 1,000,000``, ``> 0, ≤ 604,800``, ``≤ 64 long`` from pydantic's constraints;
     ``what`` names what a length counts (entries of a list or mapping)."""
-    low = high = length = None
+    low: tuple[str, Any] | None = None
+    high: tuple[str, Any] | None = None
+    length = None
     for m in metadata:
         for c in getattr(m, "metadata", None) or [m]:  # a FieldInfo inside Annotated
             if isinstance(c, at.Ge):

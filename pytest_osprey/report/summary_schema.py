@@ -239,7 +239,8 @@ Generated from the models in `pytest_osprey/report/summary_schema.py`
 
 summary.json is the machine-readable results sheet, in the results folder beside
 `records.jsonl` and `campaign.json`. Re-judging a campaign
-(`python -m pytest_osprey report DIR`) rewrites it from those files alone.
+(`python -m pytest_osprey report DIR`) judges it again from those files alone and writes a
+marked copy into `DIR/rejudged-<UTC time>/`, the original untouched.
 
 Every key below is always written; "null" marks the values that may be null. `schema`
 changes when a key is removed or renamed, or its meaning or unit changes; keys may be added
