@@ -331,18 +331,23 @@ def test_figures_cover_each_condition_and_level(run: Run) -> None:
 def test_rejudging_reproduces_the_summary(
     run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m pytest_osprey report DIR` on the saved campaign: the same sheet, exactly.
+    """`python -m pytest_osprey report DIR` on the saved campaign: the same sheet, exactly,
+    in a marked copy (``rejudged``) beside the untouched original.
 
-    Nothing is excluded: judging reads only the saved files, the bootstrap and permutation
-    tests are seeded by the pilot, and nothing written depends on the time of judging.
+    Nothing else is excluded: judging reads only the saved files, the bootstrap and
+    permutation tests are seeded by the pilot, and nothing else written depends on the time
+    of judging.
     """
     results = tmp_path / "results"
     shutil.copytree(run.results, results)
-    (results / "summary.json").unlink()
     assert main(["report", str(results)]) == 1  # one candidate is dropped
     out = capsys.readouterr().out
     assert "KEEP cand" in out and "DROP slow" in out
-    again = (results / "summary.json").read_text("utf-8")
+    assert (results / "summary.json").read_text("utf-8") == run.text  # untouched
+    copy = next(results.glob("rejudged-*"))
+    marked = json.loads((copy / "summary.json").read_text("utf-8"))
+    assert marked.pop("rejudged")["source"] == str(results)
+    again = json.dumps({**marked, "rejudged": None}, indent=2, ensure_ascii=False) + "\n"
     summary = json.loads(again)
     # Gate by gate first, so that a difference names its gate.
     before = {(g["kind"], g["id"]): g for g in run.summary["gates"]}
@@ -353,9 +358,11 @@ def test_rejudging_reproduces_the_summary(
                       "details"):
             assert after[key][field] == gate[field], (key, field)
     assert summary["verdicts"] == run.summary["verdicts"]
-    assert again == run.text
-    assert (results / "report.md").read_text("utf-8") == (
-        run.results / "report.md").read_text("utf-8")
+    assert json.loads(again) == json.loads(run.text)
+    assert list(json.loads(again)) == list(json.loads(run.text))
+    md = (copy / "report.md").read_text("utf-8").splitlines(keepends=True)
+    assert md[2].startswith("_Re-judged copy (")
+    assert "".join(md[:2] + md[4:]) == (run.results / "report.md").read_text("utf-8")
 
 
 def _undeclared(model: BaseModel, where: str) -> list[str]:
