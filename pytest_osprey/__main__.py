@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 EXIT_INTERRUPTED = 2
 EXIT_INTERNAL = 3
 EXIT_USAGE = 4
+_INTERRUPTED: list[bool] = []  # set when a run was interrupted (cli() then exits at once)
 
 DESCRIPTION = """Keep or drop a speculative-decoding drafter, decided with evidence.
 `run PILOT` does what `pytest --osprey-config=PILOT` does, without pytest: preflight, campaign,
@@ -60,6 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         with sigterm_interrupts():
             outcome = run.run()
     except KeyboardInterrupt:
+        _INTERRUPTED.append(True)
         stop_servers(INTERRUPT_GRACE_S)
         for note in run.notes[shown:]:
             _say(f"warning: {note}", err=True)
@@ -157,11 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _command(args)
     except KeyboardInterrupt:
+        _INTERRUPTED.append(True)
         _say("interrupted", err=True)
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: one line, not a traceback (OSPREY_DEBUG=1 shows it)
-        import os
-
         if os.environ.get("OSPREY_DEBUG"):
             raise
         _say(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
@@ -193,5 +195,19 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
+def cli() -> None:
+    """The console entry point: :func:`main`, then an interrupted run ends at once.
+
+    Its results are written and its servers stopped by then; the interpreter's own teardown
+    (torch's above all: seconds on a busy machine) would only delay the exit a CI runner
+    waits for after its SIGTERM before it kills."""
+    code = main()
+    if _INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli()

@@ -7,6 +7,9 @@ here but turning its steps and gate results into fixtures, tests and terminal li
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -235,6 +238,34 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # A partial campaign or lost results never pass, whatever the gates said.
     if run is not None and run.failed_outside_gates and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if interrupted:
+        # Results are written and servers stopped: what is left in memory (models, the
+        # campaign) is released by the exit below; full collections of it at unconfigure
+        # cost seconds a CI runner does not give after its SIGTERM.
+        gc.freeze()
+        session.config.stash[_FAST_EXIT] = True
+
+
+_FAST_EXIT = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """Ctrl-C/SIGTERM: pytest shows only where the interrupt landed (unless --full-trace),
+    yet renders the whole traceback first, reading and parsing the source of every frame
+    of the campaign (over a second here). Only the shown frame is kept."""
+    if len(excinfo.traceback) > 1:
+        excinfo.traceback = excinfo.traceback[-1:]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """An interrupted run ends here, once every plugin has unconfigured: the interpreter's
+    own teardown (torch's above all) takes seconds more, after a CI runner's SIGTERM."""
+    if config.stash.get(_FAST_EXIT, False) and not config.option.fulltrace:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(pytest.ExitCode.INTERRUPTED))
 
 
 # --------------------------------------------------------------------------- progress

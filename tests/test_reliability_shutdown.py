@@ -48,8 +48,8 @@ def _cli(run: PilotRun, pilot_path: Path) -> PilotRun:
     """The same run through ``python -m pytest_osprey run`` (Ctrl-C reaching Python even if
     this test runs with SIGINT ignored, as a background job does)."""
     main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from pytest_osprey.__main__ import main; "
-            f"sys.exit(main(['run', {str(pilot_path)!r}, '--results', 'res']))")
+            f"sys.argv = ['pytest-osprey', 'run', {str(pilot_path)!r}, '--results', 'res']; "
+            "from pytest_osprey.__main__ import cli; cli()")
     run.argv = [sys.executable, "-c", main]
     return run
 

@@ -350,14 +350,14 @@ class ServerProcess:
             for p in procs:
                 with contextlib.suppress(psutil.Error):
                     p.terminate()  # also members that left the group (setsid)
-            _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+            alive = _wait_gone(procs, popen, grace_s)
             left = alive + [p for p in self.processes() if p not in alive]
             if left:
                 self._signal_group(popen, signal.SIGKILL)
                 for p in left:
                     with contextlib.suppress(psutil.Error):
                         p.kill()
-                psutil.wait_procs(left, timeout=5.0)
+                _wait_gone(left, popen, 5.0)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=5.0)
             end_watchdog(self._watchdog)
@@ -380,6 +380,24 @@ class ServerProcess:
         if log is not None:
             with contextlib.suppress(OSError):
                 log.close()
+
+
+def _wait_gone(procs: list[psutil.Process], popen: subprocess.Popen[bytes],
+               timeout: float) -> list[psutil.Process]:
+    """Wait until every process is gone or a zombie; those still alive after ``timeout``.
+
+    Not psutil.wait_procs: it waits on a zombie that is not our child (a server's own child,
+    re-parented to a PID 1 that may be slow to reap, or never does) until the timeout, which
+    cost every stop its whole grace period."""
+    deadline = time.monotonic() + timeout
+    step = 0.005
+    while True:
+        popen.poll()  # reaps the server itself (our child) as soon as it exits
+        alive = [p for p in procs if _alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(step)
+        step = min(step * 2, 0.05)
 
 
 def _alive(proc: psutil.Process) -> bool:
