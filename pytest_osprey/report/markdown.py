@@ -20,7 +20,7 @@ from .terminal import TABLE_HEADER, table_rows
 def _esc(value: Any) -> str:
     """Text as Markdown shows it: no HTML, one line."""
     text = html.escape(str(value), quote=False).replace("`", "&#96;")
-    return " ".join(text.split("\n"))
+    return " ".join(text.splitlines())  # every kind of line break (\r, \x85, \u2028...)
 
 
 def _cell(value: Any) -> str:
