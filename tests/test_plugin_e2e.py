@@ -139,7 +139,8 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     assert same.ret == 0 and "booting" not in same.stdout.str()
     assert (pytester.path / "res" / "summary.json").read_text() == original
     copy = json.loads(next((pytester.path / "res").glob("rejudged-*/summary.json")).read_text())
-    assert copy.pop("rejudged") and {**copy, "rejudged": None} == json.loads(original)
+    assert copy["rejudged"]
+    assert {**copy, "rejudged": None} == json.loads(original)
 
     # Re-judge the saved campaign with an impossible minimum: boots nothing, now drops.
     pytester.makefile(".yaml", strict=pilot_yaml("tiny-drafter", speedup_min=50, prompts=8))

@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,9 @@ def _left_running(saved: Path, folder: Path, *, pid: int, node: str | None = Non
 def test_running_with_the_writer_gone_reads_killed(saved: Path, tmp_path: Path) -> None:
     meta = CampaignFile.model_validate(json.loads((saved / "campaign.json").read_text()))
     assert live_status(meta) == "complete" and incomplete_note(meta, 6) is None
-    started = meta.started_at
-    dead = meta.model_copy(update={"status": "running", "writer_pid": _dead_pid()})
+    started = time.time() - 100  # the campaign began well before the processes below
+    dead = meta.model_copy(update={"status": "running", "writer_pid": _dead_pid(),
+                                   "started_at": started})
     assert live_status(dead) == "killed"
     note = incomplete_note(dead, 4)
     assert note is not None and "it was killed" in note and "4 of 6 greedy" in note
@@ -72,7 +74,7 @@ def test_running_with_the_writer_gone_reads_killed(saved: Path, tmp_path: Path) 
             # A live pid started after the campaign is a recycled one: still killed.
             later = dead.model_copy(update={"writer_pid": alive.pid})
             assert live_status(later) == "killed"
-            mine = later.model_copy(update={"started_at": (started or 0) + 10**9})
+            mine = later.model_copy(update={"started_at": time.time() + 10})
             assert live_status(mine) == "running"
         finally:
             alive.kill()
