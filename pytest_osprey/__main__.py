@@ -120,7 +120,7 @@ def _report(args: argparse.Namespace) -> int:
         _say(str(path))
     for v in judgement.verdicts:
         _say(v.line())
-    if run.partial:
+    if run.incomplete:
         return EXIT_INTERRUPTED
     return 0 if all(v.verdict == "KEEP" for v in judgement.verdicts) else 1
 

@@ -74,6 +74,7 @@ class _SavedRun(PilotRun):
         self.reuse = directory
         self.saved = data
         self.partial = partial
+        self.incomplete = partial is not None
         self.rejudged = {"at": datetime.now(UTC).isoformat(timespec="seconds"),
                          "pilot": source, "source": str(directory)}
         self._results = None

@@ -36,7 +36,13 @@ from .pilot.selection import selected_trace
 from .preflight import run_preflight
 from .report.summary import write_reports
 from .results import Preflight, SavedCampaign, load_campaign, read_preflight
-from .results.campaign_file import CampaignFile, CampaignFileError, incomplete_note
+from .results.campaign_file import (
+    CampaignFile,
+    CampaignFileError,
+    incomplete_note,
+    stopped_conditions,
+    stopped_note,
+)
 from .results.records import RecordsError, RequestRecord
 from .results.redact import register
 from .run_folders import FolderError, default_results, fresh_results, one_line, writable
@@ -174,7 +180,8 @@ class PilotRun:
             self.notes.append(warning)
         self.reuse = _under(self.cwd, self.options.reuse) if self.options.reuse else None
         self.saved: SavedCampaign | None = None
-        self.partial: str | None = None
+        self.partial: str | None = None  # why the campaign (or a condition) is incomplete
+        self.incomplete = False  # the campaign itself: interrupted, killed or still running
         self.rejudged: dict[str, Any] | None = None
         self._preflight: Preflight | None = None
         if self.reuse is not None:
@@ -209,6 +216,7 @@ class PilotRun:
         if not (reuse / "campaign.json").is_file():
             raise UsageError(f"{reuse}: no campaign.json there (not a results folder)")
         self.saved, self.partial = open_saved(reuse)
+        self.incomplete = self.partial is not None
         if self.partial:
             self.notes.insert(0, f"{reuse}: INTERRUPTED: {self.partial}; judged as measured, "
                                  "no verdict")
@@ -318,6 +326,7 @@ class PilotRun:
                             conditions={c: {} for c in self.conditions})
         measured = sum(1 for r in campaign.measured if r.mode == "greedy")
         self.partial = incomplete_note(meta, measured)
+        self.incomplete = True
         try:
             data = load_campaign(self.results_dir)
             data.prompts = self.trace.by_id()
@@ -362,6 +371,14 @@ class PilotRun:
         judgement = judge(self.pilot, self.gates, data, self.preflight())
         if self.partial:
             withhold(judgement, self.partial)
+        else:  # a server that crashed mid-campaign: what involves it is partial
+            counts: dict[str, int] = {}
+            for r in data.records:
+                if r.mode == "greedy":
+                    counts[r.condition] = counts.get(r.condition, 0) + 1
+            self.partial = stopped_note(data.meta, counts)
+            if self.partial:
+                withhold(judgement, self.partial, stopped_conditions(data.meta))
         if self.previous is not None:
             self.comparison = compare(self.pilot, data, judgement, self.previous,
                                       self.pilot.decision.regression_tolerance)
@@ -413,7 +430,7 @@ class PilotRun:
             except CampaignError:
                 results = [self.gate_result(s) for s in self.gates if s.kind in PREFLIGHT]
         code = EXIT_OK
-        if self.partial and not self.campaign_error:
+        if self.incomplete and not self.campaign_error:
             code = EXIT_INTERRUPTED
         elif self.failed_outside_gates or any(self.fails(r) for r in results):
             code = EXIT_GATE_FAILED

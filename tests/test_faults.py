@@ -306,6 +306,10 @@ def test_server_crash_fails_its_condition_and_the_campaign_goes_on(crash: Outcom
     assert crash.outcome("test_completed[cand-low]") == "FAILED"
     assert crash.outcome("test_completed[baseline-low]") == "PASSED"
     assert "summary.json" in crash.results
+    # Labelled partial, its verdict withheld: the comparison lacks the crashed side.
+    assert crash.summary["partial"].startswith(
+        "condition 'cand' stopped mid-campaign (server exited with code 9 during block 1")
+    assert [v["verdict"] for v in crash.summary["verdicts"]] == ["INCONCLUSIVE"]
 
 
 def test_server_crash_in_the_last_block_is_named(tmp_path: Path) -> None:

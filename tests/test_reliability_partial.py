@@ -178,3 +178,34 @@ def test_a_stopped_campaign_reports_what_it_measured_with_no_verdict(
     html = (res / "report.html").read_text()
     assert html.index("INTERRUPTED") < html.index("<h1>")
     assert f"INTERRUPTED: {summary['partial']}" in out.err
+
+
+def test_a_condition_that_stopped_mid_campaign_withholds_only_what_involves_it(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A candidate's server crashed in block 1 (campaign.json says so, its records stop):
+    the reports say so first and its verdict is withheld; the other candidate, judged on
+    whole data, keeps its own."""
+    folder = saved_results(tmp_path_factory.mktemp("crash"), prompts=3,
+                           candidates=("cand", "cand2"))
+    meta = json.loads((folder / "campaign.json").read_text())
+    meta["conditions"]["cand"]["error"] = "server exited with code 9 during block 1"
+    (folder / "campaign.json").write_text(json.dumps(meta))
+    lines = (folder / "records.jsonl").read_text().splitlines(keepends=True)
+    kept = [line for line in lines if '"condition":"cand"' not in line]
+    kept += [line for line in lines if '"condition":"cand"' in line][:1]
+    (folder / "records.jsonl").write_text("".join(kept))
+    code = run_cli(["report", str(folder)])
+    assert code == 1  # the campaign ran to its end: not an interrupted one (2)
+    capsys.readouterr()
+    summary = json.loads(next(folder.glob("rejudged-*/summary.json")).read_text())
+    assert summary["status"] == "complete"
+    assert summary["partial"] == ("condition 'cand' stopped mid-campaign (server exited with "
+                                  "code 9 during block 1); 1 of its 3 greedy requests "
+                                  "measured")
+    verdicts = {v["candidate"]: v for v in summary["verdicts"]}
+    assert verdicts["cand"]["verdict"] == "INCONCLUSIVE"
+    assert verdicts["cand"]["reasons"][0].startswith("INTERRUPTED, no verdict: condition 'cand'")
+    assert not any("no verdict" in r for r in verdicts["cand2"]["reasons"])
+    cand2 = [g for g in summary["gates"] if g["condition"] == "cand2"]
+    assert cand2 and not any("campaign incomplete" in g["summary"] for g in cand2)

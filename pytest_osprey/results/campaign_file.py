@@ -164,3 +164,23 @@ def incomplete_note(meta: CampaignFile, measured: int) -> str | None:
 def _expected_greedy(meta: CampaignFile) -> int:
     return len(meta.prompt_ids) * len(meta.load_levels) * max(meta.blocks, 1) * len(
         meta.conditions)
+
+
+def stopped_conditions(meta: CampaignFile) -> dict[str, str]:
+    """Conditions that booted and then stopped before the campaign's end (a server that
+    crashed or failed its warm-up): condition -> why. Not those that never booted."""
+    return {name: info.error for name, info in meta.conditions.items()
+            if info.error and info.boot_s is not None}
+
+
+def stopped_note(meta: CampaignFile, measured: dict[str, int]) -> str | None:
+    """The conditions that stopped mid-campaign and what each measured, in a line (None when
+    none did); ``measured``: condition -> greedy requests recorded."""
+    stopped = stopped_conditions(meta)
+    if not stopped:
+        return None
+    per = len(meta.prompt_ids) * len(meta.load_levels) * max(meta.blocks, 1)
+    parts = [f"condition {name!r} stopped mid-campaign ({why.splitlines()[0]}); "
+             f"{measured.get(name, 0)} of its {per} greedy requests measured"
+             for name, why in stopped.items()]
+    return "; ".join(parts)

@@ -35,6 +35,7 @@ def sglang_routes(generate: Callable[[Any], Reply] | Reply | None = None
 def write_endpoint_pilot(folder: Path, url: str, prompts: int = 3, *,
                          key_env: str | None = None, title: str | None = None,
                          html: bool = False, name: str = "ep",
+                         candidates: tuple[str, ...] = ("cand",),
                          extra: Mapping[str, Any] | None = None) -> Path:
     """pilot.yaml + trace.jsonl in ``folder``: a baseline and a candidate, both served by
     ``url`` (one block, one load level, no warm-up)."""
@@ -49,7 +50,7 @@ def write_endpoint_pilot(folder: Path, url: str, prompts: int = 3, *,
         "name": name,
         "target": {"engine": "endpoint", "model": "m"},
         "conditions": {"base": {"role": "baseline", "endpoint": endpoint},
-                       "cand": {"role": "candidate", "endpoint": endpoint}},
+                       **{c: {"role": "candidate", "endpoint": endpoint} for c in candidates}},
         "trace": {"files": ["trace.jsonl"]},
         "load": {"levels": {"low": 1}, "warmup_requests": 0, "blocks": 1},
         "report": {"html": html, **({"title": title} if title else {})},
@@ -66,10 +67,11 @@ def run_cli(argv: list[str]) -> int:
     return main(argv)
 
 
-def saved_results(folder: Path, prompts: int = 3) -> Path:
+def saved_results(folder: Path, prompts: int = 3, candidates: tuple[str, ...] = ("cand",)
+                  ) -> Path:
     """A complete results folder (``folder/res``) of a small endpoint campaign."""
     with ScriptedServer(routes=sglang_routes()) as srv:
-        pilot = write_endpoint_pilot(folder, srv.url, prompts)
+        pilot = write_endpoint_pilot(folder, srv.url, prompts, candidates=candidates)
         code = run_cli(["run", str(pilot), "--results", str(folder / "res")])
     assert code in (0, 1), code
     return folder / "res"
