@@ -249,12 +249,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 _FAST_EXIT = pytest.StashKey[bool]()
 
 
+_FULL_TRACE: list[bool] = []  # --full-trace of this session (the hook below has no config)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _FULL_TRACE[:] = [bool(session.config.option.fulltrace)]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
     """Ctrl-C/SIGTERM: pytest shows only where the interrupt landed (unless --full-trace),
     yet renders the whole traceback first, reading and parsing the source of every frame
     of the campaign (over a second here). Only the shown frame is kept."""
-    if len(excinfo.traceback) > 1:
+    if len(excinfo.traceback) > 1 and not any(_FULL_TRACE):
         excinfo.traceback = excinfo.traceback[-1:]
 
 

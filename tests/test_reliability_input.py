@@ -426,3 +426,17 @@ def test_no_traceback_from_the_command_line_on_bad_input(
         assert main(["run", str(path), "--dry-run", "--results", str(proj / f"r{i}")]) == 4
         err = capsys.readouterr().err
         assert err.startswith(f"error: {path}") and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(("host", "ok"), [
+    ("127.0.0.1", True), ("::1", True), ("0.0.0.0", True), ("gpu-box.internal", True),
+    ("--api-key", False), ("-x", False), ("a b", False), ("", False), ("h\n", False),
+    ("h;rm", False), ("h" * 300, False),
+])
+def test_the_bind_host_is_an_address_or_a_name(proj: Path, host: str, ok: bool) -> None:
+    """The host becomes a server's --host argument: never an option, a space or a newline."""
+    path = write(proj, dump(_set(BASE, ("target", "host"), host)))
+    if ok:
+        assert load_pilot(path).target.host == host
+    else:
+        assert ": target.host: String should match pattern" in error(path)

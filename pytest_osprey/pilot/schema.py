@@ -142,9 +142,9 @@ class Target(Strict):
     """Environment for every condition's engine."""
     engine_args: list[Text] = Field(default_factory=list, max_length=MAX_ITEMS)
     """Extra engine command-line arguments for every condition."""
-    host: Annotated[str, Field(min_length=1, max_length=255)] = "127.0.0.1"
-    """Interface servers bind to (127.0.0.1 keeps them off the network; any other address
-    draws a warning)."""
+    host: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,254}$")] = "127.0.0.1"
+    """Interface servers bind to: an address or host name (127.0.0.1 keeps them off the
+    network; any other address draws a warning)."""
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Server port; 0 picks a free one per condition."""
     boot_timeout_s: Seconds = 600.0
