@@ -37,7 +37,7 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.markdown import markdown
 from pytest_osprey.results import load_campaign
 from pytest_osprey.results.preflight_file import Preflight
-from pytest_osprey.results.redact import MASK, register, scrub, scrub_obj
+from pytest_osprey.results.redact import MASK, register, reset, scrub, scrub_obj
 from pytest_osprey.run import bind_warning
 
 FUZZ = settings(deadline=None, database=None, max_examples=50,
@@ -55,6 +55,7 @@ FUZZ = settings(deadline=None, database=None, max_examples=50,
 def test_a_registered_secret_leaves_no_trace_in_any_written_form(
     secret: str, before: str, after: str, form: str
 ) -> None:
+    reset()
     register(secret)
     written = {"raw": secret, "json": json.dumps(secret, ensure_ascii=False)[1:-1],
                "json-ascii": json.dumps(secret)[1:-1], "html": html.escape(secret)}[form]
@@ -67,6 +68,13 @@ def test_a_registered_secret_leaves_no_trace_in_any_written_form(
 
 
 KEY_ENV = "OSPREY_RELIABILITY_KEY"
+
+
+@pytest.fixture(autouse=True)
+def _no_secrets_left() -> Iterator[None]:
+    """The registry is process-wide: what a test registers must not mask another's text."""
+    yield
+    reset()
 
 
 @pytest.fixture

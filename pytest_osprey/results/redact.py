@@ -49,6 +49,14 @@ def register(*values: str | None) -> None:
         _FORMS = tuple(sorted(forms, key=len, reverse=True))
 
 
+def reset() -> None:
+    """Forget every registered secret (a test's clean slate; a run never needs it)."""
+    global _FORMS
+    with _LOCK:
+        _VALUES.clear()
+        _FORMS = ()
+
+
 def registered() -> tuple[str, ...]:
     """The raw secret values registered so far."""
     with _LOCK:
