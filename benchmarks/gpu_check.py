@@ -71,6 +71,11 @@ def pilot_variant(
 def run_pilot(pilot: dict[str, Any], where: Path, python: str, timeout_s: float) -> int | None:
     """``pytest --osprey-config`` on ``pilot`` in ``where``; its exit code, None on timeout."""
     where.mkdir(parents=True, exist_ok=True)
+    results = where / "results"
+    if results.exists():  # the plugin writes only into a new folder: keep the old one aside
+        aside = where / f"results.{time.strftime('%Y%m%d-%H%M%S')}"
+        results.rename(aside)
+        print(f"earlier results moved to {aside}")
     config = where / "pilot.yaml"
     config.write_text(yaml.safe_dump(pilot, sort_keys=False), encoding="utf-8")
     argv = [python, "-m", "pytest", f"--osprey-config={config}",

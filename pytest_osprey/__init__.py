@@ -20,14 +20,15 @@ __version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from .pilot import Pilot, load_pilot
-    from .run import PilotRun, RunOptions, RunOutcome, UsageError, rejudge
+    from .rejudge import rejudge
+    from .run import PilotRun, RunOptions, RunOutcome, UsageError
 
 _LAZY = {
     "PilotRun": ".run",
     "RunOptions": ".run",
     "RunOutcome": ".run",
     "UsageError": ".run",
-    "rejudge": ".run",
+    "rejudge": ".rejudge",
     "Pilot": ".pilot",
     "load_pilot": ".pilot",
 }

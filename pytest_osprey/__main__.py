@@ -1,5 +1,10 @@
 """``python -m pytest_osprey``: a pilot run without pytest, re-judging a saved campaign, and the
-pilot file's and summary.json's schemas and references."""
+pilot file's and summary.json's schemas and references.
+
+Every problem is one line on stderr, never a traceback; exit codes: 0 every gate passed,
+1 a gate failed (or the campaign could not run), 2 interrupted (or a saved campaign that is
+partial: no verdict), 3 an internal error, 4 a usage error (pilot, options, folders).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,29 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .report.console import Line as Line
 
+EXIT_INTERRUPTED = 2
+EXIT_INTERNAL = 3
 EXIT_USAGE = 4
+_INTERRUPTED: list[bool] = []  # set when a run was interrupted (cli() then exits at once)
 
 DESCRIPTION = """Keep or drop a speculative-decoding drafter, decided with evidence.
 `run PILOT` does what `pytest --osprey-config=PILOT` does, without pytest: preflight, campaign,
 judgement, reports, the same results folder and exit codes (0 every gate passed, 1 a gate
-failed, 4 usage error)."""
+failed, 2 interrupted or a partial campaign, 4 usage error)."""
+
+
+def _say(text: str, err: bool = False) -> None:
+    from .results.redact import scrub
+
+    print(scrub(text), file=sys.stderr if err else sys.stdout, flush=True)
+
 
 EXAMPLES = """examples:
   python -m pytest_osprey run pilot.yaml --dry-run     check the pilot and artifacts only
@@ -38,6 +54,7 @@ def _styled(line: Line, color: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from .campaign import ProgressEvent
+    from .engines.stopping import INTERRUPT_GRACE_S
     from .report.console import Line, closing_lines, dry_run_lines
     from .run import PilotRun, RunOptions, UsageError, sigterm_interrupts, stop_servers
 
@@ -48,28 +65,46 @@ def _run(args: argparse.Namespace) -> int:
         finished = bool(event.total) and event.done == event.total
         if not last or key != last[-1] or finished:
             last[:] = [key]
-            print(event.line(finished), flush=True)
+            _say(event.line(finished))
 
     options = RunOptions(results=args.results, reuse=args.reuse, dry_run=args.dry_run,
                          conditions=args.conditions.split(",") if args.conditions else None,
-                         compare=args.compare)
+                         compare=args.compare, reuse_hint="--reuse DIR (or `report DIR`)")
     try:
         run = PilotRun(args.pilot, options, progress=progress)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}", err=True)
         return EXIT_USAGE
+    for note in run.notes:  # a partial saved campaign, a bind address: said first
+        _say(f"warning: {note}", err=True)
+    shown = len(run.notes)
     try:
         with sigterm_interrupts():
             outcome = run.run()
+    except KeyboardInterrupt:
+        _INTERRUPTED.append(True)
+        stop_servers(INTERRUPT_GRACE_S)
+        for note in run.notes[shown:]:
+            _say(f"warning: {note}", err=True)
+        _say(f"INTERRUPTED: {run.partial}; judged as measured, no verdict" if run.partial
+             else "interrupted before the campaign started", err=True)
+        for path in run.reports:
+            _say(f"results: {path}")
+        return EXIT_INTERRUPTED
     finally:
         stop_servers()
+    for note in run.notes[shown:]:
+        _say(f"warning: {note}", err=True)
     lines: list[Line] = []
     for result in outcome.gates:
         if run.fails(result) and result.spec.kind in ("command_line", "artifact"):
             lines.append(Line(f"FAILED {result.spec.kind} {result.spec.condition}: "
-                              f"{result.summary.splitlines()[0]}", "red"))
+                              f"{result.summary.splitlines()[0] if result.summary else ''}",
+                              "red"))
     if outcome.campaign_error:
-        print(f"campaign error: {outcome.campaign_error}", file=sys.stderr)
+        _say(f"campaign error: {outcome.campaign_error}", err=True)
+    if outcome.partial:
+        _say(f"INTERRUPTED: {outcome.partial}; judged as measured, no verdict", err=True)
     if outcome.judgement is not None:
         lines += closing_lines(run.pilot, outcome.judgement, run.campaign(), outcome.comparison,
                                outcome.reports)
@@ -77,33 +112,49 @@ def _run(args: argparse.Namespace) -> int:
         lines += dry_run_lines(run.checked, run.conditions)
     color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     for line in lines:
-        print(_styled(line, color))
+        _say(_styled(line, color))
     return outcome.exit_code
 
 
 def _report(args: argparse.Namespace) -> int:
-    """Judge a saved campaign again and rewrite summary.json, report.md and report.html
-    (compared with an earlier campaign when given)."""
-    from .run import UsageError, rejudge
+    """Judge a saved campaign again into a new, marked ``rejudged-<time>/`` folder inside it
+    (compared with an earlier campaign when given); the original reports stay as they are."""
+    from .rejudge import rejudge
+    from .run import UsageError
 
     try:
         run = rejudge(Path(args.directory), Path(args.config) if args.config else None,
                       Path(args.compare) if args.compare else None)
-        judgement = run.judgement()
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    shown = len(run.notes)
+    for note in run.notes:  # a partial campaign: said before anything else
+        _say(f"warning: {note}", err=True)
+    judgement = run.judgement()
+    for note in run.notes[shown:]:
+        _say(f"warning: {note}", err=True)
+    if run.write_error:
+        _say(f"error: {run.write_error}", err=True)
         return EXIT_USAGE
     for path in run.reports:
-        print(path)
+        _say(str(path))
     from .judgement.diagnosis import diagnose_all
     from .report.headline import bullet_lines, headline
 
     for d in diagnose_all(run.pilot, judgement.verdicts, list(judgement.results.values()),
                           judgement.figures, run.campaign()):
-        print(headline(d))
+        _say(headline(d))
         for line in bullet_lines(d):
-            print(line)
+            _say(line)
+    if run.incomplete:
+        return EXIT_INTERRUPTED
     return 0 if all(v.verdict == "KEEP" for v in judgement.verdicts) else 1
+
+
+def _print_json(make: Callable[[], object]) -> None:
+    json.dump(make(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run = command("run", "Run a pilot without pytest (same results and exit codes)")
     run.add_argument("pilot", help="The pilot file (pilot.yaml)")
-    run.add_argument("--results", metavar="DIR", help="Results folder")
+    run.add_argument("--results", metavar="DIR", help="Results folder (new or empty)")
     run.add_argument("--reuse", metavar="DIR", help="Judge a saved campaign; boot nothing")
     run.add_argument("--dry-run", action="store_true",
                      help="Check the pilot, command lines and artifacts only; boot nothing")
@@ -125,9 +176,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="Run only these conditions (the baseline is always included)")
     run.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
-    rep = command("report", "Re-judge a results folder and rewrite its reports")
+    rep = command("report", "Re-judge a results folder into DIR/rejudged-<time>/ (the original "
+                  "reports stay as they are)")
     rep.add_argument("directory", help="A results folder (holds campaign.json)")
-    rep.add_argument("--config", help="Pilot whose limits to apply (default: the saved copy)")
+    rep.add_argument("--config", help="Pilot whose limits to apply (default: the pilot saved "
+                     "in campaign.json)")
     rep.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
     command("schema", "Print the JSON Schema of pilot.yaml (for editor completion)")
@@ -138,6 +191,21 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage; this tool's usage code is 4
         return EXIT_USAGE if exc.code not in (0, None) else 0
+    try:
+        return _command(args)
+    except KeyboardInterrupt:
+        _INTERRUPTED.append(True)
+        _say("interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: one line, not a traceback (OSPREY_DEBUG=1 shows it)
+        if os.environ.get("OSPREY_DEBUG"):
+            raise
+        _say(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+             "(OSPREY_DEBUG=1 shows the traceback)", err=True)
+        return EXIT_INTERNAL
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "run":
         return _run(args)
     if args.command == "report":
@@ -145,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "schema":
         from .pilot.schema import json_schema
 
-        json.dump(json_schema(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_json(json_schema)
     elif args.command == "reference":
         from .pilot.reference import render
 
@@ -154,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "summary-schema":
         from .report.summary_schema import json_schema as summary_json_schema
 
-        json.dump(summary_json_schema(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_json(summary_json_schema)
     elif args.command == "summary-reference":
         from .report.summary_schema import render_reference
 
@@ -163,5 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli() -> None:
+    """The console entry point: :func:`main`, then an interrupted run ends at once.
+
+    Its results are written and its servers stopped by then; the interpreter's own teardown
+    (torch's above all: seconds on a busy machine) would only delay the exit a CI runner
+    waits for after its SIGTERM before it kills."""
+    code = main()
+    if _INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli()

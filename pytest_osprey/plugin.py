@@ -24,10 +24,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--osprey-config", metavar="PATH", default=None,
                     help="Pilot file (pilot.yaml); activates the drafter pilot and its suites")
     group.addoption("--osprey-results", metavar="DIR", default=None,
-                    help="Results folder (default: a new timestamped folder under "
-                         "osprey-results/)")
+                    help="Results folder, new or empty (default: a new timestamped folder "
+                         "under osprey-results/)")
     group.addoption("--osprey-reuse", metavar="DIR", default=None,
-                    help="Judge a saved campaign under the current pilot's limits; boot nothing")
+                    help="Judge a saved campaign under the current pilot's limits into "
+                         "DIR/rejudged-<time>/; boot nothing")
     group.addoption("--osprey-dry-run", action="store_true", default=False,
                     help="Check the pilot, command lines and artifacts only; boot nothing")
     group.addoption("--osprey-conditions", metavar="A,B", default=None,

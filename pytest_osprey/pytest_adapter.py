@@ -7,6 +7,9 @@ here but turning its steps and gate results into fixtures, tests and terminal li
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
+import sys
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -20,6 +23,7 @@ from .judgement.gates import PREFLIGHT
 from .pilot import Pilot
 from .report.console import Line, closing_lines, dry_run_lines
 from .results import Preflight, SavedCampaign
+from .results.redact import scrub
 from .run import CampaignError, PilotRun, stop_servers
 
 RUN = pytest.StashKey[PilotRun]()
@@ -58,7 +62,7 @@ def osprey_campaign(request: pytest.FixtureRequest, osprey_preflight: Preflight)
     try:
         return pilot_run(request.config).campaign()
     except CampaignError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        pytest.fail(scrub(str(exc)), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +82,7 @@ def osprey_gate_result(request: pytest.FixtureRequest, osprey_gate: GateSpec) ->
 
 def assert_gate(result: GateResult, pilot: Pilot) -> None:
     """Turn a gate's outcome into the test's outcome (INCONCLUSIVE as the pilot says)."""
-    text = f"{result.spec.kind}[{result.spec.id}]: {result.summary}"
+    text = scrub(f"{result.spec.kind}[{result.spec.id}]: {result.summary}")
     if result.outcome == "skip":
         pytest.skip(text)
     if not result.spec.gating and result.outcome != "pass":
@@ -119,7 +123,7 @@ def osprey_server(request: pytest.FixtureRequest) -> Iterator[Callable[[str], En
                 engine.start()
             except EngineError as exc:
                 engine.stop()
-                pytest.fail(str(exc), pytrace=False)
+                pytest.fail(scrub(str(exc)), pytrace=False)
             engines[condition] = engine
         return engines[condition]
 
@@ -178,7 +182,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _write(tr: Any, line: Line) -> None:
     markup = {word: True for word in line.style.split()}
-    tr.write_line(line.text, **markup)
+    tr.write_line(scrub(line.text), **markup)
+
+
+_SHOWN = pytest.StashKey[int]()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -186,20 +193,30 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if run is None:
         return
     tr = terminalreporter
+
+    def line(text: str, **markup: bool) -> None:
+        tr.write_line(scrub(text), **markup)
+
     tr.section("osprey pilot")
+    if run.partial:
+        line(f"INTERRUPTED: {run.partial}; judged as measured, no verdict", red=True, bold=True)
+    for note in run.notes[config.stash.get(_SHOWN, 0):]:
+        line(f"warning: {note}", yellow=True)
     if run.campaign_error:
-        tr.write_line(f"campaign error: {run.campaign_error}", red=True)
+        line(f"campaign error: {run.campaign_error}", red=True)
     judgement = run.judged
     if judgement is None:
         if run.dry_run and run.checked is not None:
-            for line in dry_run_lines(run.checked, run.conditions):
-                _write(tr, line)
+            for row in dry_run_lines(run.checked, run.conditions):
+                _write(tr, row)
         else:
-            tr.write_line("no campaign was judged in this session")
+            line("no campaign was judged in this session")
+        for p in run.reports:
+            line(f"results: {p}")
         return
-    for line in closing_lines(run.pilot, judgement, run.campaign(), run.comparison,
-                              run.reports):
-        _write(tr, line)
+    for row in closing_lines(run.pilot, judgement, run.campaign(), run.comparison,
+                             run.reports):
+        _write(tr, row)
 
 
 # pytest-benchmark's own output (its header line, its tables) is shown only when a benchmark
@@ -216,16 +233,64 @@ def benchmark_tables_wanted(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_report_header(config: pytest.Config) -> Generator[None, Any, Any]:
+    """pytest-benchmark's banner only when its output was asked for; said first: a partial
+    saved campaign, a server bound to the network."""
     lines = yield
-    if benchmark_tables_wanted(config):
+    if not benchmark_tables_wanted(config):
+        lines = [row for row in lines
+                 if not (isinstance(row, str) and row.startswith("benchmark: "))]
+    run = config.stash.get(RUN, None)
+    if run is None:
         return lines
-    return [line for line in lines
-            if not (isinstance(line, str) and line.startswith("benchmark: "))]
+    config.stash[_SHOWN] = len(run.notes)
+    return [*lines, *(scrub(f"osprey warning: {note}") for note in run.notes)]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # Backstop: whatever was booted is ended, whatever happened.
-    stop_servers()
+    # Backstop: whatever was booted is ended, whatever happened (quickly when interrupted).
+    from .engines.stopping import INTERRUPT_GRACE_S
+
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    stop_servers(INTERRUPT_GRACE_S if interrupted else None)
+    run = session.config.stash.get(RUN, None)
+    # A partial campaign or lost results never pass, whatever the gates said.
+    if run is not None and run.failed_outside_gates and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if interrupted:
+        # Results are written and servers stopped: what is left in memory (models, the
+        # campaign) is released by the exit below; full collections of it at unconfigure
+        # cost seconds a CI runner does not give after its SIGTERM.
+        gc.freeze()
+        session.config.stash[_FAST_EXIT] = True
+
+
+_FAST_EXIT = pytest.StashKey[bool]()
+
+
+_FULL_TRACE: list[bool] = []  # --full-trace of this session (the hook below has no config)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _FULL_TRACE[:] = [bool(session.config.option.fulltrace)]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """Ctrl-C/SIGTERM: pytest shows only where the interrupt landed (unless --full-trace),
+    yet renders the whole traceback first, reading and parsing the source of every frame
+    of the campaign (over a second here). Only the shown frame is kept."""
+    if len(excinfo.traceback) > 1 and not any(_FULL_TRACE):
+        excinfo.traceback = excinfo.traceback[-1:]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """An interrupted run ends here, once every plugin has unconfigured: the interpreter's
+    own teardown (torch's above all) takes seconds more, after a CI runner's SIGTERM."""
+    if config.stash.get(_FAST_EXIT, False) and not config.option.fulltrace:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(pytest.ExitCode.INTERRUPTED))
 
 
 # --------------------------------------------------------------------------- progress
@@ -264,4 +329,5 @@ class ProgressPrinter:
             return
         self.last, self.last_t = key, now
         with _uncaptured(self.config):
-            tr.write_line(e.line(finished=bool(finished)))
+            tr.write_line(scrub(e.line(finished=bool(finished))))
+            tr.flush()  # seen as it happens, also when the output is a file

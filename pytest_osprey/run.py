@@ -10,43 +10,61 @@ kept. The pytest plugin and ``python -m pytest_osprey run`` are two thin adapter
     outcome = run.run()          # everything; outcome.exit_code is 0, 1 (a gate failed)
     for verdict in outcome.judgement.verdicts:
         print(verdict.line())
+
+A run that is interrupted (Ctrl-C, SIGTERM) or stopped by an error still writes summary.json
+and both reports, marked INTERRUPTED and with no verdict, before the interrupt goes on.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
+from typing import Any
 
 from .campaign import Campaign, ProgressEvent, StopLook
+from .campaign.runner import stop_reason
 from .judgement import GateResult, GateSpec, Judgement, judge, plan_gates
 from .judgement.gates import PREFLIGHT, evaluate
 from .judgement.history import Comparison, HistoryError, Previous, compare, open_previous
+from .judgement.partial import withhold
 from .judgement.speed_gates import look_at
-from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot, load_trace
-from .pilot.loading import load_pilot_unchecked
+from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
+from .pilot.selection import selected_trace
 from .preflight import run_preflight
 from .report.summary import write_reports
 from .results import Preflight, SavedCampaign, load_campaign, read_preflight
-from .results.campaign_file import CampaignFile, CampaignFileError, read_campaign_file
+from .results.campaign_file import (
+    CampaignFile,
+    CampaignFileError,
+    incomplete_note,
+    read_campaign_file,
+    stopped_conditions,
+    stopped_note,
+)
 from .results.records import RecordsError, RequestRecord
+from .results.redact import register
+from .run_folders import FolderError, default_results, fresh_results, one_line, writable
+from .signals import sigterm_interrupts
 
 EXIT_OK = 0
 EXIT_GATE_FAILED = 1
+EXIT_INTERRUPTED = 2  # pytest's ExitCode.INTERRUPTED; also: a saved campaign that is partial
 EXIT_USAGE = 4  # pytest's ExitCode.USAGE_ERROR
 
 Progress = Callable[[ProgressEvent], None]
 
+__all__ = ["EXIT_GATE_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "CampaignError",
+           "PilotRun", "RunOptions", "RunOutcome", "UsageError", "sigterm_interrupts",
+           "stop_servers"]
+
 
 class UsageError(ValueError):
-    """Input the run cannot start from (pilot, trace, options); one line naming the source."""
+    """Input the run cannot start from (pilot, trace, options, folders); one line naming the
+    source."""
 
 
 class CampaignError(RuntimeError):
@@ -58,7 +76,8 @@ class RunOptions:
     """What a run does beyond the pilot file (the ``--osprey-*`` options)."""
 
     results: str | os.PathLike[str] | None = None
-    """Results folder (default: a new timestamped folder under ``osprey-results/``)."""
+    """Results folder, new or empty (default: a new timestamped folder under
+    ``osprey-results/``; with ``reuse``: ``<reuse>/rejudged-<UTC time>/``)."""
     reuse: str | os.PathLike[str] | None = None
     """Judge this saved campaign instead of measuring (boots nothing)."""
     conditions: Sequence[str] | None = None
@@ -67,6 +86,8 @@ class RunOptions:
     """Preflight only: command lines and artifacts; boot nothing."""
     compare: str | os.PathLike[str] | None = None
     """An earlier campaign of the same trace to hold its kept drafters to."""
+    reuse_hint: str = "--osprey-reuse DIR"
+    """How the adapter's user re-judges a folder (named in the non-empty-folder error)."""
 
 
 @dataclass
@@ -81,11 +102,52 @@ class RunOutcome:
     exit_code: int
     campaign_error: str | None = None
     notes: list[str] = field(default_factory=list)
+    partial: str | None = None
 
 
 def _under(base: Path, path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     return p if p.is_absolute() else base / p
+
+
+def register_secrets(pilot: Pilot) -> None:
+    """The values of the secrets the pilot names, scrubbed from everything written or shown."""
+    names = {pilot.target.api_key_env, *(c.endpoint.api_key_env for c in
+                                         pilot.conditions.values() if c.endpoint)}
+    env = {**os.environ, **pilot.target.env}
+    for cond in pilot.conditions.values():
+        for name in names:
+            if name:
+                register(cond.env.get(name) or env.get(name))
+
+
+def bind_warning(pilot: Pilot) -> str | None:
+    """A server engine bound to anything but loopback is reachable from the network."""
+    import ipaddress
+
+    host = pilot.target.host
+    if pilot.target.engine not in ("sglang", "vllm") or host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host.strip("[]")).is_loopback:
+            return None
+    except ValueError:
+        pass
+    keyed = "an API key" if pilot.target.api_key_env else "no API key (anyone can use them)"
+    return (f"target.host is {host}: the engine servers will accept connections from the "
+            f"network, with {keyed}; 127.0.0.1 keeps them on this machine")
+
+
+def open_saved(directory: Path) -> tuple[SavedCampaign, str | None]:
+    """A saved campaign and, when it is partial, why (UsageError when it cannot be read)."""
+    try:
+        data = load_campaign(directory)
+    except (CampaignFileError, RecordsError) as exc:
+        raise UsageError(f"{exc}; not a results folder this version can judge") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(one_line(exc, f"{directory}: cannot read the saved campaign")) from None
+    measured = sum(1 for r in data.records if r.mode == "greedy")
+    return data, incomplete_note(data.meta, measured)
 
 
 class PilotRun:
@@ -104,38 +166,68 @@ class PilotRun:
         self.cwd = Path(cwd) if cwd is not None else Path.cwd()
         self.progress = progress
         self.pilot_path = _under(self.cwd, pilot_path)
-        source = str(pilot_path)
+        self.notes: list[str] = []
         try:
             self.pilot: Pilot = load_pilot(self.pilot_path)
-            self.pilot_text = self.pilot_path.read_text("utf-8")
-            spec = self.pilot.trace
-            self.trace: Trace = load_trace(spec.files).subset(
-                ids=spec.ids, slices=spec.slices, limit_per_slice=spec.limit_per_slice,
-                limit=spec.limit,
-            )
+            self.pilot_text = self.pilot_path.read_text("utf-8-sig")
+            self.trace: Trace = selected_trace(self.pilot, self.pilot_path)
         except (ConfigError, TraceError) as exc:
             raise UsageError(str(exc)) from None
-        self.conditions = self._select(self.options.conditions, source)
+        except (OSError, ValueError) as exc:
+            raise UsageError(one_line(exc, f"{pilot_path}: cannot read")) from None
+        register_secrets(self.pilot)
+        self.conditions = self._select(self.options.conditions, str(pilot_path))
+        warning = bind_warning(self.pilot)
+        if warning:
+            self.notes.append(warning)
         self.reuse = _under(self.cwd, self.options.reuse) if self.options.reuse else None
-        if self.reuse is not None and not (self.reuse / "campaign.json").is_file():
-            raise UsageError(f"--osprey-reuse: {self.reuse}: no campaign.json there "
-                             "(not a results folder)")
-        if self.options.results:
-            self.results_dir = _under(self.cwd, self.options.results)
-        elif self.reuse is not None:
-            self.results_dir = self.reuse
-        else:
-            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-            self.results_dir = self.cwd / "osprey-results" / f"{self.pilot.name}-{stamp}"
+        self.saved: SavedCampaign | None = None
+        self.partial: str | None = None  # why the campaign (or a condition) is incomplete
+        self.incomplete = False  # the campaign itself: interrupted, killed or still running
+        self.rejudged: dict[str, Any] | None = None
+        self._preflight: Preflight | None = None
+        if self.reuse is not None:
+            self._open_reuse(self.reuse)
+        self._results: Path | None = None
+        try:
+            if self.options.results:
+                self._results = fresh_results(_under(self.cwd, self.options.results),
+                                              self.options.reuse_hint)
+            elif self.reuse is not None:
+                writable(self.reuse)  # the re-judged copy goes inside it, made when judged
+            elif not self.dry_run:  # a dry run's folder is made only if something needs it
+                self._results = default_results(self.cwd, self.pilot.name)
+        except FolderError as exc:
+            raise UsageError(str(exc)) from None
         self.gates: list[GateSpec] = plan_gates(self.pilot, self.conditions,
                                                 dry_run=self.options.dry_run)
         self.previous = self._previous(self.options.compare)
-        self._preflight: Preflight | None = None
+        self._init_steps()
+
+    def _init_steps(self) -> None:
         self._campaign: SavedCampaign | None = None
         self._judgement: Judgement | None = None
         self.comparison: Comparison | None = None
         self.reports: list[Path] = []
         self.campaign_error: str | None = None
+        self.write_error: str | None = None
+
+    def _open_reuse(self, reuse: Path) -> None:
+        """The saved campaign (and its preflight) read now: a folder that cannot be judged is
+        a usage error before anything runs; a partial one is said first."""
+        if not (reuse / "campaign.json").is_file():
+            raise UsageError(f"{reuse}: no campaign.json there (not a results folder)")
+        self.saved, self.partial = open_saved(reuse)
+        self.incomplete = self.partial is not None
+        if self.partial:
+            self.notes.insert(0, f"{reuse}: INTERRUPTED: {self.partial}; judged as measured, "
+                                 "no verdict")
+        try:
+            self._preflight = read_preflight(reuse / "preflight.json")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self.rejudged = {"at": datetime.now(UTC).isoformat(timespec="seconds"),
+                         "pilot": str(self.pilot_path), "source": str(reuse)}
 
     # -- set-up -----------------------------------------------------------------------------
     def _select(self, wanted: Sequence[str] | None, source: str) -> list[str]:
@@ -156,13 +248,23 @@ class PilotRun:
         if not option:
             return None
         where = _under(self.cwd, option)
-        if where.resolve() == self.results_dir.resolve():
+        if self._results is not None and where.resolve() == self._results.resolve():
             raise UsageError(f"--osprey-compare: {where} is this run's own results folder; "
                              "name an earlier campaign's folder")
         try:
             return open_previous(where, self.trace.sha256)
         except HistoryError as exc:
             raise UsageError(f"--osprey-compare: {exc}") from None
+
+    @property
+    def results_dir(self) -> Path:
+        """Where this run writes (a re-judged copy's folder is made on first use)."""
+        if self._results is None:
+            from .run_folders import rejudged_results
+
+            self._results = (rejudged_results(self.reuse) if self.reuse is not None
+                             else default_results(self.cwd, self.pilot.name))
+        return self._results
 
     @property
     def dry_run(self) -> bool:
@@ -178,16 +280,14 @@ class PilotRun:
         """Command lines and artifacts, before anything boots (saved as preflight.json; with
         a reused campaign, the saved one)."""
         if self._preflight is None:
-            saved = read_preflight(self.reuse / "preflight.json") if self.reuse else None
-            if saved is not None:
-                self._preflight = saved
-            else:
-                self._preflight = run_preflight(self.pilot, self.conditions)
-                # A dry run measures nothing: it leaves no results folder behind unless one
-                # was named (then preflight.json goes there, e.g. as a CI artifact).
-                if not self.dry_run or self.options.results:
-                    self.results_dir.mkdir(parents=True, exist_ok=True)
+            self._preflight = run_preflight(self.pilot, self.conditions)
+            # A dry run measures nothing: it leaves no results folder behind unless one was
+            # named (then preflight.json goes there, e.g. as a CI artifact).
+            if not self.dry_run or self._results is not None:
+                try:
                     self._preflight.save(self.results_dir)
+                except (OSError, ValueError, FolderError) as exc:
+                    self._write_failed(exc, "preflight.json not written")
         return self._preflight
 
     @property
@@ -197,26 +297,54 @@ class PilotRun:
 
     def campaign(self) -> SavedCampaign:
         """The measured campaign: run once (or loaded with ``reuse``); a condition whose
-        preflight failed is not booted. Raises :class:`CampaignError` if it cannot run."""
+        preflight failed is not booted. Raises :class:`CampaignError` if it cannot run; an
+        interrupt goes on after the partial reports are written."""
         if self._campaign is not None:
             return self._campaign
         if self.campaign_error:
             raise CampaignError(self.campaign_error)
+        if self.saved is not None:
+            self._campaign = self.saved
+            return self._campaign
+        preflight = self.preflight()
+        campaign = Campaign(
+            self.pilot, self.trace, self.results_dir, self.conditions, preflight.failed(),
+            progress=self.progress, config_text=self.pilot_text, stop_rule=self._stop_rule(),
+        )
         try:
-            if self.reuse is not None:
-                self._campaign = load_campaign(self.reuse)
-            else:
-                campaign = Campaign(
-                    self.pilot, self.trace, self.results_dir, self.conditions,
-                    self.preflight().failed(), progress=self.progress,
-                    config_text=self.pilot_text, stop_rule=self._stop_rule(),
-                )
-                self._campaign = campaign.run()
-                shutil.copyfile(self.pilot_path, self.results_dir / "pilot.yaml")
-        except (OSError, ValueError, CampaignFileError, RecordsError) as exc:
-            self.campaign_error = f"campaign could not run: {exc}"
+            self._campaign = campaign.run()
+        except KeyboardInterrupt as exc:
+            self._partial_reports(campaign, exc)
+            raise
+        except Exception as exc:  # an error ends the campaign: what it measured is reported
+            self.campaign_error = one_line(exc, "campaign stopped")
+            self._partial_reports(campaign, exc)
             raise CampaignError(self.campaign_error) from None
+        try:
+            shutil.copyfile(self.pilot_path, self.results_dir / "pilot.yaml")
+        except OSError as exc:
+            self._write_failed(exc, "pilot.yaml copy not written")
         return self._campaign
+
+    def _partial_reports(self, campaign: Campaign, exc: BaseException) -> None:
+        """summary.json and both reports of an interrupted campaign, marked INTERRUPTED, with
+        no verdict (never raises: the interrupt or error that stopped it goes on)."""
+        meta = CampaignFile(status="interrupted", stop_reason=stop_reason(exc),
+                            prompt_ids=[p.id for p in self.trace.prompts],
+                            load_levels=dict.fromkeys(self.pilot.load.levels, 0),
+                            blocks=self.pilot.load.passes,
+                            conditions={c: {} for c in self.conditions})
+        measured = sum(1 for r in campaign.measured if r.mode == "greedy")
+        self.partial = incomplete_note(meta, measured)
+        self.incomplete = True
+        try:
+            data = load_campaign(self.results_dir)
+            data.prompts = self.trace.by_id()
+            # Said as it is, even where campaign.json could not be saved (a full disk).
+            data.meta.status, data.meta.stop_reason = "interrupted", meta.stop_reason
+            self._judge(data, plots=False)
+        except Exception as err:  # a full disk, an unreadable file: said, not raised
+            self.notes.append(one_line(err, "the interrupted run's reports were not written"))
 
     def _stop_rule(self) -> Callable[[list[RequestRecord], int], StopLook] | None:
         """Early stopping (``decision.early_stop``): the group-sequential look after a block."""
@@ -250,17 +378,40 @@ class PilotRun:
             return CampaignFile()
 
     def judgement(self) -> Judgement:
-        """Every gate judged, the verdicts, the comparison; reports written."""
+        """Every gate judged, the verdicts, the comparison; reports written (a partial
+        campaign's verdicts withheld)."""
         if self._judgement is None:
-            data = self.campaign()
-            self._judgement = judge(self.pilot, self.gates, data, self.preflight())
-            if self.previous is not None:
-                self.comparison = compare(self.pilot, data, self._judgement, self.previous,
-                                          self.pilot.decision.regression_tolerance)
-            self.results_dir.mkdir(parents=True, exist_ok=True)
-            self.reports = write_reports(self.results_dir, self._judgement, data, self.pilot,
-                                         self.comparison)
+            self._judge(self.campaign())
+        assert self._judgement is not None
         return self._judgement
+
+    def _judge(self, data: SavedCampaign, plots: bool = True) -> None:
+        judgement = judge(self.pilot, self.gates, data, self.preflight())
+        if self.partial:
+            withhold(judgement, self.partial)
+        else:  # a server that crashed mid-campaign: what involves it is partial
+            counts: dict[str, int] = {}
+            for r in data.records:
+                if r.mode == "greedy":
+                    counts[r.condition] = counts.get(r.condition, 0) + 1
+            self.partial = stopped_note(data.meta, counts)
+            if self.partial:
+                withhold(judgement, self.partial, stopped_conditions(data.meta))
+        if self.previous is not None:
+            self.comparison = compare(self.pilot, data, judgement, self.previous,
+                                      self.pilot.decision.regression_tolerance)
+        self._judgement = judgement
+        try:
+            self.reports = write_reports(
+                self.results_dir, judgement, data, self.pilot, self.comparison,
+                partial=self.partial, rejudged=self.rejudged, plots=plots,
+                warn=self.notes.append)
+        except (OSError, ValueError, FolderError) as exc:
+            self._write_failed(exc, "reports not written")
+
+    def _write_failed(self, exc: BaseException, what: str) -> None:
+        self.write_error = self.write_error or one_line(exc, what)
+        self.notes.append(one_line(exc, what))
 
     def gate_result(self, spec: GateSpec) -> GateResult:
         """One gate's result: preflight gates without booting anything."""
@@ -276,8 +427,14 @@ class PilotRun:
         return result.outcome == "fail" or (
             result.outcome == "inconclusive" and self.pilot.decision.inconclusive == "fail")
 
+    @property
+    def failed_outside_gates(self) -> bool:
+        """The run fails whatever its gates say: no campaign, a partial one, lost results."""
+        return bool(self.campaign_error or self.partial or self.write_error)
+
     def run(self) -> RunOutcome:
-        """Everything, in order; never raises for a failed gate or campaign (see exit_code)."""
+        """Everything, in order; never raises for a failed gate or campaign (see exit_code);
+        an interrupt (KeyboardInterrupt) goes on once the partial reports are written."""
         preflight = self.preflight()
         judgement = None
         results: list[GateResult] = []
@@ -290,84 +447,20 @@ class PilotRun:
                            else self.gate_result(s) for s in self.gates]
             except CampaignError:
                 results = [self.gate_result(s) for s in self.gates if s.kind in PREFLIGHT]
-        failed = self.campaign_error is not None or any(self.fails(r) for r in results)
+        code = EXIT_OK
+        if self.incomplete and not self.campaign_error:
+            code = EXIT_INTERRUPTED
+        elif self.failed_outside_gates or any(self.fails(r) for r in results):
+            code = EXIT_GATE_FAILED
         return RunOutcome(preflight, judgement, self.comparison, self.reports, results,
-                          EXIT_GATE_FAILED if failed else EXIT_OK, self.campaign_error)
+                          code, self.campaign_error, self.notes, self.partial)
 
 
-def rejudge(directory: Path, config: Path | None = None,
-            compare_with: Path | None = None) -> PilotRun:
-    """A run over a saved results folder: its campaign judged again under ``config``'s
-    limits (default: the pilot saved in the folder)."""
-    pilot_file = config or directory / "pilot.yaml"
-    try:
-        data = load_campaign(directory)
-        load_pilot_unchecked(pilot_file)
-    except (ConfigError, CampaignFileError, RecordsError, OSError) as exc:
-        raise UsageError(str(exc)) from None
-    return _SavedRun(directory, pilot_file, data, compare_with)
+def stop_servers(grace_s: float | None = None) -> None:
+    """Backstop: every server this process started is ended (``grace_s``: an interrupted
+    run's short SIGTERM grace)."""
+    import sys
 
-
-class _SavedRun(PilotRun):
-    """A run whose campaign is already saved: limits from any pilot, paths not required."""
-
-    def __init__(self, directory: Path, pilot_file: Path, data: SavedCampaign,
-                 compare_with: Path | None) -> None:
-        self.options = RunOptions(reuse=directory, results=directory)
-        self.cwd = Path.cwd()
-        self.progress = None
-        self.pilot_path = pilot_file
-        try:
-            self.pilot = load_pilot_unchecked(pilot_file)
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
-        self.pilot_text = pilot_file.read_text("utf-8")
-        self.reuse = self.results_dir = directory
-        self.conditions = [c for c in self.pilot.conditions if c in data.meta.conditions]
-        self.gates = plan_gates(self.pilot, self.conditions)
-        self._preflight = read_preflight(directory / "preflight.json") or Preflight()
-        self._campaign = data
-        self._judgement = None
-        self.comparison = None
-        self.reports = []
-        self.campaign_error = None
-        self.previous = None
-        if compare_with is not None:
-            try:
-                self.previous = open_previous(compare_with, str(data.meta.trace_hash))
-            except HistoryError as exc:
-                raise UsageError(f"--compare: {exc}") from None
-
-
-# --------------------------------------------------------------------------- interrupts
-
-
-def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (a CI cancel, timeout(1), kill) ends the run the way Ctrl-C does: booted
-    servers are stopped and campaign.json says 'interrupted'."""
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)  # inside asyncio.run: cancels the campaign's task
-    else:
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Within: SIGTERM acts as Ctrl-C (main thread only; a handler already set is kept)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def stop_servers() -> None:
-    """Backstop: every server this process started is ended."""
-    from .engines.process import stop_all
-
-    stop_all()
+    process = sys.modules.get("pytest_osprey.engines.process")
+    if process is not None:  # not imported: no server was ever started
+        process.stop_all(grace_s)

@@ -256,7 +256,8 @@ def test_arbitrary_documents_are_refused_cleanly(
 
 
 def valid_name(name: str) -> bool:
-    return bool(name) and all(c.isalnum() or c in "-_." for c in name)
+    return (bool(name) and len(name) <= 64 and name not in (".", "..")
+            and all(c.isalnum() or c in "-_." for c in name))
 
 
 @settings(FUZZ, max_examples=80)

@@ -212,6 +212,10 @@ def _ended_cleanly(out: Outcome) -> None:
     assert out.rc not in (None, 0)
     assert out.campaign["status"] == "interrupted"
     assert out.campaign["ended_at"] is not None
+    # What was measured is reported, marked, with no verdict.
+    assert {"summary.json", "report.md"} <= out.results, out.output[-3000:]
+    assert out.summary["status"] == "interrupted" and out.summary["partial"]
+    assert all(v["verdict"] == "INCONCLUSIVE" for v in out.summary["verdicts"])
 
 
 # --------------------------------------------------------------------------- SIGINT
@@ -295,6 +299,10 @@ def test_server_crash_fails_its_condition_and_the_campaign_goes_on(crash: Outcom
     assert crash.outcome("test_completed[cand-low]") == "FAILED"
     assert crash.outcome("test_completed[baseline-low]") == "PASSED"
     assert "summary.json" in crash.results
+    # Labelled partial, its verdict withheld: the comparison lacks the crashed side.
+    assert crash.summary["partial"].startswith(
+        "condition 'cand' stopped mid-campaign (server exited with code 9 during block 1")
+    assert [v["verdict"] for v in crash.summary["verdicts"]] == ["INCONCLUSIVE"]
 
 
 def test_server_crash_in_the_last_block_is_named(tmp_path: Path) -> None:

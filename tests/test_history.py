@@ -153,7 +153,8 @@ def test_report_command_rejudges_with_the_comparison(runs: dict[str, Any], tmp_p
     shutil.copytree(runs["dir"] / "slower", copy)
     before = json.loads((copy / "summary.json").read_text())
     assert main(["report", str(copy), "--compare", str(runs["dir"] / "first")]) == 1  # DROP
-    after = json.loads((copy / "summary.json").read_text())
+    rejudged = next(copy.glob("rejudged-*"))
+    after = json.loads((rejudged / "summary.json").read_text())
     assert after["comparison"]["findings"] == before["comparison"]["findings"]
-    assert "Compared with an earlier campaign" in (copy / "report.md").read_text()
+    assert "Compared with an earlier campaign" in (rejudged / "report.md").read_text()
     assert main(["report", str(copy), "--compare", str(tmp_path / "nope")]) == 4

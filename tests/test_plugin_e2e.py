@@ -129,7 +129,8 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     assert meta["status"] == "complete" and meta["block_order"] == [
         ["baseline", "cand"], ["cand", "baseline"]]
 
-    # Re-judged under the same pilot, booting nothing: the same sheet, to the byte.
+    # Re-judged under the same pilot, booting nothing: the same sheet, in a marked copy
+    # beside the untouched original.
     original = (pytester.path / "res" / "summary.json").read_text()
     same = pytester.runpytest_subprocess(
         "--osprey-config=pilot.yaml", "--osprey-reuse=res", "-p", "no:cacheprovider",
@@ -137,6 +138,9 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     )
     assert same.ret == 0 and "booting" not in same.stdout.str()
     assert (pytester.path / "res" / "summary.json").read_text() == original
+    copy = json.loads(next((pytester.path / "res").glob("rejudged-*/summary.json")).read_text())
+    assert copy["rejudged"]
+    assert {**copy, "rejudged": None} == json.loads(original)
 
     # Re-judge the saved campaign with an impossible minimum: boots nothing, now drops.
     pytester.makefile(".yaml", strict=pilot_yaml("tiny-drafter", speedup_min=50, prompts=8))

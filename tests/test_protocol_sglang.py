@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,6 @@ from servers.scripted import Reply, ScriptedServer
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.base import EngineError, GenerationRequest
 from pytest_osprey.engines.endpoint import EndpointEngine
-from pytest_osprey.engines.process import mask_argv
 from pytest_osprey.pilot.schema import Pilot
 
 
@@ -219,7 +220,7 @@ def test_protocol_sglang_fingerprint_says_how_drafts_are_verified(
 
 
 def test_protocol_sglang_endpoint_503_while_starting() -> None:
-    p = pilot(ep={"role": "candidate", "endpoint": {"url": "x", "protocol": "sglang"}})
+    p = pilot(ep={"role": "candidate", "endpoint": {"url": "http://x", "protocol": "sglang"}})
     with ScriptedServer() as srv:
         srv.routes[("GET", "/health")] = Reply(503)
         srv.routes[("GET", "/health_generate")] = Reply(503)
@@ -295,16 +296,33 @@ def test_sglang_argv_ngram_and_missing_drafter() -> None:
         sg.sglang_argv(p, "cand", 1)
 
 
-def test_sglang_argv_api_key_never_printable_and_engine_args_last() -> None:
+def test_sglang_argv_carries_a_key_file_never_the_key_and_engine_args_last() -> None:
     p = pilot()
     p = p.model_copy(
         update={"target": p.target.model_copy(update={"engine_args": ["--log-level", "debug"]})}
     )
-    argv = sg.sglang_argv(p, "base", 1, api_key="s3cret")
-    assert argv[argv.index("--api-key") + 1] == "s3cret"
-    shown = mask_argv(argv, ["s3cret"])
-    assert "s3cret" not in " ".join(shown) and "***" in shown
-    assert argv[-2:] == ["--log-level", "debug"]
+    key = sg.KeyFile("s3cret-key")
+    try:
+        argv = sg.sglang_argv(p, "base", 1, key_file=key.path)
+        assert "--api-key" not in argv and not any("s3cret" in a for a in argv)
+        assert argv[argv.index("--config") + 1] == key.path
+        assert json.loads(Path(key.path).read_text()) == {"api-key": "s3cret-key"}
+        assert os.stat(key.path).st_mode & 0o777 == 0o600
+        assert os.stat(key.folder).st_mode & 0o777 == 0o700
+        assert argv[-2:] == ["--log-level", "debug"]
+    finally:
+        key.remove()
+    assert not os.path.exists(key.folder)
+
+
+def test_sglang_argv_refuses_a_second_config_file() -> None:
+    p = pilot()
+    p = p.model_copy(
+        update={"target": p.target.model_copy(update={"engine_args": ["--config", "my.yaml"]})}
+    )
+    assert sg.sglang_argv(p, "base", 1)[-2:] == ["--config", "my.yaml"]  # no key: fine
+    with pytest.raises(EngineError, match="SGLang reads one config file"):
+        sg.sglang_argv(p, "base", 1, key_file="/k.yaml")
 
 
 # --------------------------------------------------------------------------- dry run

@@ -107,7 +107,7 @@ def test_boot_failure_message_masks_the_key(tmp_path: Path,
         kill_marked(mark)
     msg = str(exc.value)
     assert "exited with code 3" in msg and "fake server argv:" in msg
-    assert "--api-key ***" in msg and key not in msg
+    assert "--config" in msg and key not in msg
     assert key not in (tmp_path / "base.log").read_text()
 
 
@@ -204,7 +204,8 @@ def test_the_run_used_the_keys(secure: SecureRun) -> None:
     assert secure.run.events("ep").answered == 4
     assert secure.rc in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), secure.run.output()
     log = (secure.run.results / "logs" / "baseline.log").read_text()
-    assert "--api-key ***" in log  # the server printed its argv: masked on the way in
+    assert "api_key='***'" in log  # the server logged its arguments: masked on the way in
+    assert "--api-key" not in log and "--config" in log  # the key went by a 0600 file
     assert secure.run.events("baseline").host == secure.run.events("cand").host == "127.0.0.1"
 
 

@@ -270,8 +270,8 @@ def test_schema_rejects_a_broken_sheet(run: Run) -> None:
 
 
 TOP_KEYS = ["schema", "run_id", "pilot_name", "trace_hash", "config_hash", "status",
-            "verdicts", "gates", "figures", "cost", "conditions", "comparison", "setup",
-            "stability", "goodput", "domains", "acceptance_by_position"]
+            "partial", "rejudged", "verdicts", "gates", "figures", "cost", "conditions",
+            "comparison", "setup", "stability", "goodput", "domains", "acceptance_by_position"]
 GATE_KEYS = ["kind", "id", "condition", "reference", "load", "slice", "gating", "outcome",
              "summary", "estimate", "ci", "threshold", "p_value", "details"]
 FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", "ttft_p95_s",
@@ -342,18 +342,24 @@ def test_figures_cover_each_condition_and_level(run: Run) -> None:
 def test_rejudging_reproduces_the_summary(
     run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m pytest_osprey report DIR` on the saved campaign: the same sheet, exactly.
+    """`python -m pytest_osprey report DIR` on the saved campaign: the same sheet, exactly,
+    in a marked copy (``rejudged``) beside the untouched original.
 
-    Nothing is excluded: judging reads only the saved files, the bootstrap and permutation
-    tests are seeded by the pilot, and nothing written depends on the time of judging.
+    Nothing else is excluded: judging reads only the saved files, the bootstrap and
+    permutation tests are seeded by the pilot, and nothing else written depends on the time
+    of judging.
     """
     results = tmp_path / "results"
     shutil.copytree(run.results, results)
-    (results / "summary.json").unlink()
     assert main(["report", str(results)]) == 1  # one candidate is dropped
     out = capsys.readouterr().out
     assert "KEEP cand" in out and "DROP slow" in out
-    again = (results / "summary.json").read_text("utf-8")
+    assert (results / "summary.json").read_text("utf-8") == run.text  # untouched
+    copy = next(results.glob("rejudged-*"))
+    marked = json.loads((copy / "summary.json").read_text("utf-8"))
+    assert marked["rejudged"]["source"] == str(results)
+    marked["rejudged"] = None  # in place: the key order is part of the sheet
+    again = json.dumps(marked, indent=2, ensure_ascii=False) + "\n"
     summary = json.loads(again)
     # Gate by gate first, so that a difference names its gate.
     before = {(g["kind"], g["id"]): g for g in run.summary["gates"]}
@@ -364,9 +370,11 @@ def test_rejudging_reproduces_the_summary(
                       "details"):
             assert after[key][field] == gate[field], (key, field)
     assert summary["verdicts"] == run.summary["verdicts"]
-    assert again == run.text
-    assert (results / "report.md").read_text("utf-8") == (
-        run.results / "report.md").read_text("utf-8")
+    assert json.loads(again) == json.loads(run.text)
+    assert list(json.loads(again)) == list(json.loads(run.text))
+    md = (copy / "report.md").read_text("utf-8").splitlines(keepends=True)
+    assert md[2].startswith("_Re-judged copy (")
+    assert "".join(md[:2] + md[4:]) == (run.results / "report.md").read_text("utf-8")
 
 
 def _undeclared(model: BaseModel, where: str) -> list[str]:

@@ -23,11 +23,13 @@ from typing import Any
 
 from .. import __version__
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
+from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import CampaignFile, ConditionRun, PlanFacts, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
+from ..signals import interrupt_reason
 from .events import Progress, ProgressEvent, StopRule
 from .schedule import ReplayPlan, Stretch, plan_replay
 
@@ -56,6 +58,16 @@ def sample_seed(base: int, condition: str, index: int) -> int:
     1.0 vs 0.8 went undetected, p=0.05, where independent draws gave p=0.003).
     """
     return (base + index + zlib.crc32(condition.encode()) * 100_003) % 2**31
+
+
+def stop_reason(exc: BaseException) -> str:
+    """Why a campaign stopped, in words for campaign.json."""
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+        return interrupt_reason()
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"error: {exc.strerror or exc}{where}"
+    return f"error: {type(exc).__name__}: {exc}"
 
 
 def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
@@ -121,6 +133,12 @@ class Campaign:
         self._progress_key: tuple[str, int, int] | None = None
         self._progress_done = 0
         self._progress_t0 = 0.0
+        self.stop_reason: str | None = None
+
+    @property
+    def measured(self) -> list[RequestRecord]:
+        """The records written so far (all of them once the campaign has ended)."""
+        return list(self._records)
 
     # -- the run ------------------------------------------------------------------------
     def _make_plan(self) -> ReplayPlan:
@@ -142,12 +160,16 @@ class Campaign:
         try:
             asyncio.run(self._run())
             self.status = "complete"
-        except BaseException:
+        except BaseException as exc:
             self.status = "interrupted"
+            self.stop_reason = stop_reason(exc)
             raise
         finally:
+            # Interrupted: every engine at once, with a short grace (CI kills after ~10 s).
+            stop_engines([s.engine for s in self.states.values() if s.engine is not None],
+                         grace_s=None if self.status == "complete" else INTERRUPT_GRACE_S)
             for state in self.states.values():
-                self._stop(state)
+                state.engine = None
             self._writer.close()
             self._save_meta()
         data = load_campaign(self.directory)
@@ -490,6 +512,8 @@ class Campaign:
             sequential=self.sequential,
             stopped_after_block=self.stopped_after_block,
             status=self.status,
+            stop_reason=self.stop_reason,
+            writer_pid=os.getpid(),
             started_at=self.started_at,
             ended_at=time.time() if self.status != "running" else None,
             host={"machine": platform.machine(), "node": platform.node(),

@@ -4,7 +4,8 @@ A server is started from an argv list (never a shell) in its own session, so the
 can be signalled as one process group. Teardown is SIGTERM to the group, a grace period,
 then SIGKILL to whatever is left of the tree, found by pid with psutil (never by name).
 Every live server sits in a module registry: ``stop_all()`` (called by the plugin at session
-end) and an ``atexit`` backstop make sure nothing outlives the test session.
+end) and an ``atexit`` backstop make sure nothing outlives the test session; a watchdog per
+server (watchdog.py) ends its group even when this process is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from typing import IO, TYPE_CHECKING, Any
 import httpx
 import psutil
 
+from ..results import redact
 from . import gpu_memory
 from .base import BootSpec, EngineError
+from .watchdog import end_watchdog, start_watchdog
 
 if TYPE_CHECKING:
     from ..pilot.schema import Pilot, Target
@@ -61,7 +64,9 @@ def api_key_from(env: Mapping[str, str], var: str | None, where: str) -> str | N
         return None
     key = env.get(var)
     if not key:
-        raise EngineError(f"{where}: environment variable {var} (the API key) is not set")
+        raise EngineError(f"{where}: environment variable {var} (the API key) is not set "
+                          "or empty")
+    redact.register(key)  # scrubbed from every record, report, log and terminal line
     return key
 
 
@@ -92,7 +97,7 @@ def _redact(text: str, secrets: Sequence[str]) -> str:
     for s in secrets:
         if s:
             text = text.replace(s, MASK)
-    return text
+    return redact.scrub(text)
 
 
 class ServerProcess:
@@ -122,6 +127,7 @@ class ServerProcess:
         self.grace_s = grace_s
         self.boot_s: float | None = None
         self._popen: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._pump: threading.Thread | None = None
         self._known: dict[int, psutil.Process] = {}
@@ -190,6 +196,7 @@ class ServerProcess:
                 f"condition {self.condition!r}: cannot start {exe}: {exc.strerror or exc}"
             ) from None
         self._remember(self._popen.pid)
+        self._watchdog = start_watchdog(self._popen.pid, self.env)
         if self.secrets:
             self._pump = threading.Thread(
                 target=self._pump_output, name=f"osprey-log-{self.condition}", daemon=True
@@ -204,6 +211,7 @@ class ServerProcess:
         for line in iter(self._popen.stdout.readline, b""):
             for s in secrets:
                 line = line.replace(s, MASK.encode())
+            line = redact.scrub_bytes(line)
             log = self._log
             if log is None:
                 continue  # stopped: drain so the server never blocks on a full pipe
@@ -342,16 +350,17 @@ class ServerProcess:
             for p in procs:
                 with contextlib.suppress(psutil.Error):
                     p.terminate()  # also members that left the group (setsid)
-            _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+            alive = _wait_gone(procs, popen, grace_s)
             left = alive + [p for p in self.processes() if p not in alive]
             if left:
                 self._signal_group(popen, signal.SIGKILL)
                 for p in left:
                     with contextlib.suppress(psutil.Error):
                         p.kill()
-                psutil.wait_procs(left, timeout=5.0)
+                _wait_gone(left, popen, 5.0)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=5.0)
+            end_watchdog(self._watchdog)
             if self._pump is not None:
                 self._pump.join(timeout=5.0)
             if popen.stdout is not None:
@@ -373,6 +382,24 @@ class ServerProcess:
                 log.close()
 
 
+def _wait_gone(procs: list[psutil.Process], popen: subprocess.Popen[bytes],
+               timeout: float) -> list[psutil.Process]:
+    """Wait until every process is gone or a zombie; those still alive after ``timeout``.
+
+    Not psutil.wait_procs: it waits on a zombie that is not our child (a server's own child,
+    re-parented to a PID 1 that may be slow to reap, or never does) until the timeout, which
+    cost every stop its whole grace period."""
+    deadline = time.monotonic() + timeout
+    step = 0.005
+    while True:
+        popen.poll()  # reaps the server itself (our child) as soon as it exits
+        alive = [p for p in procs if _alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(step)
+        step = min(step * 2, 0.05)
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -385,11 +412,19 @@ def live_servers() -> list[ServerProcess]:
         return list(_LIVE.values())
 
 
-def stop_all() -> None:
-    """Stop every server this process started and has not stopped (plugin session end)."""
-    for server in live_servers():
+def stop_all(grace_s: float | None = None) -> None:
+    """Stop every server this process started and has not stopped (plugin session end), all
+    at once; ``grace_s`` caps each one's SIGTERM grace (an interrupted run)."""
+
+    def stop(server: ServerProcess) -> None:
         with contextlib.suppress(Exception):
-            server.stop()
+            server.stop(grace_s if grace_s is None else min(grace_s, server.grace_s))
+
+    threads = [threading.Thread(target=stop, args=(s,), daemon=True) for s in live_servers()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 atexit.register(stop_all)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -33,9 +35,10 @@ FLUSH_RETRY_S = 30.0
 
 
 def sglang_argv(
-    pilot: Pilot, condition: str, port: int, *, api_key: str | None = None
+    pilot: Pilot, condition: str, port: int, *, key_file: str | None = None
 ) -> list[str]:
-    """``python -m sglang.launch_server ...`` for one condition (mask before printing)."""
+    """``python -m sglang.launch_server ...`` for one condition; ``key_file`` is the config
+    file holding the API key (see :class:`KeyFile`): the key itself is never in argv."""
     target = pilot.target
     cond = pilot.conditions[condition]
     argv = [
@@ -54,10 +57,36 @@ def sglang_argv(
     argv.append("--enable-metrics")
     if cond.speculates:
         argv += speculation_args(pilot, condition)
-    if api_key:
-        # SGLang reads its key from the command line only; printable forms mask it.
-        argv += ["--api-key", api_key]
-    return argv + list(target.engine_args) + list(cond.engine_args)
+    extra = list(target.engine_args) + list(cond.engine_args)
+    if key_file:
+        if "--config" in extra:
+            raise EngineError(
+                f"conditions.{condition}: engine_args give SGLang a --config file and "
+                "target.api_key_env is set, but SGLang reads one config file: put api-key in "
+                "yours and drop api_key_env, or drop your --config")
+        argv += ["--config", key_file]
+    return argv + extra
+
+
+class KeyFile:
+    """SGLang 0.5.23 takes its API key from ``--api-key`` (argv: visible to every local user
+    in ``ps``) or from a ``--config`` YAML file (server_args.prepare_server_args merges it),
+    and from no environment variable. So the key goes in a config file of its own: mode 0600
+    in a fresh 0700 temporary folder, removed as soon as the server is healthy (SGLang has
+    read it by then) and, failing that, when the server stops."""
+
+    def __init__(self, key: str) -> None:
+        self.folder = tempfile.mkdtemp(prefix="osprey-sglang-")  # 0700
+        self.path = os.path.join(self.folder, "api-key.yaml")  # SGLang wants .yaml
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"api-key": key}) + "\n")  # JSON is YAML (and escapes all)
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.folder)
 
 
 def speculation_args(pilot: Pilot, condition: str) -> list[str]:
@@ -297,13 +326,20 @@ class SGLangEngine:
         self.server: ServerProcess | None = None
         self.client: SGLangClient | None = None
         self.argv: list[str] = []
+        self.key_file: KeyFile | None = None
 
     def start(self) -> None:
         target = self.pilot.target
         env = engine_env(self.pilot, self.condition, self.boot)
         key = api_key_from(env, target.api_key_env, "target.api_key_env")
         port = choose_port(target.host, target.port, self.condition)
-        argv = sglang_argv(self.pilot, self.condition, port, api_key=key)
+        self.key_file = KeyFile(key) if key else None
+        try:
+            argv = sglang_argv(self.pilot, self.condition, port,
+                               key_file=self.key_file.path if self.key_file else None)
+        except EngineError:
+            self._forget_key()
+            raise
         self.argv = mask_argv(argv, [key] if key else [])
         base = f"http://{_url_host(target.host)}:{port}"
         self.server = ServerProcess(
@@ -317,7 +353,15 @@ class SGLangEngine:
             health_headers=bearer(key),
         )
         self.client = SGLangClient(base, self.condition, key)
-        self.server.start()
+        try:
+            self.server.start()
+        finally:
+            self._forget_key()  # healthy: SGLang has read it; failed: not needed any more
+
+    def _forget_key(self) -> None:
+        if self.key_file is not None:
+            self.key_file.remove()
+            self.key_file = None
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if self.client is None:
@@ -347,6 +391,7 @@ class SGLangEngine:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+        self._forget_key()
 
 
 def _url_host(host: str) -> str:
@@ -382,12 +427,21 @@ print(json.dumps(out))
 def dry_run_check(pilot: Pilot, timeout_s: float = 300.0) -> list[str]:
     """Build every condition's command line and, where the engine's Python can import
     sglang, parse it with SGLang's own parser. Raises EngineError on a rejected line."""
+    # A real key file (a stand-in key): SGLang's parser reads it as it would the real one.
+    dummy = KeyFile("osprey-dry-run-key") if pilot.target.api_key_env else None
+    try:
+        return _dry_run_check(pilot, dummy.path if dummy else None, timeout_s)
+    finally:
+        if dummy is not None:
+            dummy.remove()
+
+
+def _dry_run_check(pilot: Pilot, key_file: str | None, timeout_s: float) -> list[str]:
     commands: dict[str, tuple[list[str], str | None]] = {}
     for name, cond in pilot.conditions.items():
         if cond.endpoint is not None:
             continue
-        key = "osprey-dry-run-key" if pilot.target.api_key_env else None
-        argv = sglang_argv(pilot, name, pilot.target.port or 30000, api_key=key)
+        argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
         algorithm = None
         if "--speculative-algorithm" in argv:
             algorithm = argv[argv.index("--speculative-algorithm") + 1]

@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,22 @@ class _TokenClock:
             times.extend(prev + step * (k + 1) for k in range(n))
             prev = t
         return times
+
+
+class _Cancel:
+    """A stopping criterion that ends ``generate`` after the current step once the request
+    is cancelled or the engine stopped (checked by transformers after every step)."""
+
+    def __init__(self, *flags: threading.Event) -> None:
+        self.flags = flags
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor,
+                 **kwargs: Any) -> torch.Tensor:
+        import torch
+
+        stop = any(f.is_set() for f in self.flags)
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool,
+                          device=input_ids.device)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -114,6 +131,7 @@ class TransformersEngine:
         self._gpu_basis: str | None = None  # NVML's basis ("process"/"device") or "allocator"
         self.log_path = boot.log_dir / f"{condition}.log"
         self._served = self._failed = 0
+        self._stopping = threading.Event()  # stop(): every request in flight ends at once
         self.validate(pilot, condition)
 
     @staticmethod
@@ -149,6 +167,7 @@ class TransformersEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
+        self._stopping.clear()
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         t0 = time.perf_counter()
@@ -202,6 +221,7 @@ class TransformersEngine:
                  f"{torch.get_num_threads()} threads; serves one request at a time")
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._model is not None:
             self.log(f"stopped: served {self._served} request(s), {self._failed} failed")
         if self._hook is not None:
@@ -227,12 +247,20 @@ class TransformersEngine:
         # asyncio.Lock serves waiters first-come first-served, so a prompt's place in the
         # queue is the same in every condition: paired comparisons stay fair under load.
         async with self._queue:
-            return await asyncio.to_thread(self._generate_guarded, request, start)
+            cancel = threading.Event()
+            try:
+                return await asyncio.to_thread(self._generate_guarded, request, start, cancel)
+            except asyncio.CancelledError:
+                # Ctrl-C / SIGTERM: the thread would otherwise generate to the end (seconds
+                # to minutes) while the run waits for it; it stops after its current step.
+                cancel.set()
+                raise
 
-    def _generate_guarded(self, request: GenerationRequest, start: float) -> GenerationResult:
+    def _generate_guarded(self, request: GenerationRequest, start: float,
+                          cancel: threading.Event | None = None) -> GenerationResult:
         self._served += 1
         try:
-            result = self._generate(request, start)
+            result = self._generate(request, start, cancel or threading.Event())
         except Exception as exc:  # one bad request must not end the campaign
             result = GenerationResult.failure(
                 f"{type(exc).__name__}: {exc}", e2e_s=time.perf_counter() - start
@@ -242,8 +270,10 @@ class TransformersEngine:
             self.log(f"request {request.prompt_id} failed: {result.error}")
         return result
 
-    def _generate(self, request: GenerationRequest, start: float) -> GenerationResult:
+    def _generate(self, request: GenerationRequest, start: float,
+                  cancel: threading.Event) -> GenerationResult:
         import torch
+        from transformers import StoppingCriteriaList
 
         if self._model is None:
             raise EngineError(f"{self.condition}: engine is not started")
@@ -263,6 +293,7 @@ class TransformersEngine:
             "return_dict_in_generate": True,
             "output_logits": request.want_margins,
             "pad_token_id": self._tokenizer.pad_token_id,
+            "stopping_criteria": StoppingCriteriaList([_Cancel(cancel, self._stopping)]),
         }
         if request.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -284,6 +315,9 @@ class TransformersEngine:
             torch.cuda.reset_peak_memory_stats(dev)
         with torch.inference_mode():
             out = self._model.generate(**enc, **kwargs)
+        if cancel.is_set() or self._stopping.is_set():
+            return GenerationResult.failure("cancelled (the run was interrupted)",
+                                            e2e_s=time.perf_counter() - start)
         if track:
             torch.cuda.synchronize(dev)
             self._work_bytes = max(self._work_bytes, torch.cuda.max_memory_allocated(dev) - base)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from .base import Strict
+from .base import MAX_COUNT, MAX_ITEMS, Seconds, Strict
 
 
 class OpenLoop(Strict):
@@ -41,18 +41,18 @@ def _default_levels() -> dict[str, LoadLevel]:
 
 
 class Load(Strict):
-    levels: dict[str, LoadLevel] = Field(
-        default_factory=_default_levels, min_length=1
+    levels: dict[Annotated[str, Field(max_length=64)], LoadLevel] = Field(
+        default_factory=_default_levels, min_length=1, max_length=32
     )
     """Load level name -> concurrency (closed loop: that many requests always in flight) or
     {rate, max_concurrency} (open loop, Poisson arrivals); each level is judged apart."""
-    warmup_requests: Annotated[int, Field(ge=0, le=10_000)] = 4
+    warmup_requests: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 4
     """Requests per condition after boot, excluded from records."""
     passes: Annotated[int, Field(ge=1, le=64)] = 4
     """Passes over the whole trace per condition, boot and load level (each prompt is
     replayed this often; early stopping looks after each pass). Formerly `blocks`."""
-    block_prompts: dict[str, Annotated[int, Field(ge=1, le=100_000)]] = Field(
-        default_factory=dict,
+    block_prompts: dict[str, Annotated[int, Field(ge=1, le=MAX_COUNT)]] = Field(
+        default_factory=dict, max_length=MAX_ITEMS,
         description="Load level -> prompts per block (default: the level's concurrency, at "
         "least 1; open loop: 8). Within a pass every condition replays each block as one short "
         "stretch, conditions in a counterbalanced order, so that noise shared in time hits "
@@ -67,7 +67,7 @@ class Load(Strict):
     sequential: one engine at a time (one GPU), each condition's boot one contiguous stretch
     (then boots_per_condition >= 2 is needed to judge speed honestly); abba: the former name
     of interleaved."""
-    request_timeout_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 300.0
+    request_timeout_s: Seconds = 300.0
     """Per-request timeout; a timed-out request is recorded as failed."""
     seed: int = 0
     """Seed of the replay plan (blocks, their order, the conditions' order per block)."""

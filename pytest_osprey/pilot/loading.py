@@ -10,65 +10,10 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from .schema import _UNION_TAGS, ConfigError, Pilot, _cross_field_problems
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader whose value errors (bad dates, over-long ints, bad tags, lone surrogates
-    from escapes like "\\ud800") carry a line instead of escaping as raw exceptions."""
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        try:
-            data = super().construct_object(node, deep)
-            if isinstance(data, str):
-                data.encode("utf-8")  # reports are written as UTF-8 later
-            return data
-        except yaml.YAMLError:
-            raise
-        except Exception as exc:  # PyYAML's own: ValueError, KeyError ("!!bool maybe"), ...
-            value = str(node.value)
-            short = value if len(value) <= 40 else value[:37] + "..."
-            raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read {node.tag} value {short!r}: {exc}", node.start_mark
-            ) from None
-
-
-def _parse(text: str) -> tuple[Any, dict[tuple[str, ...], int]]:
-    """The YAML's data and its line map, from one parse (pure-Python PyYAML is slow)."""
-    loader = _Loader(text)
-    try:
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-    finally:
-        loader.dispose()
-    return data, _line_map(root)
-
-
-def _line_map(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
-    """Dotted path (parts as strings) -> 1-based line of its YAML node (keys and items)."""
-    lines: dict[tuple[str, ...], int] = {}
-    seen: set[int] = set()
-
-    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
-        lines.setdefault(path, node.start_mark.line + 1)
-        if id(node) in seen:  # an alias: walked once (recursive and "billion laughs" safe)
-            return
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                sub = (*path, str(key.value))
-                lines[sub] = key.start_mark.line + 1
-                walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, (*path, str(i)))
-
-    if root is not None:
-        walk(root, ())
-    return lines
+from .yaml_text import Lines, parse, read_pilot_text
 
 
 def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -116,7 +61,41 @@ def _where(source: str, lines: Mapping[tuple[str, ...], int], loc: tuple[Any, ..
     return source
 
 
-def _format_errors(err: ValidationError, source: str, lines: Mapping[tuple[str, ...], int]) -> str:
+_EXPECTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+}
+
+
+def _yaml_kind(value: Any) -> str:
+    """What YAML read, in words (strict fields take no look-alikes: ``'2'`` is no 2)."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {shown!r}" + (" (remove the quotes)" if _numeric(value) else "")
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if value is None:
+        return "null (no value)"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _format_errors(err: ValidationError, source: str, lines: Lines) -> str:
     out = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (
@@ -133,6 +112,8 @@ def _format_errors(err: ValidationError, source: str, lines: Mapping[tuple[str, 
                 msg += f" (valid: {', '.join(known)})"
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif e["type"] in _EXPECTED:
+            msg = f"expected {_EXPECTED[e['type']]}, got {_yaml_kind(e.get('input'))}"
         out.append(f"{where}: {dotted}: {msg}")
     return "\n".join(out)
 
@@ -202,21 +183,34 @@ def load_pilot(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pil
     """Read, validate and resolve a pilot file; every problem is a :class:`ConfigError`."""
     p = Path(path)
     source = str(path)
+    text = read_pilot_text(p, source)
+    pilot, lines = _validate(text, source)
+    if not check_paths:
+        return pilot
+    return _resolve_paths(pilot, p.resolve().parent, source, lines)
+
+
+def load_pilot_text(text: str, source: str) -> Pilot:
+    """A pilot from its saved text (campaign.json keeps the text a campaign ran with):
+    validated, paths neither resolved nor required; problems name ``source``."""
+    return _validate(text, source)[0]
+
+
+def pilot_lines(path: str | os.PathLike[str]) -> Lines:
+    """The line map of a pilot file already loaded (for errors found after validation)."""
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: no such pilot file") from None
-    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
-        raise ConfigError(f"{source}: cannot read: {exc}") from None
-    try:
-        data, lines = _parse(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
+        return parse(read_pilot_text(Path(path), str(path)), str(path))[1]
+    except ConfigError:
+        return {}
+
+
+def where_in_pilot(path: str | os.PathLike[str], loc: tuple[str | int, ...]) -> str:
+    """``file:line: dotted.loc`` of a field of a pilot file, for a later check's error."""
+    return f"{_where(str(path), pilot_lines(path), loc)}: {'.'.join(map(str, loc))}"
+
+
+def _validate(text: str, source: str) -> tuple[Pilot, Lines]:
+    data, lines = parse(text, source)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the pilot file must be a mapping (key: value) at top level")
     try:
@@ -231,6 +225,4 @@ def load_pilot(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pil
                 for loc, msg in problems
             )
         )
-    if not check_paths:
-        return pilot
-    return _resolve_paths(pilot, p.resolve().parent, source, lines)
+    return pilot, lines

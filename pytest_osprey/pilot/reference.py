@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, get_args, get_origin
 
+import annotated_types as at
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
@@ -14,8 +15,12 @@ from .schema import Pilot
 INTRO = """# pilot.yaml reference
 
 Generated from the schema (`python -m pytest_osprey reference`); a test keeps it current.
-Unknown keys are errors. Relative paths resolve against the pilot file's folder.
-`python -m pytest_osprey schema` prints the JSON Schema for editor completion.
+Unknown keys are errors, and so are repeated keys and keys YAML reads as something other
+than a name (`yes:`, `on:`, `~:`, `1:`: quote them). Types are strict: a count is an integer
+written as one (`2`, not `'2'` or `true`), a flag is `true`/`false`. Every number, list and
+text has the bounds shown. A pilot file may be at most 1 MiB. Relative paths resolve against
+the pilot file's folder. `python -m pytest_osprey schema` prints the JSON Schema for editor
+completion.
 """
 
 
@@ -36,6 +41,57 @@ def _type_name(annotation: Any) -> str:
     if name == "Annotated":
         return _type_name(args[0])
     return f"{name}[{', '.join(_type_name(a) for a in args)}]"
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+def _bounds(metadata: list[Any], what: str = "") -> str:
+    """``1 to 1,000,000``, ``> 0, ≤ 604,800``, ``≤ 64 long`` from pydantic's constraints;
+    ``what`` names what a length counts (entries of a list or mapping)."""
+    low: tuple[str, Any] | None = None
+    high: tuple[str, Any] | None = None
+    length = None
+    for m in metadata:
+        for c in getattr(m, "metadata", None) or [m]:  # a FieldInfo inside Annotated
+            if isinstance(c, at.Ge):
+                low = ("≥", c.ge)
+            elif isinstance(c, at.Gt):
+                low = (">", c.gt)
+            elif isinstance(c, at.Le):
+                high = ("≤", c.le)
+            elif isinstance(c, at.Lt):
+                high = ("<", c.lt)
+            elif isinstance(c, at.MaxLen) or getattr(c, "max_length", None) is not None:
+                length = c.max_length
+    parts = []
+    if low and high and low[0] == "≥" and high[0] == "≤":
+        parts.append(f"{_num(low[1])} to {_num(high[1])}")
+    else:
+        parts += [f"{bound[0]} {_num(bound[1])}" for bound in (low, high) if bound]
+    if length is not None:
+        parts.append(f"≤ {length:,} {what or 'long'}")
+    return ", ".join(parts)
+
+
+def _bounded_type(field: Any) -> str:
+    """The type with its bounds: the field's own, then its keys', values' or items'."""
+    ann = field.annotation
+    if get_origin(ann) not in (list, dict):  # X | None: the bounds of X
+        ann = next((a for a in get_args(ann) if get_origin(a) in (list, dict)), ann)
+    kind = get_origin(ann)
+    container = kind in (list, dict)
+    parts = [_bounds(field.metadata, "entries" if container else "")]
+    names = ("keys", "values") if kind is dict else ("items", "items")
+    for i, a in enumerate(get_args(ann)):
+        inner = _bounds(list(getattr(a, "__metadata__", ())))
+        if inner:
+            parts.append(f"{names[min(i, 1)]} {inner}" if container else inner)
+    shown = "; ".join(p for p in parts if p)
+    return _type_name(field.annotation) + (f" ({shown})" if shown else "")
 
 
 def _default(field: Any) -> str:
@@ -76,7 +132,8 @@ def _nested(annotation: Any) -> list[type[BaseModel]]:
 
 
 def render_models(
-    root: type[BaseModel], intro: str, *, defaults: bool = True, paragraph: bool = False
+    root: type[BaseModel], intro: str, *, defaults: bool = True, paragraph: bool = False,
+    bounds: bool = False,
 ) -> str:
     """One section per model reachable from ``root``: the first line of its docstring (the
     first paragraph with ``paragraph``), then a table of each field's key (its alias where it
@@ -93,12 +150,12 @@ def render_models(
         for name, field in model.model_fields.items():
             desc = " ".join((field.description or "").split()).replace("|", "\\|")
             default = f" {_default(field)} |" if defaults else ""
-            parts.append(f"| `{field.alias or name}` | {_type_name(field.annotation)} |"
-                         f"{default} {desc} |")
+            kind = _bounded_type(field) if bounds else _type_name(field.annotation)
+            parts.append(f"| `{field.alias or name}` | {kind} |{default} {desc} |")
         parts.append("")
     return "\n".join(parts)
 
 
 def render() -> str:
     """docs/pilot-reference.md."""
-    return render_models(Pilot, INTRO)
+    return render_models(Pilot, INTRO, bounds=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -14,7 +13,24 @@ from pydantic import (
     model_validator,
 )
 
-from .base import ConfigError, Fraction, PositiveFloat, Strict
+from .base import (
+    MAX_COUNT,
+    MAX_ITEMS,
+    Amount,
+    ConfigError,
+    Count,
+    EnvName,
+    Fraction,
+    PathText,
+    PositiveFloat,
+    Ratio,
+    Seconds,
+    ShortText,
+    Slug,
+    Strict,
+    Text,
+)
+from .endpoint_url import check_url
 from .load import _UNION_TAGS, Load, LoadLevel, OpenLoop, level_label
 
 # The schema's public names, those defined in its parts included.
@@ -27,7 +43,7 @@ Role = Literal["baseline", "current", "candidate"]
 class Speculation(Strict):
     """How a drafter condition speculates; names follow the engine's own flags."""
 
-    algorithm: str | None = Field(
+    algorithm: ShortText | None = Field(
         None,
         description="transformers: assisted; sglang: EAGLE3|EAGLE|STANDALONE|NGRAM; "
         "vllm: draft_model|ngram|eagle|eagle3. Default: the engine's draft-model method",
@@ -45,21 +61,28 @@ class Speculation(Strict):
 class Endpoint(Strict):
     """An already running server: nothing is booted or killed for it."""
 
-    url: str
-    """Base URL, e.g. http://127.0.0.1:30000."""
+    url: Text
+    """Base URL, e.g. http://127.0.0.1:30000 (http or https, a host, no user:password)."""
     protocol: Literal["sglang", "openai"]
     """sglang: native /generate; openai: /v1/completions."""
-    api_key_env: str | None = Field(
-        None, description="Name of the environment variable holding the API key"
+    api_key_env: EnvName | None = Field(
+        None, description="Name of the environment variable holding the API key (checked "
+        "before anything runs: set and not empty)"
     )
-    model: str | None = Field(None, description="Model name sent to an OpenAI-style server")
+    model: Text | None = Field(None, description="Model name sent to an OpenAI-style server")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return check_url(v)
 
 
 class ArtifactPins(Strict):
-    sha256: dict[str, str] = Field(
-        default_factory=dict, description="file (relative to the drafter) -> expected sha256"
+    sha256: dict[Text, Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]] = Field(
+        default_factory=dict, max_length=MAX_ITEMS,
+        description="file (relative to the drafter) -> expected sha256",
     )
-    engine_version: str | None = Field(
+    engine_version: ShortText | None = Field(
         None, description="Version prefix the engine must report, e.g. 0.5.23"
     )
     require_license: bool = False
@@ -70,12 +93,12 @@ class Condition(Strict):
     role: Role
     """baseline (speculation off, exactly one), current (the drafter serving today, at most one) or
     candidate."""
-    drafter: Path | None = Field(None, description="Drafter checkpoint folder")
+    drafter: PathText | None = Field(None, description="Drafter checkpoint folder")
     speculation: Speculation | None = None
     """Speculation settings; omit on the baseline."""
     endpoint: Endpoint | None = None
     """Serve this condition from an already running server."""
-    dtype: str | None = Field(
+    dtype: ShortText | None = Field(
         None, description="Override of target.dtype (breaks fairness; for negative controls)"
     )
     quantization: Literal["fp8", "int4"] | None = Field(
@@ -85,9 +108,9 @@ class Condition(Strict):
         "deployment would serve them. Breaks fairness; for precision comparisons and negative "
         "controls. Server engines: pass their own flag in engine_args",
     )
-    engine_args: list[str] = Field(default_factory=list)
+    engine_args: list[Text] = Field(default_factory=list, max_length=MAX_ITEMS)
     """Extra engine command-line arguments for this condition."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, Text] = Field(default_factory=dict, max_length=MAX_ITEMS)
     """Extra environment for this condition's engine."""
     pins: ArtifactPins = Field(default_factory=ArtifactPins)
     """Artifact pins checked before any boot."""
@@ -106,68 +129,70 @@ class Condition(Strict):
 class Target(Strict):
     engine: Engine = "transformers"
     """transformers (in-process), sglang, vllm, or endpoint."""
-    model: str = Field(description="Target checkpoint folder (or a model id a server resolves)")
-    dtype: str = "float32"
+    model: Text = Field(description="Target checkpoint folder (or a model id a server resolves)")
+    dtype: ShortText = "float32"
     """Precision of every condition (float32, bfloat16, float16)."""
-    device: str = Field("cpu", description="transformers engine: cpu, cuda, cuda:1 ...")
-    python: str | None = Field(
+    device: ShortText = Field("cpu", description="transformers engine: cpu, cuda, cuda:1 ...")
+    python: Text | None = Field(
         None,
         description="Python executable of a server engine's venv (a path relative to the "
         "pilot file, or a name on PATH; $VARS expand)",
     )
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, Text] = Field(default_factory=dict, max_length=MAX_ITEMS)
     """Environment for every condition's engine."""
-    engine_args: list[str] = Field(default_factory=list)
+    engine_args: list[Text] = Field(default_factory=list, max_length=MAX_ITEMS)
     """Extra engine command-line arguments for every condition."""
-    host: str = "127.0.0.1"
-    """Interface servers bind to (127.0.0.1 keeps them off the network)."""
+    host: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,254}$")] = "127.0.0.1"
+    """Interface servers bind to: an address or host name (127.0.0.1 keeps them off the
+    network; any other address draws a warning)."""
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Server port; 0 picks a free one per condition."""
-    boot_timeout_s: PositiveFloat = 600.0
+    boot_timeout_s: Seconds = 600.0
     """Seconds a server may take to become healthy."""
     deterministic: bool = Field(
         False, description="Engine's deterministic mode on every condition (SGLang)"
     )
-    context_length: Annotated[int, Field(ge=16)] = 2048
+    context_length: Annotated[int, Field(ge=16, le=100_000_000)] = 2048
     """Context length (vLLM --max-model-len; transformers: prompt + output limit)."""
-    tp_size: Annotated[int, Field(ge=1)] = 1
+    tp_size: Annotated[int, Field(ge=1, le=1024)] = 1
     """Tensor-parallel size of a server engine."""
-    mem_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    mem_fraction: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     """SGLang --mem-fraction-static / vLLM --gpu-memory-utilization."""
-    api_key_env: str | None = None
-    """Name of the environment variable holding the servers' API key (never the key itself)."""
-    threads: Annotated[int, Field(ge=1)] | None = Field(
+    api_key_env: EnvName | None = None
+    """Name of the environment variable holding the servers' API key (never the key itself;
+    checked before anything runs: set and not empty)."""
+    threads: Annotated[int, Field(ge=1, le=4096)] | None = Field(
         None, description="transformers engine: torch threads (default: torch's own)"
     )
 
 
 class TraceSpec(Strict):
-    files: list[Path] = Field(min_length=1)
+    files: list[PathText] = Field(min_length=1, max_length=MAX_ITEMS)
     """Prompt trace files (JSONL, see prompts/README.md)."""
-    ids: list[str] | None = None
+    ids: list[Text] | None = Field(None, max_length=MAX_COUNT)
     """Use only these prompt ids (in trace order)."""
-    slices: list[str] | None = None
+    slices: list[Text] | None = Field(None, max_length=MAX_ITEMS)
     """Use only these slices."""
-    limit_per_slice: Annotated[int, Field(ge=1)] | None = None
+    limit_per_slice: Count | None = None
     """At most this many prompts per slice (first in trace order)."""
-    limit: Annotated[int, Field(ge=1)] | None = None
+    limit: Count | None = None
     """At most this many prompts."""
-    unusual_slice: str = Field("unusual", description="The slice reported (and gated) apart")
+    unusual_slice: Text = Field("unusual", description="The slice reported (and gated) apart")
 
 
 class SampledPass(Strict):
     enabled: bool = True
     """Run the sampled pass (distribution check)."""
-    temperature: Annotated[float, Field(gt=0, le=10)] = 0.8
+    temperature: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 0.8
     """Sampling temperature."""
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     """Nucleus sampling threshold."""
     samples_per_prompt: Annotated[int, Field(ge=1, le=10_000)] = 8
     """Samples per prompt and condition (independent draws per condition)."""
-    prompts: Annotated[int, Field(ge=1)] | None = Field(
+    prompts: Count | None = Field(
         None, description="Use the first N prompts of the trace for the sampled pass"
     )
-    max_new_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_new_tokens: Count | None = None
     """Output budget of the sampled pass (default: the prompt's)."""
 
 
@@ -176,7 +201,7 @@ class Sampling(Strict):
     """Run the greedy pass (speed, identity, correctness)."""
     sampled: SampledPass = Field(default_factory=lambda: SampledPass(enabled=False))
     """The sampled pass."""
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     """Base seed: a sampled request's seed derives from it, the condition and the sample
     index (distinct per condition, so the conditions' samples are independent)."""
 
@@ -184,18 +209,18 @@ class Sampling(Strict):
 class LatencyLimit(Strict):
     metric: Literal["ttft", "e2e", "tpot"]
     """ttft (first token), e2e (completion) or tpot (time per output token)."""
-    percentile: Annotated[float, Field(gt=0, lt=100)] = 95
+    percentile: Annotated[float, Field(gt=0, lt=100, allow_inf_nan=False)] = 95
     """Percentile bounded (its upper confidence bound must be within max_s)."""
-    max_s: PositiveFloat
+    max_s: Seconds
     """Limit in seconds."""
-    load: str | None = Field(None, description="Load level it applies to (default: all)")
+    load: Text | None = Field(None, description="Load level it applies to (default: all)")
 
 
 class QualityLimits(Strict):
-    max_genuine_divergences: Annotated[int, Field(ge=0)] = 0
+    max_genuine_divergences: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
     """Greedy outputs that may diverge from the baseline where the reference margin exceeds
     near_tie_epsilon."""
-    near_tie_epsilon: Annotated[float, Field(ge=0)] = 0.05
+    near_tie_epsilon: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.05
     """Top-1 minus top-2 logprob at or below which a divergence is a near-tie."""
     max_near_tie_fraction: Fraction = 0.1
     """Share of prompts that may diverge at near-ties."""
@@ -208,14 +233,14 @@ class QualityLimits(Strict):
 class MemoryLimits(Strict):
     max_peak_mb: PositiveFloat | None = None
     """Peak memory of a candidate (MiB)."""
-    max_increase_pct: Annotated[float, Field(ge=0)] | None = None
+    max_increase_pct: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] | None = None
     """Peak memory increase over the baseline (%)."""
 
 
 class CostLimits(Strict):
     max_cost_per_request: PositiveFloat | None = None
     """Cost per successful request at the primary load."""
-    max_break_even_days: PositiveFloat | None = None
+    max_break_even_days: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
     """Days of expected traffic to recover the setup cost."""
 
 
@@ -243,9 +268,9 @@ class GoodputTargets(Strict):
 
 
 class Limits(Strict):
-    speedup_min: PositiveFloat = 1.0
+    speedup_min: Ratio = 1.0
     """Completion-latency speedup over the baseline that KEEP requires (CI lower bound above it)."""
-    latency: list[LatencyLimit] = Field(default_factory=list)
+    latency: list[LatencyLimit] = Field(default_factory=list, max_length=MAX_ITEMS)
     """Latency limits."""
     quality: QualityLimits = Field(default_factory=QualityLimits)
     """Quality limits."""
@@ -261,15 +286,15 @@ class Limits(Strict):
 
 
 class Decision(Strict):
-    primary_load: str | None = Field(
+    primary_load: Text | None = Field(
         None,
         description="The load level that must improve (default: the highest closed-loop "
         "concurrency, else the highest open-loop rate)",
     )
-    primary_slice: str | None = Field(None, description="Slice that must improve (default: all)")
+    primary_slice: Text | None = Field(None, description="Slice that must improve (default: all)")
     gate_unusual_slice: bool = False
     """Gate (not just report) the unusual slice's speedup."""
-    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    confidence: Annotated[float, Field(gt=0.5, lt=1, allow_inf_nan=False)] = 0.95
     """Two-sided confidence of intervals (one-sided error (1 - confidence)/2)."""
     inconclusive: Literal["fail", "pass", "skip"] = "fail"
     """How an INCONCLUSIVE gate ends its test: fail, pass or skip."""
@@ -300,30 +325,30 @@ class Decision(Strict):
 
 
 class SetupCosts(Strict):
-    pretraining: Annotated[float, Field(ge=0)] = 0.0
+    pretraining: Amount = 0.0
     """Pretraining cost (currency)."""
-    adaptation: Annotated[float, Field(ge=0)] = 0.0
+    adaptation: Amount = 0.0
     """Target-adaptation cost (currency)."""
-    idle_device_hours: Annotated[float, Field(ge=0)] = 0.0
+    idle_device_hours: Amount = 0.0
     """Idle device-hours charged to the drafter."""
 
 
 class Cost(Strict):
-    device_hour_price: Annotated[float, Field(ge=0)] = 0.0
+    device_hour_price: Amount = 0.0
     """Price per device-hour."""
-    devices_per_server: Annotated[int, Field(ge=1)] = 1
+    devices_per_server: Annotated[int, Field(ge=1, le=4096)] = 1
     """Devices one server occupies."""
-    currency: str = "USD"
+    currency: Annotated[str, Field(max_length=16)] = "USD"
     """Currency name in reports."""
-    expected_requests_per_day: Annotated[float, Field(ge=0)] | None = None
+    expected_requests_per_day: Amount | None = None
     """Expected traffic, for break-even days."""
-    setup: dict[str, SetupCosts] = Field(
-        default_factory=dict, description="condition name -> its setup costs"
+    setup: dict[Text, SetupCosts] = Field(
+        default_factory=dict, max_length=MAX_ITEMS, description="condition name -> its setup costs"
     )
 
 
 class ReportSettings(Strict):
-    title: str = "Drafter pilot"
+    title: ShortText = "Drafter pilot"
     """Report title."""
     markdown: bool = True
     """Write report.md (and $GITHUB_STEP_SUMMARY)."""
@@ -337,17 +362,18 @@ class ReportSettings(Strict):
 class Pilot(Strict):
     """The whole pilot file."""
 
-    name: str = "pilot"
-    """Pilot name (results folder prefix)."""
+    name: Slug = "pilot"
+    """Pilot name, the results folder's prefix: letters, digits, '-', '_', '.' (at most 64
+    characters, not '.' or '..')."""
     target: Target
     """The target model and engine."""
-    conditions: dict[str, Condition] = Field(min_length=1)
+    conditions: dict[str, Condition] = Field(min_length=1, max_length=64)
     """Condition name -> condition."""
     trace: TraceSpec
     """The prompt trace."""
     max_new_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     """Output budget of prompts that name none."""
-    max_new_tokens_cap: Annotated[int, Field(ge=1)] | None = Field(
+    max_new_tokens_cap: Count | None = Field(
         None, description="Cap on every prompt's max_new_tokens (keeps small pilots short)"
     )
     sampling: Sampling = Field(default_factory=Sampling)
@@ -367,8 +393,12 @@ class Pilot(Strict):
     @classmethod
     def _names(cls, v: dict[str, Condition]) -> dict[str, Condition]:
         for name in v:
-            if not name or not all(c.isalnum() or c in "-_." for c in name):
-                raise ValueError(f"condition name {name!r}: use letters, digits, '-', '_', '.'")
+            # A condition name becomes a log file's name and a test id.
+            shown = name if len(name) <= 40 else name[:37] + "..."
+            if (not name or len(name) > 64 or name in (".", "..")
+                    or not all(c.isalnum() or c in "-_." for c in name)):
+                raise ValueError(f"condition name {shown!r}: use letters, digits, '-', '_', '.' "
+                                 "(at most 64 characters, not '.' or '..')")
         return v
 
     @model_validator(mode="after")
@@ -411,14 +441,14 @@ def _cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str
     """Checks spanning several sections, each with the location of the field at fault."""
     out: list[tuple[tuple[str | int, ...], str]] = []
     baselines = [n for n, c in pilot.conditions.items() if c.role == "baseline"]
-    if len(baselines) != 1:
-        out.append(
-            (
-                ("conditions", baselines[1], "role") if baselines else ("conditions",),
-                f"exactly one condition must have role: baseline (speculation off, the kill "
-                f"switch); found {len(baselines)}",
-            )
-        )
+    if not baselines:
+        roles = ", ".join(f"{n} ({c.role})" for n, c in pilot.conditions.items())
+        out.append((("conditions",), f"no condition has role: baseline; one must (speculation "
+                    f"off, the kill switch). The conditions are: {roles}"))
+    elif len(baselines) > 1:
+        out.append((("conditions", baselines[1], "role"),
+                    f"exactly one condition may have role: baseline (speculation off, the kill "
+                    f"switch); {', '.join(baselines)} all do"))
     currents = [n for n, c in pilot.conditions.items() if c.role == "current"]
     if len(currents) > 1:
         out.append(

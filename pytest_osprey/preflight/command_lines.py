@@ -1,12 +1,43 @@
-"""``--osprey-dry-run``: build every condition's command line and check it, booting nothing."""
+"""``--osprey-dry-run``: build every condition's command line and check it, booting nothing;
+and the API key each condition needs is where the pilot says (its variable set, not empty)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 
 from ..engines.base import EngineError
 from ..pilot.schema import Pilot
+
+KEY_FILE_SHOWN = "<temporary 0600 file holding the API key>"
+_SERVERS = ("sglang", "vllm")
+
+
+def key_variable(pilot: Pilot, condition: str) -> tuple[str, str] | None:
+    """(pilot field, variable name) of the API key ``condition`` needs, if any."""
+    cond = pilot.conditions[condition]
+    if cond.endpoint is not None:
+        var = cond.endpoint.api_key_env
+        return (f"conditions.{condition}.endpoint.api_key_env", var) if var else None
+    if pilot.target.engine in _SERVERS and pilot.target.api_key_env:
+        return ("target.api_key_env", pilot.target.api_key_env)
+    return None
+
+
+def missing_key(pilot: Pilot, condition: str) -> str | None:
+    """Why ``condition``'s API key is not there, or None (the environment its engine gets:
+    this process's, then target.env, then the condition's env)."""
+    needed = key_variable(pilot, condition)
+    if needed is None:
+        return None
+    field_name, var = needed
+    env = {**os.environ, **pilot.target.env, **pilot.conditions[condition].env}
+    if env.get(var):
+        return None
+    state = "is empty" if var in env else "is not set"
+    return (f"{field_name}: environment variable {var} {state}; it must hold the API key "
+            f"(export {var}=... before the run)")
 
 
 @dataclass
@@ -32,6 +63,10 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
     for name in conditions:
         check = out[name]
         cond = pilot.conditions[name]
+        key_problem = missing_key(pilot, name)
+        if key_problem:
+            check.ok = False
+            check.lines.append(key_problem)
         try:
             if cond.endpoint is not None:
                 check.lines.append(f"endpoint {cond.endpoint.url} ({cond.endpoint.protocol}): "
@@ -39,7 +74,8 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
             elif engine == "sglang":
                 from ..engines.sglang import sglang_argv
 
-                argv = sglang_argv(pilot, name, pilot.target.port or 30000)
+                key_file = KEY_FILE_SHOWN if pilot.target.api_key_env else None
+                argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
                 check.lines.append(shlex.join(argv))
                 if sglang_error and f"{name!r}" in sglang_error:
                     check.ok = False

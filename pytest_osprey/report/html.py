@@ -387,13 +387,26 @@ def _history(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _banner(summary: dict[str, Any]) -> str:
+    """First thing on the page: a partial campaign (no verdict) and a re-judged copy."""
+    out = []
+    if summary.get("partial"):
+        out.append('<div class="verdict DROP"><span class="label">INTERRUPTED</span>'
+                   f"{_e(summary['partial'])}. Judged as measured: no verdict.</div>")
+    rejudged = summary.get("rejudged")
+    if isinstance(rejudged, dict):
+        out.append(f'<p class="note"><b>Re-judged copy</b> ({_e(rejudged.get("at"))}, limits '
+                   f"from {_e(rejudged.get('pilot'))}); the original reports are untouched.</p>")
+    return "".join(out)
+
+
 def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, bytes],
                 title: str | None = None) -> str:
     """The whole report page as one string (UTF-8, no external resources)."""
     title = title or summary.get("title") or f"Drafter pilot: {summary.get('pilot_name', '')}"
     plots = dict(plots)
     body = "".join((
-        _header(summary, data, str(title)), _verdicts(summary),
+        _banner(summary), _header(summary, data, str(title)), _verdicts(summary),
         setup_section(summary), stability_section(summary, plots), _gates(summary),
         _figures(summary, data), analyses(summary, plots), _cost(summary), _history(summary),
         _plots(plots), _outputs(data), _errors(data),

@@ -30,8 +30,10 @@ ICONS = {"KEEP": ":white_check_mark:", "DROP": ":x:", "INCONCLUSIVE": ":warning:
 
 
 def esc(value: object) -> str:
-    """Text from the pilot, the engine or the records, safe in Markdown."""
-    return html.escape("" if value is None else str(value), quote=False)
+    """Text from the pilot, the engine or the records, safe in Markdown: no HTML, no code
+    spans, one line (every kind of line break)."""
+    text = html.escape("" if value is None else str(value), quote=False).replace("`", "&#96;")
+    return " ".join(text.splitlines())
 
 
 def cell(value: object) -> str:
@@ -274,7 +276,16 @@ def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder:
              max_kib: int = 64) -> str:
     """report.md for ``summary`` (summary.json's content), at most ``max_kib`` KiB."""
     limit = min(max_kib * 1024, GITHUB_LIMIT) - RESERVE
-    head = [f"## {esc(title)}", "", *_verdicts(summary), *_comparison(summary)]
+    head = [f"## {esc(title)}", ""]
+    partial = summary.get("partial")
+    if partial:  # said first: what follows is no verdict
+        head += [f"> **INTERRUPTED** &mdash; {esc(partial)}. Judged as measured: no verdict.",
+                 ""]
+    rejudged = summary.get("rejudged")
+    if isinstance(rejudged, Mapping):
+        head += [f"_Re-judged copy ({esc(rejudged.get('at'))}, limits from "
+                 f"{esc(rejudged.get('pilot'))}); the original reports are untouched._", ""]
+    head += [*_verdicts(summary), *_comparison(summary)]
     warnings = (summary.get("stability") or {}).get("warnings") or []
     if warnings:
         head += ["> [!WARNING]", *[f"> Unsteady machine: {esc(w)}" for w in warnings], ""]

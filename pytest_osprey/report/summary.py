@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,10 @@ from ..judgement.history import Comparison
 from ..judgement.judge import Judgement
 from ..judgement.stability import stability
 from ..pilot.schema import Pilot
+from ..results.campaign_file import live_status
 from ..results.files import write_json_atomic, write_text_atomic
 from ..results.folder import SavedCampaign
+from ..results.redact import scrub
 from .headline import headline
 from .markdown import markdown
 from .setup import setup_rows
@@ -24,7 +27,8 @@ from .summary_schema import SUMMARY_SCHEMA, Summary
 
 
 def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
-                 comparison: Comparison | None = None) -> dict[str, Any]:
+                 comparison: Comparison | None = None, *, partial: str | None = None,
+                 rejudged: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json's content, validated against its schema (summary_schema.Summary)."""
     meta = data.meta
     diagnoses = diagnose_all(pilot, judgement.verdicts, list(judgement.results.values()),
@@ -37,7 +41,9 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "pilot_name": meta.pilot_name,
         "trace_hash": meta.trace_hash,
         "config_hash": meta.config_hash,
-        "status": meta.status,
+        "status": live_status(meta),
+        "partial": partial,
+        "rejudged": rejudged,
         "verdicts": [
             {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons,
              "headline": headline(d), "bullets": [asdict(r) for r in d.reasons],
@@ -63,25 +69,50 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
 
 
 def write_reports(directory: Path, judgement: Judgement, data: SavedCampaign,
-                  pilot: Pilot, comparison: Comparison | None = None) -> list[Path]:
-    """summary.json, report.md (and $GITHUB_STEP_SUMMARY), report.html — each atomically."""
+                  pilot: Pilot, comparison: Comparison | None = None, *,
+                  partial: str | None = None, rejudged: dict[str, Any] | None = None,
+                  plots: bool = True, warn: Callable[[str], None] | None = None) -> list[Path]:
+    """summary.json, report.md (and $GITHUB_STEP_SUMMARY), report.html — each atomically.
+
+    ``partial``: why the campaign is incomplete, said first in every report; ``rejudged``:
+    this is a re-judged copy (when and under which limits); ``plots=False`` leaves the plots
+    out (an interrupted run has seconds to finish). A step summary that cannot be written is
+    skipped with a ``warn``ing: the reports and the gates do not depend on it."""
     settings = pilot.report
-    summary = summary_dict(judgement, data, pilot, comparison)
+    summary = summary_dict(judgement, data, pilot, comparison, partial=partial,
+                           rejudged=rejudged)
     written = [directory / "summary.json"]
     write_json_atomic(written[0], summary)
     if settings.html:
         from .html import write_html
-        from .plots import all_plots
 
-        plots = all_plots(data, pilot.limits.speedup_min, pilot.sampling.seed, summary)
-        written.append(write_html(directory, summary, data, plots, settings.title))
+        drawn: dict[str, bytes] = {}
+        if plots:
+            from .plots import all_plots
+
+            drawn = all_plots(data, pilot.limits.speedup_min, pilot.sampling.seed, summary)
+        written.append(write_html(directory, summary, data, drawn, settings.title))
     if settings.markdown:
         text = markdown(summary, data.meta, settings.title, directory.name,
                         settings.markdown_max_kib)
         write_text_atomic(directory / "report.md", text)
         written.append(directory / "report.md")
-        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if step_summary:
-            with open(step_summary, "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
+        problem = append_step_summary(text)
+        if problem and warn is not None:
+            warn(problem)
     return written
+
+
+def append_step_summary(text: str) -> str | None:
+    """Append to ``$GITHUB_STEP_SUMMARY`` when set; a problem is returned, never raised."""
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not step_summary:
+        return None
+    try:
+        with open(step_summary, "a", encoding="utf-8") as fh:
+            fh.write(scrub(text) + "\n")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return (f"GITHUB_STEP_SUMMARY={step_summary}: cannot append the report ({why}); "
+                "step summary skipped")
+    return None

@@ -132,9 +132,21 @@ class ConditionEntry(_Sheet):
     """Peak device memory over the campaign (MiB)."""
 
 
+class Rejudged(_Sheet):
+    """How a re-judged copy was made (`rejudged`)."""
+
+    at: str
+    """When it was judged (UTC, ISO 8601)."""
+    pilot: str
+    """Whose limits: the pilot text saved in campaign.json, or the file given."""
+    source: str
+    """The results folder whose campaign was judged."""
+
+
 class Summary(_Sheet):
     """summary.json: the verdicts, every gate and the measured figures of one judged
-    campaign. Rewritten whole by each judging (`python -m pytest_osprey report DIR`)."""
+    campaign. Re-judging never rewrites it: it writes a marked copy (`rejudged`) in a folder
+    of its own (`rejudged-<UTC time>/`)."""
 
     # "schema" would shadow BaseModel.schema: the key is an alias.
     schema_: Literal[1] = Field(SUMMARY_SCHEMA, alias="schema")
@@ -148,7 +160,15 @@ class Summary(_Sheet):
     config_hash: str | None
     """sha256 of the pilot configuration the campaign ran with (hex)."""
     status: str | None
-    """The campaign's status: complete, interrupted or running."""
+    """The campaign's status: complete, interrupted, killed (campaign.json still says running
+    but the process writing it is gone) or running."""
+    partial: str | None = None
+    """Why the campaign is incomplete (interrupted, killed, still running), in a line; null
+    when it is complete. A partial campaign's verdicts are withheld: INCONCLUSIVE, with this
+    as their first reason, and its passing gates inconclusive."""
+    rejudged: Rejudged | None = None
+    """Set on a re-judged copy (`--osprey-reuse`, `python -m pytest_osprey report`); null on
+    the campaign's own summary."""
     verdicts: list[VerdictEntry]
     """One per judged candidate, in the pilot's order."""
     gates: list[GateEntry]
@@ -295,7 +315,8 @@ Generated from the models in `pytest_osprey/report/summary_schema.py`
 
 summary.json is the machine-readable results sheet, in the results folder beside
 `records.jsonl` and `campaign.json`. Re-judging a campaign
-(`python -m pytest_osprey report DIR`) rewrites it from those files alone.
+(`python -m pytest_osprey report DIR`) judges it again from those files alone and writes a
+marked copy into `DIR/rejudged-<UTC time>/`, the original untouched.
 
 Every key below is always written; "null" marks the values that may be null. `schema`
 changes when a key is removed or renamed, or its meaning or unit changes; keys may be added

@@ -8,9 +8,11 @@ may add facts an older reader does not know; a newer ``schema`` than this reader
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .files import write_json_atomic
@@ -106,9 +108,14 @@ class CampaignFile(_Facts):
     sequential: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     stopped_after_block: int | None = None
     status: Status = "running"
+    stop_reason: str | None = None
+    """Why an interrupted campaign stopped (a signal, an error); null otherwise."""
     started_at: float | None = None
     ended_at: float | None = None
     host: dict[str, Any] = Field(default_factory=dict)
+    writer_pid: int | None = None
+    """The process writing this campaign: with ``host.node``, how a reader tells a campaign
+    still running from one whose process was killed (status left at running)."""
 
     def condition_error(self, condition: str) -> str | None:
         info = self.conditions.get(condition)
@@ -143,3 +150,68 @@ def read_campaign_file(path: Path) -> CampaignFile:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise CampaignFileError(f"{path}: {where}: {first['msg']}") from None
+
+
+def live_status(meta: CampaignFile) -> str:
+    """The campaign's status as it really is: campaign.json's, except that ``running`` left by
+    a process that is gone (SIGKILL, a crash, a power cut) reads ``killed``. A writer on
+    another host cannot be checked: it stays ``running``."""
+    if meta.status != "running" or meta.writer_pid is None:
+        return meta.status
+    if meta.host.get("node") != platform.node():
+        return "running"
+    try:
+        proc = psutil.Process(meta.writer_pid)
+        # A recycled pid belongs to a process started after the campaign.
+        alive = proc.status() != psutil.STATUS_ZOMBIE and (
+            meta.started_at is None or proc.create_time() <= meta.started_at + 1)
+    except psutil.Error:
+        alive = False
+    return "running" if alive else "killed"
+
+
+def incomplete_note(meta: CampaignFile, measured: int) -> str | None:
+    """Why this campaign is not a complete one, in a line (None when it is complete); shown
+    after an ``INTERRUPTED`` label, its verdicts withheld."""
+    status = live_status(meta)
+    if status == "complete":
+        return None
+    expected = _expected_greedy(meta)
+    done = f"{measured} of {expected} greedy requests measured" if expected else (
+        f"{measured} requests measured")
+    where = f"pid {meta.writer_pid} on {meta.host.get('node') or 'an unknown host'}"
+    if status == "killed":
+        why = (f"campaign.json still says running but its process ({where}) is gone: it was "
+               "killed (SIGKILL, a crash, a power cut or a full disk)")
+    elif status == "running":
+        why = f"the campaign is still running ({where}) or its host cannot be checked"
+    else:
+        why = f"the campaign was interrupted ({meta.stop_reason or 'no reason recorded'})"
+    return f"{why}; {done}"
+
+
+def _expected_greedy(meta: CampaignFile) -> int:
+    """Greedy requests the plan holds (an early stop ends a complete campaign sooner)."""
+    passes = meta.plan.passes * meta.plan.boots_per_condition if meta.plan else meta.blocks
+    return len(meta.prompt_ids) * len(meta.load_levels) * max(passes, 1) * len(
+        meta.conditions)
+
+
+def stopped_conditions(meta: CampaignFile) -> dict[str, str]:
+    """Conditions that booted and then stopped before the campaign's end (a server that
+    crashed or failed its warm-up): condition -> why. Not those that never booted."""
+    return {name: info.error for name, info in meta.conditions.items()
+            if info.error and info.boot_s is not None}
+
+
+def stopped_note(meta: CampaignFile, measured: dict[str, int]) -> str | None:
+    """The conditions that stopped mid-campaign and what each measured, in a line (None when
+    none did); ``measured``: condition -> greedy requests recorded."""
+    stopped = stopped_conditions(meta)
+    if not stopped:
+        return None
+    per = len(meta.prompt_ids) * len(meta.load_levels) * max(meta.blocks, 1)
+    parts = [f"condition {name!r} stopped mid-campaign ({why.splitlines()[0]}); "
+             f"{measured.get(name, 0)} of its {per} greedy requests measured"
+             for name, why in stopped.items()]
+    return "; ".join(parts)

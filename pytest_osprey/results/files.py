@@ -1,4 +1,5 @@
-"""Atomic file writes: readers never see half a file, a failed write leaves the old one."""
+"""Atomic file writes: readers never see half a file, a failed write leaves the old one, and
+no registered secret reaches the disk (see redact)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .redact import scrub, scrub_obj
+
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temporary file and rename, so readers never see half a file."""
-    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
-    write_text_atomic(path, text)
+    # Scrubbed value by value: a secret replaced in the serialized text could cut into the
+    # JSON's own syntax (a quote, a comma).
+    text = json.dumps(scrub_obj(data), indent=2, ensure_ascii=False, default=str) + "\n"
+    _write_atomic(path, text)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file of its own (two writers never share one), flush it
-    to disk, then rename it over ``path``; on any failure the old file stays and the
-    temporary one is removed."""
+    """Write ``text`` (secrets scrubbed) to a temporary file of its own (two writers never
+    share one), flush it to disk, then rename it over ``path``; on any failure the old file
+    stays and the temporary one is removed."""
+    _write_atomic(path, scrub(text))
+
+
+def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from .redact import scrub_obj
+
 SCHEMA = 2  # 2: block is the replay plan's block; repetition the pass; boot, stretch
 Mode = Literal["greedy", "sampled"]
 
@@ -82,7 +84,9 @@ class RequestRecord(Measurement):
         return cls(**values, **context)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+        """The record's line in records.jsonl (secrets scrubbed: an echoed key in an error
+        body or an output never reaches the file)."""
+        return json.dumps(scrub_obj(asdict(self)), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestRecord:

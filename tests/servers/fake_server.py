@@ -53,6 +53,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--spawn-child", action="store_true")
     p.add_argument("--child-setsid", action="store_true")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--config", default=None)
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--speculative-config", default=None)
     p.add_argument("--model-path", "--model", dest="model", default="fake-model")
@@ -110,7 +111,11 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(args.crash_after)
         print("fatal: boot failed on purpose", flush=True)
         sys.exit(args.exit_code)
+    if args.config:  # SGLang's --config: flags in a YAML file (here JSON, a subset)
+        with open(args.config, encoding="utf-8") as fh:
+            args.api_key = json.load(fh).get("api-key") or args.api_key
     key = args.api_key or os.environ.get("VLLM_API_KEY")
+    print(f"server_args: api_key={key!r}", flush=True)  # as SGLang logs its arguments
     t_start = time.monotonic()
     counters = [0.0, 0.0, 0.0]  # drafts, draft tokens, accepted
     speculates = bool(args.speculative_algorithm or args.speculative_config)

@@ -1,0 +1,302 @@
+"""Results folders: never reused silently, never overwritten by re-judging, and every
+filesystem problem (a file in the way, a read-only or full file system, a missing step-summary
+folder, a garbage results folder) is one line, never a traceback.
+
+Whole runs go through ``python -m pytest_osprey`` against an in-test SGLang-speaking server
+(seconds each). Read-only and full file systems are real: a tiny tmpfs in a user namespace
+(skipped where the machine allows none), besides an in-process ENOSPC that always runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from servers import tinyfs
+from servers.endpoint_pilot import (
+    run_cli,
+    saved_results,
+    sglang_routes,
+    tree,
+    write_endpoint_pilot,
+)
+from servers.scripted import ScriptedServer
+
+from pytest_osprey.results import records as records_module
+from pytest_osprey.run_folders import default_results
+
+FUZZ = settings(deadline=None, database=None, max_examples=40,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+TINYFS = pytest.mark.skipif(not tinyfs.available(),
+                            reason="no user namespace with tmpfs on this machine")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete results folder (read-only for the tests: copy it to change it)."""
+    return saved_results(tmp_path_factory.mktemp("saved"))
+
+
+@pytest.fixture
+def copy(saved: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "res"
+    shutil.copytree(saved, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer(routes=sglang_routes()) as srv:
+        yield srv
+
+
+def _one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- never reused
+
+
+def test_a_run_into_a_non_empty_folder_is_refused_and_touches_nothing(
+    copy: Path, tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = tree(copy)
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url)
+    assert run_cli(["run", str(pilot), "--results", str(copy)]) == 4
+    line = _one_error(capsys.readouterr().err)
+    assert f"results folder {copy} is not empty (it holds campaign.json and " in line
+    assert "choose a new folder" in line and "--reuse DIR" in line
+    assert tree(copy) == before
+
+
+@FUZZ
+@given(names=st.lists(st.text(st.characters(codec="utf-8", exclude_characters="/\x00"),
+                              min_size=1, max_size=20).filter(lambda n: n not in (".", "..")),
+                      min_size=1, max_size=4, unique=True))
+def test_any_content_in_the_folder_refuses_a_run(
+    tmp_path_factory: pytest.TempPathFactory, server: ScriptedServer, names: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    work = tmp_path_factory.mktemp("busy")
+    folder = work / "res"
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_bytes(b"x")
+    pilot = write_endpoint_pilot(work / "p", server.url)
+    assert run_cli(["run", str(pilot), "--dry-run", "--results", str(folder)]) == 4
+    line = _one_error(capsys.readouterr().err)
+    first = sorted(names)[0]
+    assert f"it holds {first if first.isprintable() else repr(first)}" in line
+    assert sorted(os.listdir(folder)) == sorted(names)
+
+
+def test_a_file_in_place_of_the_folder(tmp_path: Path, server: ScriptedServer,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "res").write_text("mine")
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url)
+    assert run_cli(["run", str(pilot), "--results", str(tmp_path / "res")]) == 4
+    assert "it is a file, not a folder" in _one_error(capsys.readouterr().err)
+    assert (tmp_path / "res").read_text() == "mine"
+
+
+def test_an_empty_folder_is_fine_and_default_folders_never_collide(
+    tmp_path: Path, server: ScriptedServer
+) -> None:
+    (tmp_path / "empty").mkdir()
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url)
+    assert run_cli(["run", str(pilot), "--dry-run", "--results", str(tmp_path / "empty")]) == 0
+    assert (tmp_path / "empty" / "preflight.json").is_file()
+    made = {default_results(tmp_path, "same") for _ in range(5)}  # same second, 5 folders
+    assert len(made) == 5 and all(p.parent == tmp_path / "osprey-results" for p in made)
+
+
+# --------------------------------------------------------------------------- re-judging
+
+
+def _rejudged(folder: Path) -> list[Path]:
+    return sorted(folder.glob("rejudged-*"))
+
+
+def test_report_writes_a_marked_copy_and_never_the_original(
+    copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = tree(copy)
+    for n in (1, 2):
+        assert run_cli(["report", str(copy)]) in (0, 1)
+        assert len(_rejudged(copy)) == n  # a new folder each time
+    assert {k: v for k, v in tree(copy).items() if not k.startswith("rejudged-")} == before
+    new = _rejudged(copy)[-1]
+    summary = json.loads((new / "summary.json").read_text())
+    assert summary["rejudged"]["pilot"] == "the pilot saved in campaign.json"
+    assert summary["rejudged"]["source"] == str(copy)
+    original = json.loads(before["summary.json"])
+    assert original["rejudged"] is None
+    assert {k: v for k, v in summary.items() if k != "rejudged"} == {
+        k: v for k, v in original.items() if k != "rejudged"}
+    assert "_Re-judged copy (" in (new / "report.md").read_text()
+    assert str(new / "summary.json") in capsys.readouterr().out
+
+
+def test_reuse_writes_a_marked_copy_or_into_a_new_folder(
+    copy: Path, tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = tree(copy)
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url)
+    assert run_cli(["run", str(pilot), "--reuse", str(copy)]) in (0, 1)
+    assert len(_rejudged(copy)) == 1
+    assert run_cli(["run", str(pilot), "--reuse", str(copy), "--results",
+                    str(tmp_path / "other")]) in (0, 1)
+    summary = json.loads((tmp_path / "other" / "summary.json").read_text())
+    assert summary["rejudged"]["pilot"] == str(pilot)
+    assert {k: v for k, v in tree(copy).items() if not k.startswith("rejudged-")} == before
+    assert "booting" not in capsys.readouterr().out
+
+
+def test_report_judges_under_the_pilot_saved_in_campaign_json(
+    copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (copy / "pilot.yaml").unlink()
+    assert run_cli(["report", str(copy)]) in (0, 1)
+    text = json.loads((copy / "campaign.json").read_text())["pilot_text"]
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(text.replace("report:", "limits: {speedup_min: 900}\nreport:"))
+    assert run_cli(["report", str(copy), "--config", str(strict)]) == 1  # DROP now
+    assert "DROP cand" in capsys.readouterr().out
+    meta = json.loads((copy / "campaign.json").read_text())
+    meta["pilot_text"] = None
+    (copy / "campaign.json").write_text(json.dumps(meta))
+    assert run_cli(["report", str(copy)]) == 4
+    assert "give the limits with --config PILOT" in _one_error(capsys.readouterr().err)
+
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                       lambda c: st.lists(c, max_size=3) | st.dictionaries(
+                           st.text(max_size=12), c, max_size=4), max_leaves=12)
+CAMPAIGN_KEYS = ["schema", "run_id", "status", "conditions", "prompt_ids", "load_levels",
+                 "blocks", "pilot_text", "writer_pid", "host", "schedule", "trace_files"]
+
+
+@FUZZ
+@given(garbage=st.one_of(
+    st.binary(max_size=200),
+    JSONISH.map(lambda v: json.dumps(v).encode()),
+    st.dictionaries(st.sampled_from(CAMPAIGN_KEYS), JSONISH, min_size=1).map(
+        lambda d: json.dumps(d).encode())),
+    which=st.sampled_from(["campaign.json", "records.jsonl", "preflight.json"]))
+def test_a_garbage_results_folder_is_one_line_never_a_traceback(
+    saved: Path, tmp_path_factory: pytest.TempPathFactory, server: ScriptedServer,
+    garbage: bytes, which: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Whatever campaign.json, records.jsonl or preflight.json holds: ``report`` and
+    ``run --reuse`` judge it or refuse it in one line (exit 4), and never crash."""
+    work = tmp_path_factory.mktemp("garbage")
+    folder = work / "res"
+    shutil.copytree(saved, folder)
+    (folder / which).write_bytes(garbage)
+    pilot = write_endpoint_pilot(work / "p", server.url)
+    for argv in (["report", str(folder)], ["run", str(pilot), "--reuse", str(folder)]):
+        code = run_cli(argv)
+        out = capsys.readouterr()
+        assert code in (0, 1, 2, 4), (argv, code, out.err)
+        assert "Traceback" not in out.err and "internal error" not in out.err, out.err
+        if code == 4:
+            _one_error(out.err)
+
+
+# --------------------------------------------------------------------------- filesystem faults
+
+
+def test_a_missing_step_summary_folder_is_a_warning_not_a_failure(
+    tmp_path: Path, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    code = run_cli(["run", str(pilot), "--results", str(tmp_path / "ref")])
+    capsys.readouterr()
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no" / "such" / "summary.md"))
+    assert run_cli(["run", str(pilot), "--results", str(tmp_path / "b")]) == code
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "GITHUB_STEP_SUMMARY" in line]
+    assert warning == [f"warning: GITHUB_STEP_SUMMARY={tmp_path}/no/such/summary.md: cannot "
+                       "append the report (No such file or directory); step summary skipped"]
+    assert {"summary.json", "report.md"} <= set(os.listdir(tmp_path / "b"))
+    assert "Traceback" not in err
+
+
+def test_a_full_disk_mid_campaign_is_one_line_and_reports_what_was_measured(
+    tmp_path: Path, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ENOSPC from the records file after two records: the campaign stops, the error is one
+    line, summary.json and report.md say INTERRUPTED with the two records."""
+    real = records_module.RecordWriter.write
+
+    def write(self: Any, record: Any) -> None:
+        if self.count >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        real(self, record)
+
+    monkeypatch.setattr(records_module.RecordWriter, "write", write)
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url, prompts=4)
+    assert run_cli(["run", str(pilot), "--results", str(tmp_path / "res")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "campaign error: campaign stopped: No space left on device (the disk is full)" in err
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "No space left" in summary["partial"]
+    assert all(v["verdict"] == "INCONCLUSIVE" for v in summary["verdicts"])
+    assert "2 of 8 greedy requests measured" in summary["partial"]
+    assert (tmp_path / "res" / "report.md").read_text().splitlines()[2].startswith(
+        "> **INTERRUPTED**")
+
+
+def _pythonpath() -> dict[str, str]:
+    root = Path(__file__).resolve().parent.parent
+    return {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+
+
+@TINYFS
+def test_a_really_full_disk_is_one_line_for_run_and_report(
+    saved: Path, tmp_path: Path, server: ScriptedServer
+) -> None:
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url, prompts=60)
+    mnt = tmp_path / "mnt"
+    run = tinyfs.run_on_tmpfs(mnt, 16, tinyfs.osprey("run", str(pilot), "--results",
+                                                     str(mnt / "res")), env=_pythonpath())
+    assert run.returncode in (1, 4), run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and "No space left on device" in run.stderr
+    assert len([line for line in run.stderr.splitlines() if "error" in line]) <= 2, run.stderr
+    used = sum(len(v) for v in tree(saved).values()) // 1024
+    rep = tinyfs.run_on_tmpfs(mnt, used + 12, tinyfs.osprey("report", str(mnt)), seed=saved,
+                              env=_pythonpath())
+    assert rep.returncode == 4, rep.stdout + rep.stderr
+    assert _one_error(rep.stderr).startswith("error: reports not written: No space left")
+
+
+@TINYFS
+def test_a_read_only_file_system_is_one_line_for_run_and_report(
+    saved: Path, tmp_path: Path, server: ScriptedServer
+) -> None:
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url)
+    mnt = tmp_path / "ro"
+    for argv, says in (
+        (tinyfs.osprey("run", str(pilot), "--results", str(mnt / "res")), "Read-only file"),
+        (tinyfs.osprey("report", str(mnt)), "not writable (read-only file system"),
+        (tinyfs.osprey("run", str(pilot), "--reuse", str(mnt)), "not writable"),
+    ):
+        done = tinyfs.run_on_tmpfs(mnt, 1024, argv, seed=saved, read_only=True,
+                                   env=_pythonpath())
+        assert done.returncode == 4, done.stdout + done.stderr
+        assert says in _one_error(done.stderr)
