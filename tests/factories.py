@@ -182,6 +182,13 @@ def write_trace(path: Path, n: int, max_new_tokens: int = 4) -> Path:
     return path
 
 
+def dump_pilot(path: Path, data: Mapping[str, Any]) -> Path:
+    """``data`` written as a pilot file at ``path``, as it is (no schema check: for tests of
+    what the loader makes of it)."""
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False), encoding="utf-8")
+    return path
+
+
 def write_pilot(
     folder: Path,
     conditions: Mapping[str, Any] | None = None,

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
+from factories import dump_pilot, write_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers.endpoint_pilot import (
@@ -26,7 +27,7 @@ from servers.endpoint_pilot import (
     tree,
     write_endpoint_pilot,
 )
-from servers.pilot_run import FAKEPKGS, MARK, kill_marked, write_pilot, write_trace
+from servers.pilot_run import FAKEPKGS, MARK, kill_marked
 from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
@@ -221,7 +222,7 @@ def test_the_warning_is_said_first_in_the_dry_run(
                        "host": "0.0.0.0", "env": {"PYTHONPATH": str(FAKEPKGS)}},
             "conditions": {"base": {"role": "baseline"}},
             "trace": {"files": [str(write_trace(tmp_path / "t.jsonl", 2))]}}
-    path = write_pilot(tmp_path / "pilot.yaml", data)
+    path = dump_pilot(tmp_path / "pilot.yaml", data)
     assert run_cli(["run", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     assert err.startswith("warning: target.host is 0.0.0.0: the engine servers will accept "

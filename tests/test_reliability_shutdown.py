@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 import yaml
-from servers.pilot_run import PilotRun, gone, pilot, wait_for, write_pilot, write_trace
+from factories import dump_pilot, write_trace
+from servers.pilot_run import PilotRun, fake_sglang, gone, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "fixtures" / "models"
@@ -71,20 +72,21 @@ def _embedded(tmp: Path) -> tuple[Path, Path]:
                        "cand": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
                                 "speculation": {"num_draft_tokens": 4}}},
         "trace": {"files": [str(trace)]},
-        "load": {"levels": {"low": 1}, "warmup_requests": 0, "blocks": 1},
+        "load": {"levels": {"low": 1}, "warmup_requests": 0, "passes": 1},
         "report": {"html": False},
     }
-    return write_pilot(tmp / "pilot.yaml", data), events
+    return dump_pilot(tmp / "pilot.yaml", data), events
 
 
 def _server(tmp: Path) -> tuple[Path, Path]:
     """The fake SGLang server per condition; the baseline's 2nd request is never answered."""
     events = tmp / "events"
     trace = write_trace(tmp / "trace.jsonl", 3)
-    data = pilot(trace, events, base_env={"OSPREY_FAKE_FAULTS": "2=hang",
-                                          "OSPREY_FAKE_SPAWN_CHILD": "1"},
-                 cand_env={"OSPREY_FAKE_SPAWN_CHILD": "1"})
-    return write_pilot(tmp / "pilot.yaml", data), events
+    data = {**fake_sglang(events, base_env={"OSPREY_FAKE_FAULTS": "2=hang",
+                                            "OSPREY_FAKE_SPAWN_CHILD": "1"},
+                          cand_env={"OSPREY_FAKE_SPAWN_CHILD": "1"}),
+            "trace": {"files": [str(trace)]}}
+    return dump_pilot(tmp / "pilot.yaml", data), events
 
 
 def _stop(tmp: Path, engine: str, adapter: str, sig: int) -> Stopped:
