@@ -106,7 +106,9 @@ def _run(args: argparse.Namespace) -> int:
     if outcome.partial:
         _say(f"INTERRUPTED: {outcome.partial}; judged as measured, no verdict", err=True)
     if outcome.judgement is not None:
-        lines += closing_lines(run.pilot, outcome.judgement, run.campaign(), outcome.comparison,
+        data = run.judged_data
+        assert data is not None  # judged, so judged from something
+        lines += closing_lines(run.pilot, outcome.judgement, data, outcome.comparison,
                                outcome.reports)
     elif run.dry_run and run.checked is not None:
         lines += dry_run_lines(run.checked, run.conditions)
@@ -143,7 +145,7 @@ def _report(args: argparse.Namespace) -> int:
     from .report.headline import bullet_lines, headline
 
     for d in diagnose_all(run.pilot, judgement.verdicts, list(judgement.results.values()),
-                          judgement.figures, run.campaign()):
+                          judgement.figures, run.judged_data or run.campaign()):  # saved
         _say(headline(d))
         for line in bullet_lines(d):
             _say(line)

@@ -214,7 +214,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for p in run.reports:
             line(f"results: {p}")
         return
-    for row in closing_lines(run.pilot, judgement, run.campaign(), run.comparison,
+    data = run.judged_data
+    assert data is not None  # judged, so judged from something
+    for row in closing_lines(run.pilot, judgement, data, run.comparison,
                              run.reports):
         _write(tr, row)
 

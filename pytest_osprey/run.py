@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .campaign import Campaign, ProgressEvent, StopLook
-from .campaign.runner import stop_reason
+from .campaign.requests import stop_reason
 from .judgement import GateResult, GateSpec, Judgement, judge, plan_gates
 from .judgement.gates import PREFLIGHT, evaluate
 from .judgement.history import Comparison, HistoryError, Previous, compare, open_previous
@@ -206,6 +206,8 @@ class PilotRun:
 
     def _init_steps(self) -> None:
         self._campaign: SavedCampaign | None = None
+        self.judged_data: SavedCampaign | None = None
+        """What the judgement was made from (also a partial campaign's records)."""
         self._judgement: Judgement | None = None
         self.comparison: Comparison | None = None
         self.reports: list[Path] = []
@@ -401,6 +403,7 @@ class PilotRun:
             self.comparison = compare(self.pilot, data, judgement, self.previous,
                                       self.pilot.decision.regression_tolerance)
         self._judgement = judgement
+        self.judged_data = data
         try:
             self.reports = write_reports(
                 self.results_dir, judgement, data, self.pilot, self.comparison,

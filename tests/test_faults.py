@@ -301,7 +301,7 @@ def test_server_crash_fails_its_condition_and_the_campaign_goes_on(crash: Outcom
     assert "summary.json" in crash.results
     # Labelled partial, its verdict withheld: the comparison lacks the crashed side.
     assert crash.summary["partial"].startswith(
-        "condition 'cand' stopped mid-campaign (server exited with code 9 during block 1")
+        "condition 'cand' stopped mid-campaign (server exited with code 9 during pass 1")
     assert [v["verdict"] for v in crash.summary["verdicts"]] == ["INCONCLUSIVE"]
 
 

@@ -14,7 +14,8 @@ from factories import endpoint_conditions, make_pilot, write_trace
 from scipy import stats
 from servers.scripted import Reply, ScriptedServer, sglang_routes
 
-from pytest_osprey.campaign.runner import Campaign, poisson_arrivals
+from pytest_osprey.campaign.requests import poisson_arrivals
+from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.judgement.figures import all_figures
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot, level_label

@@ -278,7 +278,7 @@ def test_a_really_full_disk_is_one_line_for_run_and_report(
     assert run.returncode in (1, 4), run.stdout + run.stderr
     assert "Traceback" not in run.stderr and "No space left on device" in run.stderr
     assert len([line for line in run.stderr.splitlines() if "error" in line]) <= 2, run.stderr
-    used = sum(len(v) for v in tree(saved).values()) // 1024
+    used = sum(-(-len(v) // 4096) * 4 for v in tree(saved).values())  # tmpfs pages, KiB
     rep = tinyfs.run_on_tmpfs(mnt, used + 12, tinyfs.osprey("report", str(mnt)), seed=saved,
                               env=_pythonpath())
     assert rep.returncode == 4, rep.stdout + rep.stderr

@@ -173,8 +173,8 @@ def test_a_stopped_campaign_reports_what_it_measured_with_no_verdict(
     summary = json.loads((res / "summary.json").read_text())
     assert says in summary["partial"] and "3 of 8 greedy requests measured" in summary["partial"]
     assert [v["verdict"] for v in summary["verdicts"]] == ["INCONCLUSIVE"]
-    ok = [f for f in summary["figures"] if f["condition"] == "base"]
-    assert ok and ok[0]["ok"] == 3  # what was measured is shown
+    # What was measured is shown (the plan alternates conditions: the 3 are split).
+    assert sum(f["ok"] for f in summary["figures"]) == 3
     html = (res / "report.html").read_text()
     assert html.index("INTERRUPTED") < html.index("<h1>")
     assert f"INTERRUPTED: {summary['partial']}" in out.err

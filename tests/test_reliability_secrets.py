@@ -9,6 +9,7 @@ import asyncio
 import html
 import json
 import os
+import re
 import secrets
 import sys
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from pytest_osprey.judgement import judge, plan_gates
 from pytest_osprey.pilot.loading import load_pilot_text
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.markdown import markdown
+from pytest_osprey.report.summary import summary_dict
 from pytest_osprey.results import load_campaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.redact import MASK, register, reset, scrub, scrub_obj
@@ -134,13 +136,16 @@ def test_report_md_carries_no_html_whatever_the_text(
 ) -> None:
     """Title, gate summaries (server error bodies end up there), verdict reasons and the
     partial note: whatever they hold, report.md (a GitHub step summary) has no tag in it."""
-    judgement, data, _ = judged
+    judgement, data, pilot = judged
     for g in judgement.results.values():
         g.summary = said
     for v in judgement.verdicts:
         v.reasons = [said]
-    md = markdown(judgement, data, title + "<img src=x onerror=alert(1)>", partial=partial)
-    assert "<" not in md
+    summary = summary_dict(judgement, data, pilot, partial=partial)
+    md = markdown(summary, data.meta, title + "<img src=x onerror=alert(1)>", "res")
+    # The page's own structure (collapsed sections) is the only markup in it.
+    bare = re.sub(r"</?(details|summary|b|sub)>", "", md)
+    assert "<" not in bare
     assert "&lt;img src=x onerror=alert(1)&gt;" in md.splitlines()[0]
 
 

@@ -55,7 +55,7 @@ def test_planted_slowdown_is_flagged_and_measured() -> None:
     assert drift.ratio == pytest.approx(1.73, rel=0.05)
     assert st.max_drift == pytest.approx(0.73, abs=0.06)
     (warning,) = st.warnings
-    assert "ran 7" in warning and "slower in block 2" in warning
+    assert "ran 7" in warning and "slower in pass 2" in warning
 
 
 def test_a_steady_machine_is_not_flagged() -> None:
@@ -71,11 +71,11 @@ def test_load_average_beyond_the_cpus_is_flagged() -> None:
          "started": 0.0, "ended": 50.0, "loadavg": [1.0, 1.0, 1.0],
          "loadavg_end": [1.5, 1.0, 1.0]},
         {"block": 1, "condition": "baseline", "load": "busy", "mode": "greedy",
-         "started": 100.0, "ended": 150.0, "loadavg": [7.9, 3.0, 2.0]},
+         "started": 100.0, "ended": 150.0, "loadavg": [7.9, 3.0, 2.0], "pass_index": 1},
     ]))
     st = stability(data)
     assert [x.loadavg_1m for x in st.load] == [1.5, 7.9]
-    assert any("load average up to 7.9 on 2 CPUs (block 2" in w for w in st.warnings)
+    assert any("load average up to 7.9 on 2 CPUs (pass 2" in w for w in st.warnings)
 
 
 def test_domain_speedup_and_accept_length() -> None:
@@ -134,7 +134,7 @@ def test_setup_block_says_what_ran_and_what_load_means() -> None:
     assert rows["engine"] == "transformers 4.57.1 (torch 2.13.0)"
     assert rows["hardware"] == "x86_64 (2 CPUs)" == hardware(m)
     assert rows["dtype"] == "float32" and rows["threads"] == "2"
-    assert rows["blocks"].startswith("2, order ABBA (block 1: baseline > cand")
+    assert rows["replay"] == "2 block(s) interleaved"  # recorded before replay plans
     assert rows["warm-up"].startswith("3 request(s)")
     assert "one request at a time" in rows["load levels"] and "queueing" in rows["load levels"]
     assert rows["drafter of cand"] == "models/d, 4 tokens drafted per step"

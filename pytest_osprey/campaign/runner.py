@@ -11,7 +11,6 @@ import contextlib
 import gc
 import os
 import platform
-import random
 import secrets
 import time
 import zlib
@@ -29,24 +28,9 @@ from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import CampaignFile, ConditionRun, PlanFacts, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
-from ..signals import interrupt_reason
 from .events import Progress, ProgressEvent, StopRule
+from .requests import host_load, max_new_tokens, poisson_arrivals, stop_reason
 from .schedule import ReplayPlan, Stretch, plan_replay
-
-
-def poisson_arrivals(n: int, rate: float, seed: str) -> list[float]:
-    """Arrival times (seconds from the start) of ``n`` requests of a Poisson process.
-
-    Seeded by the level, block and pass, so every condition sees the same arrival times in
-    the same block: an open-loop comparison stays paired.
-    """
-    rng = random.Random(seed)
-    t = 0.0
-    out = []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
 
 
 def sample_seed(base: int, condition: str, index: int) -> int:
@@ -58,32 +42,6 @@ def sample_seed(base: int, condition: str, index: int) -> int:
     1.0 vs 0.8 went undetected, p=0.05, where independent draws gave p=0.003).
     """
     return (base + index + zlib.crc32(condition.encode()) * 100_003) % 2**31
-
-
-def stop_reason(exc: BaseException) -> str:
-    """Why a campaign stopped, in words for campaign.json."""
-    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
-        return interrupt_reason()
-    if isinstance(exc, OSError):
-        where = f" ({exc.filename})" if exc.filename else ""
-        return f"error: {exc.strerror or exc}{where}"
-    return f"error: {type(exc).__name__}: {exc}"
-
-
-def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
-    n = override or prompt.max_new_tokens or pilot.max_new_tokens
-    if pilot.max_new_tokens_cap is not None:
-        n = min(n, pilot.max_new_tokens_cap)
-    return n
-
-
-def host_load() -> list[float] | None:
-    """The host's 1/5/15-minute load averages (reports set them beside the timings: a busy
-    machine explains a slow block); None where the platform has none."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
 
 
 @dataclass

@@ -63,6 +63,9 @@ class Reason:
     gate: str  # kind[id]: where the full evidence is
 
 
+WITHHELD = "INTERRUPTED, no verdict"  # how judgement.partial marks a withheld verdict
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     candidate: str
@@ -72,6 +75,7 @@ class Diagnosis:
     quality: str  # one word: identical | equivalent | changed | worse | unproven | unchecked
     reasons: list[Reason]
     notes: list[str] = field(default_factory=list)  # diagnoses not tied to a listed reason
+    withheld: str | None = None  # why no verdict: the campaign (or a condition) is partial
 
 
 def _num(value: Any) -> float | None:
@@ -277,7 +281,9 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         reasons.append(Reason(gate_name(g, cand, base), g.outcome, short_text(g), diag,
                               f"{g.spec.kind}[{g.spec.id}]"))
     notes = [text for text in pending.values() if text]
-    return Diagnosis(cand, verdict.verdict, deciding, accept, quality_word(mine), reasons, notes)
+    withheld = next((r for r in verdict.reasons if r.startswith(WITHHELD)), None)
+    return Diagnosis(cand, verdict.verdict, deciding, accept, quality_word(mine), reasons, notes,
+                     withheld)
 
 
 def diagnose_all(pilot: Pilot, verdicts: Sequence[CandidateVerdict],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from .diagnosis import WITHHELD
 from .gates import PREFLIGHT, GateSpec
 from .judge import Judgement
 
@@ -36,5 +37,5 @@ def withhold(judgement: Judgement, why: str,
         if conditions is None or verdict.candidate in conditions or any(
                 involved(g.spec) for g in verdict.gates):
             verdict.verdict = "INCONCLUSIVE"
-            verdict.reasons = [f"INTERRUPTED, no verdict: {why}", *verdict.reasons]
+            verdict.reasons = [f"{WITHHELD}: {why}", *verdict.reasons]
     return judgement

@@ -69,7 +69,7 @@ class Load(Strict):
     of interleaved."""
     request_timeout_s: Seconds = 300.0
     """Per-request timeout; a timed-out request is recorded as failed."""
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     """Seed of the replay plan (blocks, their order, the conditions' order per block)."""
 
     @model_validator(mode="before")

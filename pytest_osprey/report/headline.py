@@ -34,6 +34,8 @@ def headline(d: Diagnosis, width: int = MAX_HEADLINE) -> str:
     first, then accept length, then quality) and then the speed text shortened until the
     line fits ``width``."""
     head = f"{d.verdict} {d.candidate}: "
+    if d.withheld:  # a partial campaign: said before any figure
+        head += "INTERRUPTED, no verdict: "
     s = d.speed
     speeds = [speed_text(s)]
     if s is not None and s.estimate is not None:

@@ -1,0 +1,53 @@
+"""What each replayed request is given: its output budget, its open-loop arrival time; and the
+facts recorded beside it (the host's load, why a campaign stopped)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+from ..pilot.schema import Pilot
+from ..pilot.trace import Prompt
+from ..signals import interrupt_reason
+
+
+def poisson_arrivals(n: int, rate: float, seed: str) -> list[float]:
+    """Arrival times (seconds from the start) of ``n`` requests of a Poisson process.
+
+    Seeded by the level, block and pass, so every condition sees the same arrival times in
+    the same block: an open-loop comparison stays paired.
+    """
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def stop_reason(exc: BaseException) -> str:
+    """Why a campaign stopped, in words for campaign.json."""
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+        return interrupt_reason()
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"error: {exc.strerror or exc}{where}"
+    return f"error: {type(exc).__name__}: {exc}"
+
+
+def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
+    n = override or prompt.max_new_tokens or pilot.max_new_tokens
+    if pilot.max_new_tokens_cap is not None:
+        n = min(n, pilot.max_new_tokens_cap)
+    return n
+
+
+def host_load() -> list[float] | None:
+    """The host's 1/5/15-minute load averages (reports set them beside the timings: a busy
+    machine explains a slow block); None where the platform has none."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
