@@ -1,4 +1,5 @@
-"""Completed requests: every condition answers the whole trace at every load level."""
+"""Completed requests, and boots alike: every condition answers the whole trace at every load
+level, the same way on each of its boots."""
 
 from __future__ import annotations
 
@@ -12,4 +13,11 @@ from pytest_osprey.pytest_adapter import assert_gate
 @pytest.mark.osprey(kind="completed")
 def test_completed(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
     """The fraction of requests that completed meets limits.min_completed_fraction."""
+    assert_gate(osprey_gate_result, osprey_config)
+
+
+@pytest.mark.osprey(kind="boot_consistency")
+def test_boots_alike(osprey_gate_result: GateResult, osprey_config: Pilot) -> None:
+    """With several boots per condition: each boot serves like the others (greedy outputs,
+    accept length)."""
     assert_gate(osprey_gate_result, osprey_config)

@@ -120,6 +120,8 @@ def gate_name(g: GateResult, candidate: str, baseline: str) -> str:
         "goodput": f"goodput{at}",
         "artifact": "drafter artifact",
         "command_line": "command line",
+        "boot_consistency": "boots alike" if s.condition == candidate
+        else f"{s.condition} boots alike",
     }
     return names.get(s.kind, s.kind)
 

@@ -79,6 +79,8 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
         return specs
     for c in conditions:
         specs += [GateSpec("completed", c, load=level) for level in pilot.load.levels]
+    if pilot.load.boots_per_condition > 1:
+        specs += [GateSpec("boot_consistency", c) for c in conditions]
     base = pilot.baseline
     judged = [c for c in conditions if c != base and pilot.conditions[c].role != "baseline"]
     specs += [GateSpec("fairness", c, reference=base) for c in judged]

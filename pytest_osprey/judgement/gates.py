@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
+from .consistency import boot_consistency
 from .correctness import correctness_gate
 from .cost import break_even, condition_cost
 from .distribution import distribution_check, records_to_samples
@@ -202,6 +203,29 @@ def _break_even(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult
     )
 
 
+def _boot_consistency(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    level = pilot.load.lightest()
+    res = boot_consistency(data.of(spec.condition), level,
+                           pilot.limits.quality.near_tie_epsilon,
+                           pilot.decision.regression_tolerance)
+    if res.boots < 2:
+        return GateResult(spec, "skip", f"{res.boots} boot recorded: nothing to compare")
+    accept = ", ".join(f"boot {b}: {a:.2f}" for b, a in sorted(res.accept.items()))
+    summary = (f"{res.prompts} prompts compared over {res.boots} boots at {level}: "
+               f"{len(res.divergent)} genuine output divergence(s), {len(res.near_ties)} at "
+               "near-ties" + (f"; accept length {accept}" if accept else ""))
+    for line in [*res.divergent[:3], *res.accept_flags]:
+        summary += f"\n  {line}"
+    outcome: Outcome = "pass" if res.ok else "fail"
+    if res.prompts == 0 and not res.accept:
+        outcome, summary = "inconclusive", summary + "; nothing completed on every boot"
+    return GateResult(spec, outcome, summary, estimate=len(res.divergent), threshold=0,
+                      details={"boots": res.boots, "prompts": res.prompts,
+                               "divergent": res.divergent, "near_ties": res.near_ties,
+                               "accept_length": {str(k): v for k, v in res.accept.items()},
+                               "accept_flags": res.accept_flags})
+
+
 def _goodput(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None and spec.load is not None
     res = goodput_gate(pilot, data, spec.condition, spec.reference, spec.load)
@@ -223,4 +247,5 @@ _EVALUATORS = {
     "cost": _cost,
     "break_even": _break_even,
     "goodput": _goodput,
+    "boot_consistency": _boot_consistency,
 }

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from ..pilot.schema import Pilot
 from .gates import GateResult, Verdict
 
+# Gates of a single condition that a candidate's verdict also needs of its references.
+PER_CONDITION = ("completed", "boot_consistency")
+
 
 @dataclass
 class CandidateVerdict:
@@ -28,7 +31,7 @@ def verdicts(pilot: Pilot, results: list[GateResult]) -> list[CandidateVerdict]:
         mine = [
             g for g in results
             if g.spec.gating and (g.spec.condition == cand or (
-                g.spec.kind == "completed" and g.spec.condition in involved))
+                g.spec.kind in PER_CONDITION and g.spec.condition in involved))
         ]
         if not mine:
             continue

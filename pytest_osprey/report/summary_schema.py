@@ -274,6 +274,14 @@ GATE_KINDS: dict[str, GateKind] = {
         "`reason` (why not KEEP despite the interval), `sequential` (`look`, `looks`, `z`, "
         "`keep_boundary`, `drop_boundary`, `decision`), `advice` (`more_prompts`, "
         "`more_passes`: (smallest, central, largest), `better`)"),
+    "boot_consistency": GateKind(
+        "with `load.boots_per_condition` >= 2: the condition's boots serve alike: identical "
+        "greedy outputs at the lightest load (first pass of each boot; near-ties by the first "
+        "boot's own margin apart) and no boot whose accept length differs from its other "
+        "boots' by more than `decision.regression_tolerance` (Mann-Whitney, p < 0.01)",
+        "genuine greedy output divergences between boots (count)", "0 (count)",
+        "`boots`, `prompts` (compared on every boot), `divergent`, `near_ties` (in words), "
+        "`accept_length` (boot -> pooled tokens per verify step), `accept_flags`"),
     "goodput": GateKind(
         "non-inferior share of requests meeting `limits.goodput`'s targets (exact paired "
         "test, pairs = prompt x block; CI low > threshold) and, with `min_share`, the share's "
