@@ -273,7 +273,7 @@ def test_missing_top_level_sections(tmp_path: Path) -> None:
         # Strict: a quoted number is a string, not silently a number.
         ("max_new_tokens_cap", "'48'", "max_new_tokens_cap",
          "expected an integer, got the string '48' (remove the quotes)"),
-        ("blocks", "true", "load.blocks", "expected an integer, got the boolean true"),
+        ("passes", "true", "load.passes", "expected an integer, got the boolean true"),
         ("greedy", "1", "sampling.greedy", "expected true or false, got the number 1"),
     ],
 )

@@ -66,7 +66,7 @@ conditions:
 trace: {files: [trace.jsonl]}
 sampling:
   sampled: {enabled: true, samples_per_prompt: 4, prompts: 4}
-load: {levels: {low: 1, busy: 4}, blocks: 2}
+load: {levels: {low: 1, busy: 4}, passes: 2, boots_per_condition: 2}
 limits:
   speedup_min: 1.1
   min_completed_fraction: 0.9
@@ -110,7 +110,7 @@ def _records(rng: np.random.Generator) -> list[RequestRecord]:
                     ids = _ids(cond, pid)
                     ok = not (cond == "current" and level == "busy" and k == 11 and block == 1)
                     out.append(make_record(
-                        cond, pid, run_id=RUN_ID, block=block, load=level, concurrency=conc,
+                        cond, pid, run_id=RUN_ID, block=block, boot=block, load=level, concurrency=conc,
                         slice=slice_, ok=ok, error=None if ok else "timed out after 300 s",
                         e2e_s=e2e if ok else None, itl_s=[0.9 * e2e / 5] * 5 if ok else [],
                         prompt_tokens=30, output_ids=ids if ok else [],
