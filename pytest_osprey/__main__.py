@@ -44,8 +44,8 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         stop_servers()
     for result in outcome.gates:
-        mark = "FAIL" if run.fails(result) else result.outcome.upper()
-        if result.outcome != "pass" or run.fails(result):
+        mark = "FAIL" if run.fails(result) else result.label.upper()
+        if result.outcome != "pass" or run.fails(result) or result.evidence != "tested":
             print(f"{mark:12} {result.spec.kind}[{result.spec.id}]: "
                   f"{result.summary.splitlines()[0]}")
     if outcome.campaign_error:

@@ -29,6 +29,7 @@ from .campaign import Campaign, ProgressEvent, StopLook
 from .judgement import GateResult, GateSpec, Judgement, judge, plan_gates
 from .judgement.gates import PREFLIGHT, evaluate, sequential_look
 from .judgement.history import Comparison, HistoryError, Previous, compare, open_previous
+from .judgement.quality_gates import sampling_budget_problem
 from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot, load_trace
 from .pilot.loading import load_pilot_unchecked
 from .preflight import run_preflight
@@ -114,6 +115,10 @@ class PilotRun:
             )
         except (ConfigError, TraceError) as exc:
             raise UsageError(str(exc)) from None
+        # A gate that could never fail is refused before anything runs, never passed.
+        budget = sampling_budget_problem(self.pilot, len(self.trace.prompts))
+        if budget:
+            raise UsageError(f"{source}: {budget}")
         self.conditions = self._select(self.options.conditions, source)
         self.reuse = _under(self.cwd, self.options.reuse) if self.options.reuse else None
         if self.reuse is not None and not (self.reuse / "campaign.json").is_file():

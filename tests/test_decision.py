@@ -154,7 +154,7 @@ def test_holm_downgrades_weak_claims(tmp_path: Path) -> None:
 
     pilot = make_pilot(tmp_path)
     spec_a = GateSpec("speedup", "cand", reference="base", load="high")
-    spec_b = GateSpec("correctness", "cand", reference="base")
+    spec_b = GateSpec("speedup", "cand", reference="current", load="high")
     strong = GateResult(spec_a, "pass", "a", p_value=0.02)
     stronger = GateResult(spec_b, "pass", "b", p_value=0.001)
     apply_holm(pilot, [strong, stronger])  # 0.001*2 and then 0.02*1: both hold at 0.025
@@ -167,6 +167,12 @@ def test_holm_downgrades_weak_claims(tmp_path: Path) -> None:
     alone = GateResult(spec_a, "pass", "a", p_value=0.02)
     apply_holm(pilot, [alone])
     assert alone.outcome == "pass"
+    # A quality gate's p-value tests for harm (small fails it): never in the family.
+    quality = GateResult(GateSpec("correctness", "cand", reference="base"), "pass", "c",
+                         p_value=1.0)
+    claim = GateResult(spec_a, "pass", "a", p_value=0.02)
+    apply_holm(pilot, [claim, quality])
+    assert claim.outcome == "pass" and "p_holm" not in quality.details
 
 
 def test_block_order_abba() -> None:

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
 from pytest_osprey.judgement.sequential import (
     SequentialPlan,
     obf_spending,
@@ -230,84 +229,6 @@ def test_percentile_bound_errors() -> None:
 
 
 # --------------------------------------------------------------------------- TOST
-
-
-# --------------------------------------------------------------------------- McNemar
-
-
-def _pairs(both: int, gains: int, losses: int, neither: int) -> tuple[list[bool], list[bool]]:
-    ref = [True] * both + [False] * gains + [True] * losses + [False] * neither
-    cand = [True] * both + [True] * gains + [False] * losses + [False] * neither
-    return ref, cand
-
-
-def test_mcnemar_no_discordant_pairs_is_non_inferior() -> None:
-    res = mcnemar_noninferiority(*_pairs(90, 0, 0, 10), margin=0.05)
-    assert res.outcome == "pass" and res.estimate == 0.0 and res.p_value < 0.05
-    few = mcnemar_noninferiority(*_pairs(9, 0, 0, 1), margin=0.05)
-    assert few.outcome == "inconclusive"  # 10 pairs cannot rule out a 5% loss
-
-
-def test_mcnemar_clear_loss_fails() -> None:
-    res = mcnemar_noninferiority(*_pairs(60, 2, 25, 13), margin=0.05)
-    assert res.estimate == pytest.approx(-0.23)
-    assert res.outcome == "fail" and res.ci_high < -0.05
-
-
-def _brute_force_p(n: int, gains: int, losses: int, margin: float) -> float:
-    """Independent exact unconditional p-value: explicit loops, Wald-free Tango ordering."""
-    from pytest_osprey.judgement.noninferiority import _tango_z
-
-    z_obs = float(_tango_z(n, gains, losses, -margin))
-    cells = [(x, y) for x in range(n + 1) for y in range(n + 1 - x)]
-    region = [c for c in cells if float(_tango_z(n, c[0], c[1], -margin)) >= z_obs - 1e-9]
-    best = 0.0
-    for q in np.linspace(margin, (1 + margin) / 2, 401):
-        p_gain, p_loss, p_same = max(q - margin, 0.0), q, max(1 - 2 * q + margin, 0.0)
-        total = sum(
-            math.comb(n, x) * math.comb(n - x, y) * p_gain**x * p_loss**y * p_same ** (n - x - y)
-            for x, y in region
-        )
-        best = max(best, total)
-    return best
-
-
-@pytest.mark.parametrize(("n", "gains", "losses", "margin"), [(12, 1, 2, 0.1), (15, 0, 0, 0.2)])
-def test_mcnemar_exact_p_matches_brute_force(
-    n: int, gains: int, losses: int, margin: float
-) -> None:
-    ref, cand = _pairs(n - gains - losses, gains, losses, 0)
-    res = mcnemar_noninferiority(ref, cand, margin=margin)
-    brute = _brute_force_p(n, gains, losses, margin)  # a grid maximum: at most the sup
-    assert brute - 1e-9 <= res.p_value <= brute + 1e-3
-
-
-def test_mcnemar_margin_zero_close_to_classic() -> None:
-    """With margin 0 the exact unconditional test is at least as powerful as exact McNemar."""
-    res = mcnemar_noninferiority(*_pairs(30, 8, 1, 1), margin=0.0)
-    classic = stats.binomtest(8, 9, 0.5, alternative="greater").pvalue
-    assert res.p_value <= classic and res.outcome == "pass"
-
-
-def test_mcnemar_ci_endpoints_invert_the_score_test() -> None:
-    from pytest_osprey.judgement.noninferiority import _tango_z
-
-    res = mcnemar_noninferiority(*_pairs(40, 3, 9, 8), margin=0.1, alpha=0.05)
-    z = stats.norm.ppf(0.95)
-    assert res.ci_low < res.estimate < res.ci_high
-    assert float(_tango_z(60, 3, 9, res.ci_low)) == pytest.approx(z, abs=1e-6)
-    assert float(_tango_z(60, 3, 9, res.ci_high)) == pytest.approx(-z, abs=1e-6)
-
-
-def test_mcnemar_errors() -> None:
-    with pytest.raises(StatsError, match="differ in length"):
-        mcnemar_noninferiority([True], [True, False], 0.1)
-    with pytest.raises(StatsError, match="non-empty"):
-        mcnemar_noninferiority([], [], 0.1)
-    with pytest.raises(StatsError, match="margin"):
-        mcnemar_noninferiority([True], [True], 1.0)
-    with pytest.raises(StatsError, match="booleans"):
-        mcnemar_noninferiority([0.5], [1], 0.1)  # type: ignore[list-item]
 
 
 # --------------------------------------------------------------------------- Holm

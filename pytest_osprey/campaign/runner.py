@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import platform
 import random
 import secrets
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +27,7 @@ from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
+from .probing import run_probes
 
 Progress = Callable[["ProgressEvent"], None]
 # Early stopping, handed in by the run (the campaign measures; judging is not its business):
@@ -44,7 +45,7 @@ class StopLook:
 @dataclass(frozen=True)
 class ProgressEvent:
     condition: str
-    phase: str  # boot | warmup | greedy | sampled | done | error
+    phase: str  # boot | warmup | greedy | sampled | params | done | error
     load: str = ""
     block: int = 0
     done: int = 0
@@ -80,15 +81,19 @@ def poisson_arrivals(n: int, rate: float, seed: str) -> list[float]:
     return out
 
 
-def sample_seed(base: int, condition: str, index: int) -> int:
-    """The seed of a condition's ``index``-th sample: distinct per condition.
+def sample_seed(base: int, condition: str, prompt_id: str, index: int) -> int:
+    """The seed of a condition's ``index``-th sample of a prompt: distinct per condition,
+    prompt and sample.
 
-    The distribution check compares two samples that must be independent: with the seeds
-    shared, a candidate's draws reuse the baseline's random numbers, the samples come out
-    coupled and the permutation test loses most of its power (on the tiny target, temperature
-    1.0 vs 0.8 went undetected, p=0.05, where independent draws gave p=0.003).
+    The distribution check compares samples that must be independent. With seeds shared
+    across conditions a candidate's draws reuse the baseline's random numbers and come out
+    coupled (the test loses most of its power); with seeds shared across prompts, sample i of
+    every prompt draws the same random numbers, and prompts that start alike come out alike
+    (seen: one identical 16-token output in half the cells of a 4-prompt run), which breaks
+    the independence between prompts that the stratified test assumes.
     """
-    return (base + index + zlib.crc32(condition.encode()) * 100_003) % 2**31
+    key = f"{base}\x1f{condition}\x1f{prompt_id}\x1f{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
 
 
 def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) -> int:
@@ -184,6 +189,7 @@ class Campaign:
                 await self._replay_block(name, block)
                 self._end_block()
             await self._sampled_pass(name)
+            await self._params_pass(name)
             self._stop(self.states[name])
 
     async def _run_interleaved(self) -> None:
@@ -205,6 +211,7 @@ class Campaign:
                 break
         for name in self.conditions:
             await self._sampled_pass(name)
+            await self._params_pass(name)
 
     def _end_block(self) -> None:
         assert self._writer is not None
@@ -292,6 +299,34 @@ class Campaign:
         jobs = [(p, i) for p in prompts for i in range(sampled.samples_per_prompt)]
         await self._replay(name, state, self.pilot.load.lightest(), 0, "sampled", jobs)
 
+    async def _params_pass(self, name: str) -> None:
+        """The sampling-parameters pass (pilot sampling.params), one request at a time."""
+        params = self.pilot.sampling.params
+        state = self.states[name]
+        if not params.enabled or state.engine is None or state.error:
+            return
+        engine, writer = state.engine, self._writer
+        assert writer is not None
+        level = self.pilot.load.lightest()
+        entry = ScheduleEntry(block=0, condition=name, load=level, mode="params",
+                              started=time.time())
+
+        def emit(prompt: Prompt, probe: str, settings: dict[str, Any], result: Any) -> None:
+            record = RequestRecord.from_measurement(
+                result, run_id=self.run_id, condition=name, block=0, repetition=0, load=level,
+                concurrency=1, prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
+                mode="params", sample_index=0, probe=probe, request=settings or None,
+            )
+            writer.write(record)
+            self._records.append(record)
+
+        self.progress(ProgressEvent(name, "params", level, 0, 0, params.prompts))
+        await run_probes(engine, self.trace.prompts[: params.prompts],
+                         lambda p: self._text(p, engine), params.max_new_tokens,
+                         self.pilot.load.request_timeout_s, emit)
+        entry.ended = time.time()
+        self.schedule.append(entry)
+
     async def _replay(
         self,
         name: str,
@@ -332,7 +367,8 @@ class Campaign:
                 ),
                 temperature=0.0 if greedy else sampled.temperature,
                 top_p=1.0 if greedy else sampled.top_p,
-                seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, index),
+                seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, prompt.id,
+                                                      index),
                 want_margins=True,
                 timeout_s=self.pilot.load.request_timeout_s,
             )

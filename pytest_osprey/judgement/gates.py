@@ -7,79 +7,20 @@ anything runs) and evaluated from a saved campaign (so a campaign can be re-judg
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign, iter_pairs
 from ..results.preflight_file import Preflight
 from ..results.records import RequestRecord
 from . import stats
-from .correctness import correctness_gate
 from .cost import break_even, condition_cost
-from .distribution import distribution_check, records_to_samples
 from .fairness import fairness_check
-from .identity import greedy_identity
+from .gate_result import Evidence, GateResult, GateSpec, Outcome, Verdict
+from .quality_gates import QUALITY_EVALUATORS
 from .sequential import SequentialDecision, obrien_fleming_plan, sequential_speedup
 
-Outcome = Literal["pass", "fail", "inconclusive", "skip"]
-Verdict = Literal["KEEP", "DROP", "INCONCLUSIVE"]
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    kind: str  # artifact | completed | greedy_identity | speedup | latency
-    condition: str
-    reference: str | None = None
-    load: str | None = None
-    slice: str | None = None
-    index: int | None = None  # which latency limit
-    gating: bool = True  # False: reported, never decides the verdict
-
-    @property
-    def id(self) -> str:
-        parts = [self.condition]
-        if self.reference:
-            parts.append(f"vs-{self.reference}")
-        if self.load:
-            parts.append(self.load)
-        if self.slice:
-            parts.append(self.slice)
-        if self.index is not None:
-            parts.append(f"limit{self.index}")
-        return "-".join(parts)
-
-
-@dataclass
-class GateResult:
-    spec: GateSpec
-    outcome: Outcome
-    summary: str
-    estimate: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    threshold: float | None = None
-    p_value: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.spec.kind,
-            "id": self.spec.id,
-            "condition": self.spec.condition,
-            "reference": self.spec.reference,
-            "load": self.spec.load,
-            "slice": self.spec.slice,
-            "gating": self.spec.gating,
-            "outcome": self.outcome,
-            "summary": self.summary,
-            "estimate": self.estimate,
-            "ci": [self.ci_low, self.ci_high] if self.ci_low is not None else None,
-            "threshold": self.threshold,
-            "p_value": self.p_value,
-            "details": self.details,
-        }
-
+__all__ = ["PREFLIGHT", "Evidence", "GateResult", "GateSpec", "Outcome", "Verdict", "evaluate",
+           "plan_gates", "sequential_look"]
 
 PREFLIGHT = ("command_line", "artifact")  # judged before (and without) any boot
 
@@ -101,6 +42,13 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
         specs += [GateSpec("correctness", c, reference=base) for c in judged]
     if pilot.sampling.sampled.enabled:
         specs += [GateSpec("distribution", c, reference=base) for c in judged]
+    if pilot.sampling.params.enabled:
+        specs += [GateSpec("sampling_params", c, reference=base) for c in judged]
+    # Reported beside the verdict, never deciding it: speed says what acceptance is worth.
+    current = pilot.current if pilot.current in conditions else None
+    specs += [GateSpec("acceptance", c, reference=current if c != current else None,
+                       gating=False)
+              for c in judged if pilot.conditions[c].speculates]
     for cand in [c for c in judged if pilot.conditions[c].role == "candidate"]:
         for ref in [r for r in pilot.references(cand) if r in conditions]:
             for level in pilot.load.levels:
@@ -185,34 +133,6 @@ def _completed(
                       threshold=need, details={"ok": ok, "total": len(recs)})
 
 
-def _greedy(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    q = pilot.limits.quality
-    assert spec.reference is not None
-    res = greedy_identity(data.of(spec.reference), data.of(spec.condition), q.near_tie_epsilon)
-    if res.compared == 0:
-        return GateResult(spec, "fail", "no prompt completed on both sides: nothing to compare")
-    genuine, ties = res.genuine, res.near_ties
-    summary = (
-        f"{res.identical}/{res.compared} identical; {len(genuine)} genuine divergence(s) "
-        f"(max {q.max_genuine_divergences}); near-ties {res.near_tie_fraction:.1%} "
-        f"(max {q.max_near_tie_fraction:.0%}, margin <= {q.near_tie_epsilon})"
-    )
-    for d in genuine[:3]:
-        summary += (
-            f"\n  {d.prompt_id} @token {d.position}: {d.reference_token} -> {d.candidate_token} "
-            f"(margin {d.margin if d.margin is None else round(d.margin, 3)}): "
-            f"{d.reference_text!r} vs {d.candidate_text!r}"
-        )
-    ok = (len(genuine) <= q.max_genuine_divergences
-          and res.near_tie_fraction <= q.max_near_tie_fraction)
-    return GateResult(
-        spec, "pass" if ok else "fail", summary, estimate=len(genuine),
-        threshold=q.max_genuine_divergences,
-        details={"compared": res.compared, "identical": res.identical,
-                 "genuine": [d.__dict__ for d in genuine], "near_ties": [d.__dict__ for d in ties]},
-    )
-
-
 def _fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     involved = {spec.condition, *pilot.references(spec.condition)}
     meta = data.meta.model_dump(by_alias=True)
@@ -220,35 +140,6 @@ def _fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     res = fairness_check(meta, [r for r in data.records if r.condition in involved])
     return GateResult(spec, "pass" if res.ok else "fail", res.summary,
                       details={"differences": res.differences, "compared": res.compared})
-
-
-def _correctness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    assert spec.reference is not None
-    if data.prompts is None:
-        return GateResult(spec, "skip", "the trace files are gone or changed: nothing to check")
-    q = pilot.limits.quality
-    res = correctness_gate(data.of(spec.reference), data.of(spec.condition), data.prompts,
-                           q.correctness_margin, (1 - pilot.decision.confidence) / 2)
-    return GateResult(spec, res.outcome, res.summary, estimate=res.estimate,
-                      ci_low=res.ci_low, ci_high=res.ci_high, threshold=-res.margin,
-                      p_value=res.p_value,
-                      details={"n_pairs": res.n_pairs, "reference_rate": res.reference_rate,
-                               "candidate_rate": res.candidate_rate, "losses": res.losses})
-
-
-def _distribution(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    assert spec.reference is not None
-    ref = records_to_samples(data.records, spec.reference)
-    cand = records_to_samples(data.records, spec.condition)
-    if not ref or not cand:
-        return GateResult(spec, "fail", "no sampled outputs recorded on both sides")
-    res = distribution_check(ref, cand, alpha=pilot.limits.quality.distribution_alpha,
-                             seed=pilot.sampling.seed)
-    return GateResult(spec, res.outcome, res.summary, estimate=res.tv_mean,
-                      threshold=res.alpha, p_value=None,
-                      details={"min_adjusted_p": res.min_adjusted_p, "tv_null": res.tv_null,
-                               "underpowered": res.underpowered,
-                               "worst": res.worst_detail})
 
 
 def _speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
@@ -407,10 +298,8 @@ def _break_even(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult
 _PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}
 _EVALUATORS = {
     "completed": _completed,
-    "greedy_identity": _greedy,
     "fairness": _fairness,
-    "correctness": _correctness,
-    "distribution": _distribution,
+    **QUALITY_EVALUATORS,
     "speedup": _speedup,
     "latency": _latency,
     "memory": _memory,

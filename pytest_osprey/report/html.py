@@ -110,9 +110,14 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterab
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _badge(outcome: object) -> str:
+def _badge(outcome: object, evidence: object = "tested") -> str:
     cls = outcome if outcome in ("pass", "fail", "inconclusive", "skip") else "skip"
-    return f'<span class="badge {cls}">{_e(outcome)}</span>'
+    if evidence in (None, "tested") or outcome == "skip":
+        return f'<span class="badge {cls}">{_e(outcome)}</span>'
+    # A pass that could not have failed must not look like one that could: no green badge.
+    cls = "inconclusive" if cls == "pass" else cls
+    return (f'<span class="badge {cls}">{_e(outcome)} '
+            f'({_e(str(evidence).replace("_", " "))})</span>')
 
 
 # --------------------------------------------------------------------------- sections
@@ -150,6 +155,7 @@ def _verdicts(summary: dict[str, Any]) -> str:
         verdict = v.get("verdict")
         cls = verdict if verdict in ("KEEP", "DROP", "INCONCLUSIVE") else "INCONCLUSIVE"
         reasons = v.get("reasons") or ["every gating gate passed"]
+        reasons = [*reasons, *(f"could not have failed: {u}" for u in v.get("unproven") or [])]
         items = "".join(f"<li>{_e(r)}</li>" for r in reasons)
         out.append(f'<div class="verdict {cls}"><span class="label">{_e(verdict)}</span>'
                    f"<b>{_e(v.get('candidate'))}</b><ul>{items}</ul></div>")
@@ -166,7 +172,8 @@ def _gates(summary: dict[str, Any]) -> str:
         ci_text = f"[{_num(ci[0])}, {_num(ci[1])}]" if ci_ok else "-"
         rows.append((
             _e(g.get("kind")), _e(g.get("id")), "yes" if g.get("gating", True) else "report only",
-            _badge(g.get("outcome")), _num(g.get("estimate")), ci_text, _num(g.get("threshold")),
+            _badge(g.get("outcome"), g.get("evidence")), _num(g.get("estimate")), ci_text,
+            _num(g.get("threshold")),
             _num(g.get("p_value"), "{:.3g}"), _e(g.get("summary")),
         ))
     if not rows:

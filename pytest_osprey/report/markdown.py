@@ -14,6 +14,8 @@ def markdown(judgement: Judgement, data: SavedCampaign, title: str,
     for v in judgement.verdicts:
         lines.append(f"- **{v.verdict}** `{v.candidate}`")
         lines += [f"  - {r}" for r in v.reasons]
+        lines += [f"  - could not have failed ({g.evidence.replace('_', ' ')}): "
+                  f"{g.spec.kind}[{g.spec.id}]" for g in v.unproven]
     if not judgement.verdicts:
         lines.append("- no candidate was judged")
     lines += ["", "## Figures", ""]
@@ -23,7 +25,7 @@ def markdown(judgement: Judgement, data: SavedCampaign, title: str,
     lines += ["", "## Gates", "", "| gate | outcome | summary |", "|---|---|---|"]
     for g in judgement.results.values():
         text = g.summary.splitlines()[0].replace("|", "\\|")
-        lines.append(f"| {g.spec.kind}[{g.spec.id}] | {g.outcome} | {text} |")
+        lines.append(f"| {g.spec.kind}[{g.spec.id}] | {g.label} | {text} |")
     if comparison is not None:
         lines += ["", "## Compared with an earlier campaign", "",
                   f"`{comparison.previous_dir}` (run `{comparison.previous_run_id}`), "

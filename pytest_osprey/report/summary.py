@@ -28,7 +28,8 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "config_hash": meta.config_hash,
         "status": meta.status,
         "verdicts": [
-            {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons}
+            {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons,
+             "unproven": [f"{g.spec.kind}[{g.spec.id}] {g.evidence}" for g in v.unproven]}
             for v in judgement.verdicts
         ],
         "gates": [g.as_dict() for g in judgement.results.values()],

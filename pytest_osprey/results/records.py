@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 SCHEMA = 1
-Mode = Literal["greedy", "sampled"]
+Mode = Literal["greedy", "sampled", "params"]
 
 
 @dataclass
@@ -32,8 +32,16 @@ class Measurement:
     output_text: str = ""
     top2_margin: list[float] | None = None
     """Per output position: logprob of top-1 minus top-2, where the engine gives it."""
+    top2_ids: list[list[int]] | None = None
+    """Per output position: the top-1 and top-2 token ids (beside top2_margin), where the
+    engine gives them: a greedy divergence is a near-tie only onto the runner-up."""
     spec_verify_ct: int | None = None
     accept_length: float | None = None
+    spec_drafts: int | None = None
+    """Verify steps that checked drafted tokens (for per-position acceptance)."""
+    spec_accepted_per_position: list[int] | None = None
+    """Per draft position j: how many of those steps accepted the j-th drafted token, where
+    the engine tells (j-th rate = accepted[j] / spec_drafts)."""
     finish_reason: str | None = None
 
     @classmethod
@@ -65,6 +73,8 @@ class RequestRecord(Measurement):
     correct: bool | None = None
     rate: float | None = None  # open-loop level: Poisson arrival rate (requests/s)
     dispatch_lag_s: float | None = None  # open loop: sent this late after its arrival time
+    probe: str | None = None  # params pass: which sampling-parameter probe ("plain": none)
+    request: dict[str, Any] | None = None  # params pass: the non-default parameters sent
     schema: int = SCHEMA
 
     @classmethod
