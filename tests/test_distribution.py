@@ -10,7 +10,9 @@ benchmarks/distribution_power.py (too slow here).
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +33,7 @@ from pytest_osprey.judgement.quality_gates import sampling_budget_problem
 from pytest_osprey.judgement.stats import StatsError
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
+from pytest_osprey.run import PilotRun, UsageError
 
 SIG = 0.001
 
@@ -230,3 +233,20 @@ def test_power_against_temperature_on_chat_like_chains() -> None:
     hits = sum(distribution_check(lm.draw(base, 8, 16, 32, rng), lm.draw(alt, 8, 16, 32, rng),
                                   seed=i).outcome == "fail" for i in range(pilots))
     assert hits / pilots >= 0.8, f"power {hits}/{pilots}"
+
+
+def test_a_run_refuses_a_budget_that_cannot_fail(tmp_path: Path) -> None:
+    """Before anything runs: a usage error naming the keys, never a campaign that passes."""
+    (tmp_path / "t.jsonl").write_text(
+        "".join(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Hi {i}"}) + "\n"
+                for i in range(3)))
+    (tmp_path / "m").mkdir()
+    pilot = ("target: {model: m}\ntrace: {files: [t.jsonl]}\n"
+             "conditions: {b: {role: baseline}, c: {role: candidate}}\n"
+             "sampling: {sampled: {enabled: true, samples_per_prompt: 4, prompts: 1}}\n")
+    (tmp_path / "pilot.yaml").write_text(pilot)
+    with pytest.raises(UsageError, match=r"sampling\.sampled\.samples_per_prompt") as err:
+        PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path)
+    assert "smallest attainable p = 0.0295" in str(err.value)
+    (tmp_path / "pilot.yaml").write_text(pilot.replace("prompts: 1", "prompts: 2"))
+    assert PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path).pilot.sampling.sampled.prompts == 2
