@@ -320,10 +320,12 @@ class Campaign:
             writer.write(record)
             self._records.append(record)
 
-        self.progress(ProgressEvent(name, "params", level, 0, 0, params.prompts))
-        await run_probes(engine, self.trace.prompts[: params.prompts],
-                         lambda p: self._text(p, engine), params.max_new_tokens,
-                         self.pilot.load.request_timeout_s, emit)
+        self.progress(ProgressEvent(name, "params", level, 0, 0,
+                                    min(params.prompts, len(self.trace.prompts))))
+        prompts = self.trace.prompts[: params.prompts]
+        await run_probes(engine, prompts, lambda p: self._text(p, engine),
+                         params.max_new_tokens, self.pilot.load.request_timeout_s, emit)
+        self.progress(ProgressEvent(name, "params", level, 0, len(prompts), len(prompts)))
         entry.ended = time.time()
         self.schedule.append(entry)
 

@@ -337,7 +337,9 @@ def _outputs(data: SavedCampaign) -> str:
 
 
 def _errors(data: SavedCampaign) -> str:
-    failed = [r for r in data.records if not r.ok]
+    # A probe the engine does not offer is not an error (the sampling_params gate lists it).
+    failed = [r for r in data.records if not r.ok
+              and not (r.mode == "params" and (r.error or "").startswith("unsupported"))]
     if not failed:
         return ""
     by_cond: dict[str, list[RequestRecord]] = {}
