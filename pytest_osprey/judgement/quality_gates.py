@@ -58,16 +58,16 @@ def _greedy(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     conf = pilot.decision.confidence
     if test.method == "control" and control is not None:
         seen = _rate(len(control.near_ties), control.tokens, conf)
-        tolerance = (f"control (the reference against its own rerun) {seen}; sign-flip "
-                     f"p={test.p_value:.3g}")
+        tolerance = (f"control (the reference's later blocks against its first) {seen}; "
+                     f"relabelling p={test.p_value:.3g}")
     else:
         tolerance = (f"no identical-condition control recorded: held to {q.max_near_tie_rate:.2%}"
                      f"/token, Poisson p={test.p_value:.3g}")
     summary = (
-        f"{cand.identical}/{cand.compared} identical (prompt x load); {len(genuine)} genuine "
-        f"divergence(s) (max {q.max_genuine_divergences}); near-ties (runner-up within "
-        f"{q.near_tie_epsilon} nats) {_rate(len(cand.near_ties), cand.tokens, conf)} vs "
-        f"{tolerance}"
+        f"{cand.identical}/{cand.compared} identical outputs (every prompt, block and load); "
+        f"{len(genuine)} genuine divergence(s) (max {q.max_genuine_divergences}); near-ties "
+        f"(runner-up within {q.near_tie_epsilon} nats) "
+        f"{_rate(len(cand.near_ties), cand.tokens, conf)} vs {tolerance}"
     )
     if control is not None and control.genuine:
         summary += (f"; note: the reference's own rerun diverged genuinely {len(control.genuine)}"

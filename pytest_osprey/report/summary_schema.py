@@ -176,14 +176,16 @@ GATE_KINDS: dict[str, GateKind] = {
         "`differences` (list of what differs), `compared` (field -> condition -> value)"),
     "greedy_identity": GateKind(
         "genuine divergences <= threshold, and the near-tie rate per compared token not above "
-        "the identical-condition control's (the baseline against its own rerun: an exact "
-        "stratified sign-flip test over prompts, one-sided at (1 - `decision.confidence`)/2; "
+        "the identical-condition control's (the baseline's later blocks against its first: an "
+        "exact test relabelling each prompt's runs, one-sided at (1 - `decision.confidence`)/2; "
         "without a control, an exact Poisson test against `limits.quality.max_near_tie_rate`). "
         "A near-tie: the candidate's token is the baseline's runner-up and the baseline's "
         "margin there <= `limits.quality.near_tie_epsilon`",
-        "genuine (not near-tie) greedy divergences over prompt x load pairs (count)",
+        "genuine (not near-tie) greedy divergences over the candidate's outputs (count)",
         "`limits.quality.max_genuine_divergences` (count)",
-        "`compared`, `identical` (prompt x load pairs), `tokens` (compared tokens), `genuine`, "
+        "`compared`, `identical` (the candidate's greedy outputs, every prompt, block and load "
+        "level, each against the baseline's first output of its prompt and level), `tokens` "
+        "(compared tokens), `genuine`, "
         "`near_ties` (lists of divergences: " + _DIVERGENCE + "), `near_tie_rate` (per "
         "token), `rate_test` (`control` or `fixed`), `control` (`compared`, `tokens`, "
         "`near_ties`, `genuine` of the baseline against its rerun; null without one). "
