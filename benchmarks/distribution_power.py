@@ -1,86 +1,104 @@
-"""Power and false-alarm rate of the sampled-distribution check on real sampled trajectories.
+"""Power and false-alarm rate of the sampled-distribution check on real samples of a target.
 
-The tests (tests/test_distribution.py) simulate draws at fixed prefixes from the tiny target's
-exact distributions. Here the tiny target really samples whole continuations (batched
-``generate``, top-k off, as the engines sample), so each position's token follows a sampled
-prefix, as in a campaign. Per realization: 16 prompts x 32 samples x 8 positions per side
-(the default budget), independent seeds per side.
+A pool of real sampled continuations (benchmarks/sample_pool.py: the pilot's own sampled
+prompts, rendered as the engines render them, at temperatures 0.8 and 1.0) is drawn from
+without replacement: a self-vs-self pilot takes two disjoint sets of samples at 0.8 (an exact
+null: the pool's empirical distribution on both sides), a 1.0-vs-0.8 pilot one set at each.
+Each pilot has the budget of the pilot file (``sampling.sampled``: prompts, samples per
+prompt, max_new_tokens), unless given on the command line; the check runs as the gate runs
+it (alpha ``limits.quality.distribution_alpha``).
 
-    python benchmarks/distribution_power.py --realizations 40
+    python benchmarks/sample_pool.py --out /tmp/pool.npz
+    python benchmarks/distribution_power.py --pool /tmp/pool.npz --pilots 1000
 
-Slow on CPU: about 100 s per realization and case on 2 cores (a GPU makes it practical).
+Prints one row per budget: power against temperature 1.0 -> 0.8, the false-alarm rate, each
+with its exact 95% (Clopper-Pearson) interval.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_osprey.judgement.distribution import (  # noqa: E402
-    DEFAULT_POSITIONS,
-    DEFAULT_PROMPTS,
-    DEFAULT_SAMPLES,
-    distribution_check,
-)
-from pytest_osprey.pilot.trace import render_prompt  # noqa: E402
-from pytest_osprey.pilot.trace_file import load_trace  # noqa: E402
+from pytest_osprey.judgement.distribution import distribution_check  # noqa: E402
+from pytest_osprey.pilot.loading import load_pilot  # noqa: E402
 
-Samples = dict[str, list[list[int]]]
+PAD = -2
 
 
-def draw(model: torch.nn.Module, tok: object, prompts: list[tuple[str, torch.Tensor]],
-         temperature: float, top_p: float, seed: int) -> Samples:
-    out: Samples = {}
-    torch.manual_seed(seed)
-    for pid, ids in prompts:
-        with torch.inference_mode():
-            seqs = model.generate(  # type: ignore[operator]
-                ids.repeat(DEFAULT_SAMPLES, 1), attention_mask=torch.ones_like(ids).repeat(
-                    DEFAULT_SAMPLES, 1), do_sample=True, temperature=temperature, top_p=top_p,
-                top_k=0, max_new_tokens=DEFAULT_POSITIONS, pad_token_id=tok.pad_token_id,  # type: ignore[attr-defined]
-            )
-        eos = tok.eos_token_id  # type: ignore[attr-defined]
-        rows = []
-        for row in seqs[:, ids.shape[1]:].tolist():
-            rows.append(row[: row.index(eos) + 1] if eos in row else row)
-        out[pid] = rows
+def _rows(block: np.ndarray, tokens: int) -> list[list[int]]:
+    out = []
+    for row in block[:, :tokens].tolist():
+        out.append(row[: row.index(PAD)] if PAD in row else row)
     return out
 
 
-def main() -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def draw(pool: np.ndarray, t_ref: int, t_cand: int, prompts: int, samples: int, tokens: int,
+         rng: np.random.Generator) -> tuple[dict[str, list[list[int]]], ...]:
+    """One pilot: disjoint samples per prompt (same temperature) or one set at each."""
+    ref: dict[str, list[list[int]]] = {}
+    cand: dict[str, list[list[int]]] = {}
+    for p in range(prompts):
+        pick = rng.permutation(pool.shape[2])
+        ref[f"p{p}"] = _rows(pool[t_ref, p, pick[:samples]], tokens)
+        cand[f"p{p}"] = _rows(pool[t_cand, p, pick[samples: 2 * samples]], tokens)
+    return ref, cand
 
+
+def interval(hits: int, n: int) -> str:
+    ci = stats.binomtest(hits, n).proportion_ci(0.95, method="exact")
+    return f"{hits / n:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--realizations", type=int, default=40)
-    parser.add_argument("--alpha", type=float, default=0.01)
+    parser.add_argument("--pool", type=Path, required=True)
+    parser.add_argument("--pilot", type=Path, default=ROOT / "pilot.yaml")
+    parser.add_argument("--pilots", type=int, default=1000)
+    parser.add_argument("--budgets", default="",
+                        help="PxSxT,... (prompts x samples per side x tokens); default: the "
+                        "pilot file's")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    path = ROOT / "fixtures/models/tiny-target"
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    trace = load_trace([ROOT / "prompts/pilot.jsonl"]).prompts[:DEFAULT_PROMPTS]
-    prompts = [(p.id, tok(render_prompt(p, tok), return_tensors="pt").input_ids) for p in trace]
-    cases = {"null (0.8 vs 0.8)": (0.8, 1.0), "temperature 1.0 vs 0.8": (1.0, 1.0),
-             "top_p 0.9 vs 1.0 (at T 0.8)": (0.8, 0.9)}
-    t0 = time.perf_counter()
-    print(f"| case | realizations | rejected at alpha {args.alpha} | rate |\n|---|---|---|---|")
-    for name, (temp, top_p) in cases.items():
-        hits = 0
-        for r in range(args.realizations):
-            ref = draw(model, tok, prompts, 0.8, 1.0, seed=2 * r)
-            cand = draw(model, tok, prompts, temp, top_p, seed=2 * r + 1)
-            res = distribution_check(ref, cand, alpha=args.alpha, seed=r)
-            hits += res.outcome == "fail"
-        print(f"| {name} | {args.realizations} | {hits} | {hits / args.realizations:.2f} |",
+    data = np.load(args.pool)
+    pool, meta = data["pool"], json.loads(str(data["meta"]))
+    temps = [float(t) for t in meta["temperatures"]]
+    pilot = load_pilot(args.pilot)
+    sampled = pilot.sampling.sampled
+    alpha = pilot.limits.quality.distribution_alpha
+    t_ref, t_cand = temps.index(sampled.temperature), temps.index(1.0)
+    budgets = [tuple(int(v) for v in b.split("x")) for b in args.budgets.split(",") if b] or [
+        (sampled.prompts or pool.shape[1], sampled.samples_per_prompt,
+         sampled.max_new_tokens or pool.shape[3])]
+    print(f"pool: {meta['model']}, prompts {', '.join(meta['prompts'])}, "
+          f"{pool.shape[2]} samples x {pool.shape[3]} tokens per prompt and temperature")
+    print(f"alpha {alpha:g}, {args.pilots} pilots per cell, reference T={temps[t_ref]}\n")
+    print("| prompts x samples x tokens | power T 1.0 vs 0.8 | false alarms (0.8 vs 0.8) |")
+    print("|---|---|---|")
+    rng = np.random.default_rng(args.seed)
+    for prompts, samples, tokens in budgets:
+        if prompts > pool.shape[1] or 2 * samples > pool.shape[2] or tokens > pool.shape[3]:
+            print(f"| {prompts} x {samples} x {tokens} | pool too small | |")
+            continue
+        t0 = time.perf_counter()
+        hits = alarms = 0
+        for i in range(args.pilots):
+            ref, cand = draw(pool, t_ref, t_cand, prompts, samples, tokens, rng)
+            hits += distribution_check(ref, cand, alpha=alpha, seed=i).outcome == "fail"
+            ref, cand = draw(pool, t_ref, t_ref, prompts, samples, tokens, rng)
+            alarms += distribution_check(ref, cand, alpha=alpha, seed=i).outcome == "fail"
+        print(f"| {prompts} x {samples} x {tokens} | {interval(hits, args.pilots)} | "
+              f"{interval(alarms, args.pilots)} |  ({time.perf_counter() - t0:.0f} s)",
               flush=True)
-    print(f"\n{time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

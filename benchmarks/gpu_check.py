@@ -63,7 +63,8 @@ def pilot_variant(
     data["load"].update(passes=passes, warmup_requests=1, order=order)
     sampled = data.get("sampling", {}).get("sampled")
     if sampled:
-        sampled.update(prompts=min(prompts, 2), samples_per_prompt=2, max_new_tokens=8)
+        # The smallest budget whose distribution check can still fail (a run refuses less).
+        sampled.update(prompts=min(prompts, 2), samples_per_prompt=4, max_new_tokens=8)
     data["report"] = {"title": f"GPU check ({device}, {order})", "html": False}
     return data
 

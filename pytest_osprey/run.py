@@ -31,6 +31,7 @@ from .judgement import GateResult, GateSpec, Judgement, judge, plan_gates
 from .judgement.gates import PREFLIGHT, evaluate
 from .judgement.history import Comparison, HistoryError, Previous, compare, open_previous
 from .judgement.partial import withhold
+from .judgement.quality_gates import sampling_budget_problem
 from .judgement.speed_gates import look_at
 from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
 from .pilot.selection import selected_trace
@@ -176,6 +177,10 @@ class PilotRun:
         except (OSError, ValueError) as exc:
             raise UsageError(one_line(exc, f"{pilot_path}: cannot read")) from None
         register_secrets(self.pilot)
+        # A gate that could never fail is refused before anything runs, never passed.
+        budget = sampling_budget_problem(self.pilot, len(self.trace.prompts))
+        if budget:
+            raise UsageError(f"{pilot_path}: {budget}")
         self.conditions = self._select(self.options.conditions, str(pilot_path))
         warning = bind_warning(self.pilot)
         if warning:

@@ -189,7 +189,7 @@ def test_server_model_ids_are_not_paths(tmp_path: Path) -> None:
         ("pretraining", "pretrainig", f"cost.setup.{CAND}.pretrainig"),
         ("samples_per_prompt", "sample_per_prompt", "sampling.sampled.sample_per_prompt"),
         ("warmup_requests", "warmup_request", "load.warmup_request"),
-        ("max_near_tie_fraction", "max_near_tie_fractoin", "limits.quality.max_near_tie_fractoin"),
+        ("max_loss_rate", "max_loss_rat", "limits.quality.max_loss_rat"),
         ("drafter", "drafte", f"conditions.{CAND}.drafte"),
         ("primary_load", "primary_lod", "decision.primary_lod"),
     ],
@@ -318,8 +318,7 @@ def test_list_given_as_a_string(tmp_path: Path) -> None:
          "expected an integer, got the number 1.5"),
         ("context_length", "8", "target.context_length", "greater than or equal to 16"),
         ("pretraining", "-0.5", f"cost.setup.{CAND}.pretraining", "greater than or equal to 0"),
-        ("max_near_tie_fraction", "2", "limits.quality.max_near_tie_fraction",
-         "less than or equal to 1"),
+        ("max_loss_rate", "2", "limits.quality.max_loss_rate", "less than 1"),
     ],
 )
 def test_out_of_range_numbers(tmp_path: Path, key: str, value: str, dotted: str, says: str) -> None:

@@ -1,12 +1,16 @@
-"""The ``expect`` checks (prompts/README.md semantics) and the paired correctness gate."""
+"""The ``expect`` checks (prompts/README.md semantics), the correctness gate and its exact
+binomial loss rule."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from pytest_osprey.judgement.correctness import (
     check,
@@ -15,8 +19,15 @@ from pytest_osprey.judgement.correctness import (
     last_number,
     strip_fence,
 )
+from pytest_osprey.judgement.losses import critical_count, loss_test
+from pytest_osprey.judgement.stats import StatsError
 from pytest_osprey.pilot.trace import Prompt
 from pytest_osprey.results.records import RequestRecord
+
+
+def assert_rate_at_most(hits: int, n: int, alpha: float, what: str) -> None:
+    p = stats.binomtest(hits, n, alpha, alternative="greater").pvalue
+    assert p > 0.001, f"{what}: {hits}/{n} = {hits / n:.4f} is significantly above {alpha}"
 
 
 def prompt(pid: str = "p", expect: dict[str, Any] | None = None, slice_: str = "core") -> Prompt:
@@ -191,32 +202,54 @@ def _campaign(ref: list[bool], cand: list[bool], slices: list[str] | None = None
     return r, c, prompts
 
 
-def test_identical_answers_pass_non_inferiority() -> None:
+def test_identical_answers_pass_and_gains_never_offset_a_loss() -> None:
     answers = [True] * 40 + [False] * 10
-    res = correctness_gate(*_campaign(answers, answers), margin=0.1, alpha=0.05)
+    res = correctness_gate(*_campaign(answers, answers), max_loss_rate=0.0, alpha=0.025)
     assert res.outcome == "pass" and res.n_pairs == 50
-    assert res.reference_rate == res.candidate_rate == 0.8 and res.estimate == 0
-    assert not res.losses and "0 newly wrong" in res.summary
+    assert res.test is not None and res.test.at_risk == 40 and res.test.losses == 0
+    assert res.reference_rate == res.candidate_rate == 0.8 and not res.losses
+    assert "0 of 40 answers" in res.summary and "loss rate <= 9%" in res.summary
+    # One loss and nine gains: the pass rate rises, the drafter still broke an answer.
+    cand = [False] + [True] * 39 + [True] * 9 + [False]
+    res = correctness_gate(*_campaign(answers, cand), max_loss_rate=0.0, alpha=0.025)
+    assert res.candidate_rate is not None and res.candidate_rate > 0.8
+    assert res.outcome == "fail" and list(res.losses) == ["p0"] and len(res.gains) == 9
 
 
 def test_many_newly_wrong_answers_fail_and_are_named() -> None:
     ref = [True] * 40
     cand = [True] * 20 + [False] * 20
-    res = correctness_gate(*_campaign(ref, cand), margin=0.05, alpha=0.05)
-    assert res.outcome == "fail" and res.estimate == -0.5
+    res = correctness_gate(*_campaign(ref, cand), max_loss_rate=0.05, alpha=0.025)
+    assert res.outcome == "fail" and res.test is not None and res.test.critical == 5
     assert len(res.losses) == 20 and "p20" in res.losses and "p20:" in res.summary
 
 
-def test_too_few_pairs_are_inconclusive() -> None:
-    res = correctness_gate(*_campaign([True] * 4, [True] * 4), margin=0.05, alpha=0.05)
-    assert res.outcome == "inconclusive"
+def test_a_tolerated_loss_rate_allows_its_critical_count() -> None:
+    ref = [True] * 40
+    res = correctness_gate(*_campaign(ref, [False] * 5 + [True] * 35), 0.05, 0.025)
+    assert res.outcome == "pass" and res.test is not None and res.test.critical == 5
+    res = correctness_gate(*_campaign(ref, [False] * 6 + [True] * 34), 0.05, 0.025)
+    assert res.outcome == "fail"
+
+
+def test_a_reference_never_right_is_not_evaluable_and_always_right_is() -> None:
+    res = correctness_gate(*_campaign([False] * 13, [False] * 13), 0.0, 0.025)
+    assert res.outcome == "skip" and "not evaluable" in res.summary and res.test is not None
+    assert res.test.at_risk == 0
+    res = correctness_gate(*_campaign([True] * 13, [True] * 13), 0.0, 0.025)
+    assert res.outcome == "pass" and res.test is not None and res.test.at_risk == 13
+    assert res.test.power[0.1] == pytest.approx(1 - 0.9**13)
+    assert res.test.power[0.2] == pytest.approx(1 - 0.8**13)
+    assert not res.test.underpowered  # 0.945 >= 0.8 against a 20 % loss rate
+    few = correctness_gate(*_campaign([True] * 5, [True] * 5), 0.0, 0.025)
+    assert few.outcome == "pass" and few.test is not None and few.test.underpowered
 
 
 def test_rates_per_slice_and_gains() -> None:
     ref = [True, True, False, True]
     cand = [True, False, True, True]
     res = correctness_gate(*_campaign(ref, cand, ["core", "core", "unusual", "unusual"]),
-                           margin=0.2, alpha=0.05)
+                           max_loss_rate=0.0, alpha=0.025)
     assert res.per_slice["core"].reference_rate == 1.0
     assert res.per_slice["core"].candidate_rate == 0.5
     assert res.per_slice["unusual"].candidate_rate == 1.0 and res.per_slice["unusual"].n == 2
@@ -227,14 +260,68 @@ def test_rates_per_slice_and_gains() -> None:
 def test_only_prompts_completed_on_both_sides_are_paired() -> None:
     r, c, prompts = _campaign([True] * 30, [True] * 30)
     c[0] = record("cand", "p0", "ok", ok=False)
-    res = correctness_gate(r, c, prompts, margin=0.1, alpha=0.05)
+    res = correctness_gate(r, c, prompts, max_loss_rate=0.0, alpha=0.025)
     assert res.n_pairs == 29
+
+
+def test_the_reference_rerun_is_reported_as_a_control() -> None:
+    r, c, prompts = _campaign([True] * 10, [True] * 10)
+    rerun = [record("base", f"p{i}", "bad" if i < 2 else "ok", block=1) for i in range(10)]
+    res = correctness_gate(r + rerun, c, prompts, 0.0, 0.025)
+    assert res.control_losses == 2 and res.control_at_risk == 10
+    assert "control (reference rerun): 2 of 10 lost" in res.summary
 
 
 def test_no_expect_skips_and_nothing_paired_fails() -> None:
     prompts = {"a": prompt("a")}
-    res = correctness_gate([record("b", "a", "x")], [record("c", "a", "x")], prompts, 0.05, 0.05)
+    res = correctness_gate([record("b", "a", "x")], [record("c", "a", "x")], prompts, 0.0, 0.025)
     assert res.outcome == "skip"
     r, _, prompts = _campaign([True], [True])
-    res = correctness_gate(r, [record("cand", "p0", "", ok=False)], prompts, 0.05, 0.05)
+    res = correctness_gate(r, [record("cand", "p0", "", ok=False)], prompts, 0.0, 0.025)
     assert res.outcome == "fail" and "nothing to compare" in res.summary
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.02, 0.05, 0.1, 0.3])
+@pytest.mark.parametrize("at_risk", [1, 5, 13, 40])
+def test_critical_count_is_the_exact_binomial_tail(rate: float, at_risk: int) -> None:
+    """The critical count by brute force: the smallest c with P(Bin(R, m) > c) <= alpha."""
+    alpha = 0.025
+    c = critical_count(at_risk, rate, alpha)
+    tail = [sum(math.comb(at_risk, k) * rate**k * (1 - rate) ** (at_risk - k)
+                for k in range(j + 1, at_risk + 1)) for j in range(at_risk + 1)]
+    assert tail[c] <= alpha + 1e-12
+    assert c == 0 or tail[c - 1] > alpha
+
+
+def test_loss_rule_size_and_power_by_simulation() -> None:
+    """Drafters as Bernoulli losses on the prompts at risk, including losses that come in
+    clusters (a slice of related prompts broken together): size <= alpha at the tolerated
+    rate, power as the rule states at the shipped size."""
+    rng = np.random.default_rng(5)
+    alpha, runs = 0.025, 4000
+    for at_risk, tolerated in ((13, 0.0), (13, 0.05), (40, 0.05)):
+        c = critical_count(at_risk, tolerated, alpha)
+        lossless = rng.random((runs, at_risk)) < tolerated
+        size = np.mean([loss_test(at_risk, int(x.sum()), tolerated, alpha).outcome == "fail"
+                        for x in lossless])
+        assert_rate_at_most(int(size * runs), runs, alpha, f"size at R={at_risk}, m={tolerated}")
+        for q in (0.1, 0.2):
+            hits = (rng.random((runs, at_risk)) < q).sum(axis=1) > c
+            stated = loss_test(at_risk, 0, tolerated, alpha).power.get(q)
+            assert stated is not None and abs(hits.mean() - stated) < 0.03, (hits.mean(), stated)
+    # Clustered losses: a drafter breaking whole groups of 3 related prompts (same share of
+    # answers on average) is caught at least as often as one breaking them independently.
+    at_risk, groups = 15, 5
+    broken = rng.random((runs, groups)) < 0.2
+    hits = np.repeat(broken, 3, axis=1).sum(axis=1) > critical_count(at_risk, 0.0, alpha)
+    assert hits.mean() >= 1 - 0.8**groups - 0.03
+
+
+def test_loss_rule_rejects_bad_input() -> None:
+    with pytest.raises(StatsError, match="losses must lie"):
+        loss_test(3, 4, 0.0, 0.025)
+    with pytest.raises(StatsError, match="max_loss_rate"):
+        loss_test(3, 1, 1.0, 0.025)

@@ -1,115 +1,41 @@
-"""Sampled-distribution homogeneity: exact statistics, calibration at the null, power.
-
-Two simulation models, both seeded:
-
-* ``MarkovLM``, a synthetic order-1 Markov chain over 1024 tokens whose rows are Zipf-shaped
-  (random token ranks per row, exponent drawn per row; token 0 ends the sequence). "Chat-like"
-  rows (exponents 1.5-4.0) have a mean next-token entropy of about 1 nat, as chat-tuned LLMs
-  sampled at temperature 1 do (most tokens nearly certain, some forks); "flat" rows (0.5-1.0,
-  about 6 nats) mimic the barely trained tiny test target, where nearly every sampled token
-  is unique. Temperature and top-p act on the rows as an engine applies them to logits.
-* the tiny target itself: its exact next-token distributions at 8 positions after 4 sampled
-  prefixes of each of 16 pilot prompts (last 16 prompt tokens; one batched ``generate``,
-  logits cached); a simulated sample picks a prefix and draws each position from that
-  prefix's conditional, so it follows the model's real marginals at each position.
+"""Sampled-distribution homogeneity: exact statistics, attainability, calibration at the null
+(with dependent noise) and power, on the synthetic chains of tests/sim_lm.py.
 
 Monte Carlo rates are judged with exact binomial tests at the 0.1% level (as in
 test_stats_simulation.py), so a seeded failure means the method, not the dice, is off; power
-claims must also hold as point estimates.
-
-Established here (default budget 16 prompts x 32 samples x 8 positions, alpha 0.01, 999
-permutations): false alarms at or below alpha in both regimes, with unequal sample counts;
-power against temperature 1.0 vs 0.8 and against top-p 1.0 vs 0.9 on the chat-like chain
-(observed 1.0 and 0.95-1.0 over three chains x 20 pilots; >= 0.8 asserted), and against
-temperature 1.0 vs 0.8 on the tiny target (observed 1.0; >= 0.8 asserted). Measured while
-building it, not asserted (too slow here): temperature power stays 1.0 at every entropy
-tried, but top-p 0.9 power falls with entropy: 0.8-0.9 at 1.8 nats, 0.25-0.55 at 3.1 nats
-and 0.13-0.2 on the tiny target (6.3-6.6 nats), which needs about 128 samples per prompt
-(power 1.0 over 10 pilots).
+claims must also hold as point estimates. Real samples of the tiny target are measured by
+benchmarks/distribution_power.py (too slow here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
+from sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
+from pytest_osprey.campaign.runner import sample_seed
 from pytest_osprey.judgement.distribution import (
-    END,
-    FAMILIES,
-    _one_prompt,
+    KERNELS,
+    _means,
+    budget_problem,
     distribution_check,
+    kernel_parts,
     records_to_samples,
+    smallest_p,
 )
+from pytest_osprey.judgement.quality_gates import sampling_budget_problem
 from pytest_osprey.judgement.stats import StatsError
+from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
+from pytest_osprey.run import PilotRun, UsageError
 
 SIG = 0.001
-CHAT_LIKE = (1.5, 4.0)  # Zipf exponents: mean next-token entropy about 1 nat
-FLAT = (0.5, 1.0)  # about 6 nats, like the tiny target
-ROOT = Path(__file__).resolve().parents[1]
-Samples = dict[str, list[list[int]]]
-
-
-class MarkovLM:
-    """Order-1 Markov chain with Zipf-shaped rows; token 0 is end-of-sequence."""
-
-    def __init__(self, exponents: tuple[float, float], seed: int, vocab: int = 1024) -> None:
-        rng = np.random.default_rng(seed)
-        self.vocab = vocab
-        ranks = rng.permuted(np.tile(np.arange(1.0, vocab + 1), (vocab, 1)), axis=1)
-        self.logits = -rng.uniform(*exponents, size=(vocab, 1)) * np.log(ranks)
-        self.starts = rng.integers(1, vocab, size=64)  # each prompt's "previous token"
-
-    def entropy(self) -> float:
-        p = np.exp(self.logits)
-        p /= p.sum(axis=1, keepdims=True)
-        return float(-(p * np.log(p)).sum(axis=1).mean())
-
-    def sampler(self, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
-        return _flat_cdf(self.logits, temperature, top_p)
-
-    def draw(self, cdf: np.ndarray, prompts: int, n: int, k: int, rng: np.random.Generator,
-             ) -> Samples:
-        state = np.repeat(self.starts[:prompts], n)
-        toks = np.empty((state.size, k), dtype=np.int64)
-        for j in range(k):
-            state = _search(cdf, state, rng, self.vocab)
-            toks[:, j] = state
-        return _as_samples(toks.reshape(prompts, n, k), eos=0)
-
-
-def _flat_cdf(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
-    """Row-wise CDFs of softmax(logits / T) after nucleus truncation, as one sorted array."""
-    z = logits / temperature
-    p = np.exp(z - z.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    if top_p < 1:
-        order = np.argsort(-p, axis=-1)
-        s = np.take_along_axis(p, order, axis=-1)
-        kept = np.where(np.cumsum(s, axis=-1) - s < top_p, s, 0.0)
-        p = np.zeros_like(p)
-        np.put_along_axis(p, order, kept, axis=-1)
-        p /= p.sum(axis=-1, keepdims=True)
-    c = np.cumsum(p.reshape(-1, p.shape[-1]), axis=1)
-    c[:, -1] = 1.0
-    return (c + np.arange(c.shape[0])[:, None]).ravel()  # row r's CDF lives in [r, r+1]
-
-
-def _search(cdf: np.ndarray, rows: np.ndarray, rng: np.random.Generator, vocab: int,
-            ) -> np.ndarray:
-    drawn = np.searchsorted(cdf, rows + rng.random(rows.shape)) - rows * vocab
-    return np.asarray(np.minimum(drawn, vocab - 1))
-
-
-def _as_samples(toks: np.ndarray, eos: int) -> Samples:
-    out: Samples = {}
-    for i, rows in enumerate(toks.tolist()):
-        out[f"p{i:02d}"] = [r[: r.index(eos) + 1] if eos in r else r for r in rows]
-    return out
 
 
 def assert_rate_at_most(hits: int, n: int, alpha: float, what: str) -> None:
@@ -117,81 +43,127 @@ def assert_rate_at_most(hits: int, n: int, alpha: float, what: str) -> None:
     assert p > SIG, f"{what}: {hits}/{n} = {hits / n:.4f} is significantly above {alpha}"
 
 
-def assert_power(hits: int, n: int, target: float, what: str) -> None:
-    assert hits / n >= target, f"{what}: power {hits}/{n} = {hits / n:.2f} < {target}"
-
-
 # --------------------------------------------------------------------------- exactness
 
 
-def test_statistics_match_scipy_and_direct_formulas() -> None:
-    """The vectorised per-position statistics (singleton shortcut included) are exact."""
-    rng = np.random.default_rng(3)
-    for n_a, n_b, vocab in ((9, 7, 5), (12, 12, 40), (6, 10, 200)):
-        k = 5
-        seqs = [list(rng.integers(0, vocab, rng.integers(2, k + 2))) for _ in range(n_a + n_b)]
-        groups = np.vstack([np.arange(n_a + n_b) < n_a] * 2).astype(np.float64)
-        got = _one_prompt("x", seqs, n_a, k, groups)
-        for j in range(k):
-            col = np.array([s[j] if j < len(s) else END for s in seqs])
-            cats = np.unique(col)
-            table = np.array([(col[:n_a, None] == cats).sum(0), (col[n_a:, None] == cats).sum(0)])
-            chi = 0.0
-            if cats.size > 1:
-                chi = stats.chi2_contingency(table, correction=False).statistic
-            assert got.chi[0, j] == pytest.approx(chi, abs=1e-9)
-            a, b = table
-            rep = (a * (a - 1)).sum() / (n_a * (n_a - 1)) - (b * (b - 1)).sum() / (n_b * (n_b - 1))
-            assert got.conc[0, j] == pytest.approx(rep, abs=1e-12)
-            rare = (a + b) * min(n_a, n_b) / (n_a + n_b) < 5
-            share = a / n_a - b / n_b
-            tv = 0.5 * (np.abs(share[~rare]).sum() + abs(share[rare].sum()))
-            assert got.tv[0, j] == pytest.approx(tv, abs=1e-12)
+def test_kernel_parts_are_similarities() -> None:
+    rng = np.random.default_rng(0)
+    seqs = [list(rng.integers(0, 6, rng.integers(1, 9))) for _ in range(12)] + [[]]
+    parts = kernel_parts(seqs)
+    assert set(parts) == set(KERNELS)
+    for name, k in parts.items():
+        assert np.allclose(k, k.T), name
+        assert k.min() >= -1e-12 and k.max() <= 1 + 1e-12, name
+        assert np.linalg.eigvalsh(k).min() > -1e-9, name  # a kernel: no negative MMD^2
+    assert np.allclose(np.diag(parts["tokens"])[:-1], 1.0)
+    # Token counts (2, 1) and (1, 1) over tokens 1 and 2: their cosine.
+    k = kernel_parts([[1, 1, 2], [1, 2]])["tokens"]
+    assert k[0, 1] == pytest.approx((2 * 1 + 1 * 1) / (math.sqrt(5) * math.sqrt(2)))
+    assert kernel_parts([[1, 2, 3], [1, 5, 3]])["positions"][0, 1] == pytest.approx(2 / 3)
+
+
+def test_unbiased_mmd_rows_match_the_direct_formula() -> None:
+    rng = np.random.default_rng(1)
+    n_a, n_b = 5, 7
+    x = rng.random((n_a + n_b, 4))
+    k = x @ x.T
+    k0 = k.copy()
+    np.fill_diagonal(k0, 0.0)
+    groups = np.vstack([np.arange(n_a + n_b) < n_a,
+                        rng.permutation(np.arange(n_a + n_b) < n_a)]).astype(np.float64)
+    w_a, w_b, ab = _means(k0, groups, n_a)
+    for row in range(2):
+        a, b = groups[row] == 1, groups[row] == 0
+        kaa, kbb = k[np.ix_(a, a)], k[np.ix_(b, b)]
+        direct = ((kaa.sum() - np.trace(kaa)) / (n_a * (n_a - 1))
+                  + (kbb.sum() - np.trace(kbb)) / (n_b * (n_b - 1))
+                  - 2 * k[np.ix_(a, b)].mean())
+        assert w_a[row] + w_b[row] - 2 * ab[row] == pytest.approx(direct)
+
+
+def test_smallest_p_counts_the_joint_relabellings() -> None:
+    assert smallest_p([(4, 4)], 10**9) == pytest.approx(2 / 70, rel=1e-6)
+    assert smallest_p([(4, 4)] * 4, 999) == pytest.approx((1 + 999 * (2 / 70) ** 4) / 1000)
+    assert smallest_p([(3, 5)], 10**9) == pytest.approx(1 / math.comb(8, 3), rel=1e-6)
+    assert smallest_p([(1, 4)]) == 1.0  # nothing comparable
+    # Exhaustively for one prompt of 3 + 3: the most extreme MMD^2 is reached by the observed
+    # split and its mirror only.
+    seqs = [[1, 1], [1, 1], [1, 1], [2, 2], [2, 2], [2, 2]]
+    k0 = sum(kernel_parts(seqs).values()) / len(KERNELS)
+    np.fill_diagonal(k0, 0.0)
+    splits = np.array([[i in c for i in range(6)] for c in itertools.combinations(range(6), 3)],
+                      dtype=np.float64)
+    w_a, w_b, ab = _means(k0, splits, 3)
+    mmd = w_a + w_b - 2 * ab
+    assert np.sum(mmd >= mmd.max() - 1e-12) / len(mmd) == pytest.approx(smallest_p([(3, 3)],
+                                                                                10**12))
 
 
 # --------------------------------------------------------------------------- behaviour
 
 
-def test_identical_samples_pass_and_a_clear_change_fails_naming_where() -> None:
-    same = {f"p{i}": [[1, 2, 3, i]] * 16 + [[4, 5, 6, i]] * 16 for i in range(16)}
+def test_the_shipped_budget_can_fail_on_the_faults_the_old_check_passed() -> None:
+    """4 prompts x 4 samples per side (the old embedded pilot): always token 5 vs always 7, a
+    candidate stuck on one token, lengths 2 vs 16: each now fails at alpha 0.01."""
+    rng = np.random.default_rng(2)
+    ids = [f"p{i}" for i in range(4)]
+    cases = {
+        "5 vs 7": ({p: [[5] * 8] * 4 for p in ids}, {p: [[7] * 8] * 4 for p in ids}),
+        "stuck": ({p: [list(rng.integers(0, 100, 8)) for _ in range(4)] for p in ids},
+                  {p: [[3] * 8] * 4 for p in ids}),
+        "lengths": ({p: [list(rng.integers(0, 9, 2)) for _ in range(4)] for p in ids},
+                    {p: [list(rng.integers(0, 9, 16)) for _ in range(4)] for p in ids}),
+    }
+    for name, (ref, cand) in cases.items():
+        res = distribution_check(ref, cand, alpha=0.01)
+        assert res.outcome == "fail" and res.p_value <= 0.01, (name, res.summary)
+    same = {p: [[1, 2, 3]] * 4 for p in ids}
     res = distribution_check(same, same)
-    assert res.outcome == "pass" and res.min_adjusted_p == 1.0
-    assert res.n_prompts == 16 and res.samples_per_prompt == 32 and not res.underpowered
-    shifted = {pid: [[1, 2, 3, i]] * 30 + [[4, 5, 6, i]] * 2 for i, pid in enumerate(same)}
-    res = distribution_check(same, shifted)
-    assert res.outcome == "fail" and res.min_adjusted_p <= 0.01
-    assert res.worst_position == 0 and res.worst_prompt is not None
-    assert "16/32 vs" in res.worst_detail
-    assert res.repeat_ratio is not None and res.repeat_ratio > 1.5
-    assert res.tv_mean > res.tv_null
-    assert set(res.adjusted_p) <= set(FAMILIES) and "differ" in res.summary
+    assert res.outcome == "pass" and res.p_value == 1.0 and res.distance == pytest.approx(0)
 
 
-def test_length_change_is_seen() -> None:
-    rng = np.random.default_rng(0)
-    ref = {f"p{i}": [[7] * int(rng.integers(20, 30)) for _ in range(32)] for i in range(16)}
-    cand = {f"p{i}": [[7] * int(rng.integers(10, 20)) for _ in range(32)] for i in range(16)}
-    res = distribution_check(ref, cand)
-    assert res.outcome == "fail" and res.adjusted_p["lengths"] <= 0.01
-    assert res.worst_position is None and "output length" in res.worst_detail
+def test_a_budget_that_cannot_reach_alpha_is_never_a_pass() -> None:
+    ref, cand = {"p": [[5] * 8] * 4}, {"p": [[7] * 8] * 4}
+    res = distribution_check(ref, cand, alpha=0.01)
+    assert res.outcome == "inconclusive" and res.smallest_p > 0.01
+    assert res.summary.startswith("cannot detect at this budget")
+    why = budget_problem(1, 4, 0.01)
+    assert why is not None and "samples_per_prompt >= 5" in why and "prompts >= 2" in why
+    assert budget_problem(4, 4, 0.01) is None and budget_problem(3, 1, 0.01) is not None
+    pilot = Pilot.model_validate({
+        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
+        "conditions": {"b": {"role": "baseline"}, "c": {"role": "candidate"}},
+        "sampling": {"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": 1}}})
+    problem = sampling_budget_problem(pilot, trace_prompts=20)
+    assert problem is not None and "sampling.sampled.samples_per_prompt" in problem
+    assert "sampling.sampled.prompts" in problem
+    assert sampling_budget_problem(pilot, trace_prompts=1) is not None
 
 
-def test_small_budget_is_flagged_and_results_are_seeded() -> None:
-    rng = np.random.default_rng(1)
+def test_effect_size_is_centred_at_zero_and_sees_diversity() -> None:
+    lm = MarkovLM(CHAT_LIKE, seed=5)
+    rng = np.random.default_rng(6)
+    base, sharp = lm.sampler(1.0), lm.sampler(0.5)
+    nulls = [distribution_check(lm.draw(base, 8, 8, 16, rng), lm.draw(base, 8, 8, 16, rng),
+                                permutations=199, alpha=0.05).distance for _ in range(30)]
+    assert abs(np.mean(nulls)) < 3 * np.std(nulls) / np.sqrt(len(nulls)) + 1e-3
+    res = distribution_check(lm.draw(base, 8, 8, 16, rng), lm.draw(sharp, 8, 8, 16, rng))
+    assert res.outcome == "fail" and res.distance > res.critical
+    assert res.similarity_ratio is not None and res.similarity_ratio > 1.2
+
+
+def test_results_are_seeded() -> None:
+    rng = np.random.default_rng(7)
     ref = {f"p{i}": [list(rng.integers(0, 9, 4)) for _ in range(6)] for i in range(3)}
     cand = {f"p{i}": [list(rng.integers(0, 9, 4)) for _ in range(5)] for i in range(3)}
     a, b = distribution_check(ref, cand, seed=4), distribution_check(ref, cand, seed=4)
-    assert a == b and a.underpowered and "underpowered" in a.summary
-    assert a.samples_per_prompt == 5
+    assert a == b and a.samples_per_prompt == 5
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [
-        ({"alpha": 0.0}, "alpha"),
-        ({"positions": 0}, "positions"),
-        ({"permutations": 99}, "permutations cannot reach"),
-    ],
+    [({"alpha": 0.0}, "alpha"), ({"positions": 0}, "positions"),
+     ({"permutations": 49}, "permutations cannot reach")],
 )
 def test_bad_settings_raise(kwargs: dict[str, float], message: str) -> None:
     data = {"p": [[1], [2]]}
@@ -217,105 +189,64 @@ def test_records_to_samples_keeps_ok_sampled_records_of_the_condition() -> None:
     assert records_to_samples(records, "c") == {"p": [[0, 9], [1, 9]], "q": [[0, 9]]}
 
 
+def test_sample_seeds_differ_per_condition_prompt_and_sample() -> None:
+    seeds = {sample_seed(0, c, p, i) for c in ("a", "b") for p in ("x", "y") for i in range(50)}
+    assert len(seeds) == 200
+    assert sample_seed(0, "a", "x", 3) == sample_seed(0, "a", "x", 3)
+    assert all(0 <= s < 2**31 for s in seeds)
+
+
 # --------------------------------------------------------------------------- calibration
 
 
 @pytest.mark.parametrize(("regime", "exponents"), [("chat-like", CHAT_LIKE), ("flat", FLAT)])
 def test_false_alarm_rate_at_most_alpha(regime: str, exponents: tuple[float, float]) -> None:
-    """Self vs self, unequal sample counts (failed requests): rejections <= alpha."""
+    """Self vs self with unequal sample counts (failed requests) and prompts that differ in
+    how sharply they sample (a per-prompt temperature shared by both sides: the samples of
+    a prompt are alike, prompts are not): rejections <= alpha."""
     lm = MarkovLM(exponents, seed=11)
-    cdf = lm.sampler(0.8)
     rng = np.random.default_rng(12)
-    pilots = 100
-    p_min = np.array([
-        distribution_check(lm.draw(cdf, 6, 10, 4, rng), lm.draw(cdf, 6, 8, 4, rng),
-                           positions=4, permutations=399, seed=i).min_adjusted_p
-        for i in range(pilots)
-    ])
-    for alpha in (0.01, 0.05, 0.1):
-        hits = int((p_min <= alpha).sum())
+    pilots = 120
+    p = []
+    for i in range(pilots):
+        temps = rng.uniform(0.6, 1.2, size=6)
+        ref, cand = {}, {}
+        for j, t in enumerate(temps):
+            cdf = lm.sampler(float(t))
+            ref[f"p{j}"] = lm.draw(cdf, 1, 7, 6, rng)["p00"]
+            cand[f"p{j}"] = lm.draw(cdf, 1, 5, 6, rng)["p00"]
+        p.append(distribution_check(ref, cand, permutations=199, alpha=0.05, seed=i).p_value)
+    for alpha in (0.05, 0.1, 0.2):
+        hits = int((np.array(p) <= alpha).sum())
         assert_rate_at_most(hits, pilots, alpha, f"{regime} false alarms at alpha={alpha}")
 
 
 # --------------------------------------------------------------------------- power
 
 
-Draw = Callable[[np.ndarray, np.random.Generator], Samples]
-
-
-def _power(reference: np.ndarray, alternative: np.ndarray, draw: Draw, pilots: int,
-           seed: int) -> tuple[int, int]:
-    """(rejections of the alternative, rejections of the null) at the default budget."""
-    rng = np.random.default_rng(seed)
-    hits = nulls = 0
-    for i in range(pilots):
-        ref = draw(reference, rng)
-        hits += distribution_check(ref, draw(alternative, rng), seed=i).outcome == "fail"
-        if i < pilots // 2:
-            nulls += distribution_check(ref, draw(reference, rng), seed=i).outcome == "fail"
-    return hits, nulls
-
-
-@pytest.mark.parametrize(("name", "temperature", "top_p"), [("T 0.8", 0.8, 1.0),
-                                                           ("top-p 0.9", 1.0, 0.9)])
-def test_power_on_chat_like_distributions(name: str, temperature: float, top_p: float) -> None:
-    """Default budget (16 x 32 x 8) vs a sampler at temperature 1.0, top-p 1.0."""
+def test_power_against_temperature_on_chat_like_chains() -> None:
+    """8 prompts x 16 samples x 32 tokens, temperature 1.0 vs 0.8 (measured 1.0 over 40)."""
     lm = MarkovLM(CHAT_LIKE, seed=21)
-    assert 0.8 < lm.entropy() < 1.2
-    base, alt = lm.sampler(), lm.sampler(temperature, top_p)
-    hits, nulls = _power(base, alt, lambda c, rng: lm.draw(c, 16, 32, 8, rng), 10, seed=22)
-    assert_power(hits, 10, 0.8, f"chat-like chain, {name}")
-    assert_rate_at_most(nulls, 5, 0.01, "chat-like chain, default budget, null")
+    rng = np.random.default_rng(22)
+    base, alt = lm.sampler(1.0), lm.sampler(0.8)
+    pilots = 10
+    hits = sum(distribution_check(lm.draw(base, 8, 16, 32, rng), lm.draw(alt, 8, 16, 32, rng),
+                                  seed=i).outcome == "fail" for i in range(pilots))
+    assert hits / pilots >= 0.8, f"power {hits}/{pilots}"
 
 
-@pytest.fixture(scope="module")
-def tiny_target_logits() -> Iterator[tuple[np.ndarray, int]]:
-    """Raw logits (prompts, prefixes, positions, vocab) after T=1 prefixes, and the EOS id."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from pytest_osprey.pilot.trace import render_prompt
-    from pytest_osprey.pilot.trace_file import load_trace
-
-    model_dir = next((p for p in (ROOT / "fixtures/models/tiny-target",
-                                  Path("/tmp/models-try/tiny-target"))  # until fixtures land
-                      if (p / "config.json").is_file()), None)
-    if model_dir is None:
-        pytest.skip("tiny target model not found (fixtures/models/tiny-target)")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # 2 shared cores: more threads only contend
-    torch.manual_seed(0)
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        # The last 16 tokens of each prompt, 4 sampled prefixes each, in one batch: cheap.
-        rows = [tok(render_prompt(p, tok))["input_ids"][-16:]
-                for p in load_trace([ROOT / "prompts/pilot.jsonl"]).prompts[:16]]
-        ids = torch.tensor(rows).repeat_interleave(4, dim=0)
-        with torch.inference_mode():
-            out = model.eval().generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                temperature=1.0, top_k=0, max_new_tokens=8, min_new_tokens=8,
-                return_dict_in_generate=True, output_logits=True, pad_token_id=tok.pad_token_id,
-            )
-        logits = torch.stack(out.logits, dim=1).double().numpy().reshape(16, 4, 8, -1)
-    finally:
-        torch.set_num_threads(threads)
-    yield logits, int(tok.eos_token_id)
-
-
-def test_power_on_the_tiny_target_temperature(
-    tiny_target_logits: tuple[np.ndarray, int],
-) -> None:
-    """Default budget, the tiny target's own conditionals: temperature 1.0 vs 0.8."""
-    lg, eos = tiny_target_logits
-    prompts, prefixes, k, vocab = lg.shape
-
-    def draw(cdf: np.ndarray, rng: np.random.Generator) -> Samples:
-        pick = rng.integers(prefixes, size=(prompts, 32))
-        rows = ((np.arange(prompts)[:, None, None] * prefixes + pick[:, :, None]) * k
-                + np.arange(k))
-        return _as_samples(_search(cdf, rows, rng, vocab), eos=eos)
-
-    hits, nulls = _power(_flat_cdf(lg, 1.0, 1.0), _flat_cdf(lg, 0.8, 1.0), draw, 10, seed=31)
-    assert_power(hits, 10, 0.8, "tiny target, T 0.8")
-    assert_rate_at_most(nulls, 5, 0.01, "tiny target, default budget, null")
+def test_a_run_refuses_a_budget_that_cannot_fail(tmp_path: Path) -> None:
+    """Before anything runs: a usage error naming the keys, never a campaign that passes."""
+    (tmp_path / "t.jsonl").write_text(
+        "".join(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Hi {i}"}) + "\n"
+                for i in range(3)))
+    (tmp_path / "m").mkdir()
+    pilot = ("target: {model: m}\ntrace: {files: [t.jsonl]}\n"
+             "conditions: {b: {role: baseline}, c: {role: candidate}}\n"
+             "sampling: {sampled: {enabled: true, samples_per_prompt: 4, prompts: 1}}\n")
+    (tmp_path / "pilot.yaml").write_text(pilot)
+    with pytest.raises(UsageError, match=r"sampling\.sampled\.samples_per_prompt") as err:
+        PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path)
+    assert "smallest attainable p = 0.0295" in str(err.value)
+    (tmp_path / "pilot.yaml").write_text(pilot.replace("prompts: 1", "prompts: 2"))
+    assert PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path).pilot.sampling.sampled.prompts == 2

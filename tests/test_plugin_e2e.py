@@ -36,8 +36,6 @@ load:
   blocks: 2
 limits:
   speedup_min: {speedup_min}
-  # A handful of checked prompts can only show a wide non-inferiority margin.
-  quality: {{correctness_margin: 0.9}}
 decision:
   primary_load: low
 {extra}
@@ -117,7 +115,7 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     summary = _summary(pytester)
     assert summary["verdicts"][0]["verdict"] == "KEEP"
     records = (pytester.path / "res" / "records.jsonl").read_text().splitlines()
-    # 2 conditions x 2 blocks x 2 levels x 8 prompts (8: fewer cannot pass Holm over 2 claims)
+    # 2 conditions x 2 blocks x 2 levels x 8 prompts
     assert len(records) == 64
     rec = json.loads(records[0])
     for key in ("schema", "run_id", "condition", "block", "load", "prompt_id", "ttft_s",
@@ -171,7 +169,8 @@ def _check_benchmark_json(pytester: pytest.Pytester) -> None:
                if r["condition"] == c and r["load"] == "low" and r["mode"] == "greedy"]
         entry = got[f"{c}-low-e2e"]
         assert entry["group"] == "osprey low e2e" and entry["extra_info"]["condition"] == c
-        assert entry["stats"]["rounds"] == len(e2e) == 16
+        # 8 prompts per pass; early stopping may end the campaign after its first pass.
+        assert entry["stats"]["rounds"] == len(e2e) and len(e2e) in (8, 16)
         assert entry["stats"]["median"] == pytest.approx(statistics.median(e2e))
         assert entry["stats"]["max"] == pytest.approx(max(e2e))
     cli = Path(sys.executable).with_name("pytest-benchmark")

@@ -78,8 +78,9 @@ def _embedded(tmp: Path) -> tuple[Path, Path]:
     return dump_pilot(tmp / "pilot.yaml", data), events
 
 
-def _server(tmp: Path) -> tuple[Path, Path]:
-    """The fake SGLang server per condition; the baseline's 2nd request is never answered."""
+def _server(tmp: Path, order: str = "sequential") -> tuple[Path, Path]:
+    """The fake SGLang server per condition; the baseline's 2nd request is never answered.
+    ``interleaved``: both servers are up when it hangs."""
     events = tmp / "events"
     trace = write_trace(tmp / "trace.jsonl", 3)
     data = {**fake_sglang(events, base_env={"OSPREY_FAKE_FAULTS": "2=hang",
@@ -99,7 +100,7 @@ def _stop(tmp: Path, engine: str, adapter: str, sig: int) -> Stopped:
         run.start()
         def in_flight() -> bool:
             if engine == "embedded":  # the short prompt done: the long one is generating
-                return "baseline greedy block 1 load low: 1/2" in run.output()
+                return re.search(r"greedy pass 1: [12]/4 requests", run.output()) is not None
             return run.events("baseline").requests >= 2  # the 2nd is never answered
 
         assert wait_for(in_flight, 600, step=0.2), run.output()[-3000:]
@@ -168,7 +169,7 @@ def test_servers_die_with_a_sigkilled_runner(tmp_path: Path) -> None:
     """SIGKILL runs no cleanup in the runner: each server's watchdog ends its process group
     (the server and the child it spawned) within a second or so; ``report`` then calls the
     campaign killed."""
-    path, events = _server(tmp_path)
+    path, events = _server(tmp_path, order="interleaved")
     (tmp_path / "work").mkdir()
     run = PilotRun(tmp_path / "work", path, events, "-rA")
     try:

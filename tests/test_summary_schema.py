@@ -66,11 +66,12 @@ conditions:
 trace: {files: [trace.jsonl]}
 sampling:
   sampled: {enabled: true, samples_per_prompt: 4, prompts: 4}
+  params: {enabled: true, prompts: 1}
 load: {levels: {low: 1, busy: 4}, passes: 2, boots_per_condition: 2}
 limits:
   speedup_min: 1.1
   min_completed_fraction: 0.9
-  quality: {correctness_margin: 0.5}
+  quality: {max_loss_rate: 0.0}
   memory: {max_increase_pct: 30}
   latency: [{metric: ttft, percentile: 50, max_s: 0.5, load: busy}]
   cost: {max_cost_per_request: 0.01, max_break_even_days: 30}
@@ -110,14 +111,20 @@ def _records(rng: np.random.Generator) -> list[RequestRecord]:
                     ids = _ids(cond, pid)
                     ok = not (cond == "current" and level == "busy" and k == 11 and block == 1)
                     out.append(make_record(
-                        cond, pid, run_id=RUN_ID, block=block, boot=block, load=level, concurrency=conc,
+                        cond, pid, run_id=RUN_ID, block=block, boot=block, load=level,
+                        concurrency=conc,
                         slice=slice_, ok=ok, error=None if ok else "timed out after 300 s",
                         e2e_s=e2e if ok else None, itl_s=[0.9 * e2e / 5] * 5 if ok else [],
                         prompt_tokens=30, output_ids=ids if ok else [],
                         output_text=_text(cond, pid) if ok else "",
                         top2_margin=[2.0, 2.0, 2.0, 2.0, 0.01, 2.0] if cond == "baseline"
                         else None,
+                        top2_ids=[[t, 98 if j == 4 else 97] for j, t in enumerate(ids)]
+                        if cond == "baseline" else None,
                         spec_verify_ct=3 if ok and cond != "baseline" else None,
+                        spec_drafts=2 if ok and cond != "baseline" else None,
+                        spec_accepted_per_position=[2, 1, 0] if ok and cond != "baseline"
+                        else None,
                         finish_reason="length", started_at=1000.0 * block + k * e2e,
                     ))
     for cond in CONDITIONS:  # the sampled pass: one distribution for every condition
@@ -125,6 +132,15 @@ def _records(rng: np.random.Generator) -> list[RequestRecord]:
             outputs = [[int(t) for t in rng.integers(0, 5, 6)] for _ in range(4)]
             out += sampled_records(cond, pid, outputs, run_id=RUN_ID, slice=slice_,
                                    e2e_s=0.3, ttft_s=0.05, output_text="x", started_at=5000.0)
+    for cond in CONDITIONS:  # the sampling-parameters pass: one penalty probe, honoured
+        for probe, ids, request in (("plain", [1, 2, 1, 2], None),
+                                    ("repetition_penalty", [1, 2, 3, 4],
+                                     {"repetition_penalty": 1.3})):
+            out.append(RequestRecord(
+                run_id=RUN_ID, condition=cond, block=0, repetition=0, load="low", concurrency=1,
+                prompt_id=PROMPTS[0][0], slice=PROMPTS[0][1], domain="d", mode="params",
+                sample_index=0, ok=True, output_ids=ids, output_text="x", probe=probe,
+                request=request, started_at=6000.0))
     return out
 
 
@@ -224,9 +240,16 @@ def test_campaign_exercises_every_gate_kind_and_verdict(run: Run) -> None:
     assert _gate(s, "speedup", "slow-vs-baseline-busy")["outcome"] in ("fail", "inconclusive")
     assert _gate(s, "greedy_identity", "slow-vs-baseline")["outcome"] == "fail"
     identity = _gate(s, "greedy_identity", "cand-vs-baseline")
-    assert identity["outcome"] == "pass" and len(identity["details"]["near_ties"]) == 1
+    # p07 flips onto the runner-up at a near-tie in each of 2 blocks x 2 levels.
+    assert identity["outcome"] == "pass" and len(identity["details"]["near_ties"]) == 4
+    assert identity["details"]["rate_test"] == "control"
     assert _gate(s, "memory", "slow-vs-baseline")["outcome"] == "fail"
     assert not any("p_holm" in g["details"] for g in s["gates"])  # no adjustment across gates
+    correctness = _gate(s, "correctness", "cand-vs-baseline")
+    assert correctness["details"]["at_risk"] == 12 and correctness["evidence"] == "tested"
+    assert _gate(s, "correctness", "slow-vs-baseline")["outcome"] == "fail"
+    assert _gate(s, "sampling_params", "cand-vs-baseline")["outcome"] == "pass"
+    assert _gate(s, "acceptance", "cand-vs-current")["gating"] is False
 
 
 def test_summary_validates_against_the_json_schema(run: Run) -> None:
@@ -246,6 +269,8 @@ def test_files_without_the_later_additions_still_validate(run: Run) -> None:
     added = ("load_label", "dispatch_lag_p99_s", "cost_per_request", "checked", "correct",
              "correct_fraction")
     old["figures"] = [{k: v for k, v in f.items() if k not in added} for f in old["figures"]]
+    old["gates"] = [{k: v for k, v in g.items() if k != "evidence"} for g in old["gates"]]
+    old["verdicts"] = [{k: v for k, v in v.items() if k != "unproven"} for v in old["verdicts"]]
     old["cost"] = {**old["cost"], "table": [{k: v for k, v in c.items() if k != "load_label"}
                                             for c in old["cost"]["table"]]}
     jsonschema.validate(old, json_schema())
@@ -273,7 +298,7 @@ TOP_KEYS = ["schema", "run_id", "pilot_name", "trace_hash", "config_hash", "stat
             "partial", "rejudged", "verdicts", "gates", "figures", "cost", "conditions",
             "comparison", "setup", "stability", "goodput", "domains", "acceptance_by_position"]
 GATE_KEYS = ["kind", "id", "condition", "reference", "load", "slice", "gating", "outcome",
-             "summary", "estimate", "ci", "threshold", "p_value", "details"]
+             "evidence", "summary", "estimate", "ci", "threshold", "p_value", "details"]
 FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", "ttft_p95_s",
                "e2e_p50_s", "e2e_p95_s", "tpot_p50_s", "tokens_per_s",
                "request_tokens_per_s_p50", "accept_length_pooled", "accept_length_mean",
@@ -301,7 +326,7 @@ def test_golden_structure(run: Run) -> None:
     assert all(list(c) == COST_ROW_KEYS for c in s["cost"]["table"])
     assert [list(b) for b in s["cost"]["break_even"]] == [BREAK_EVEN_KEYS] * 4  # 2 x 2 refs
     assert list(s["verdicts"][0]) == ["candidate", "verdict", "reasons", "headline", "bullets",
-                                      "notes"]
+                                      "notes", "unproven"]
     assert all(len(v["headline"]) <= 160 for v in s["verdicts"])
     assert list(s["goodput"]) == ["ttft_s", "tpot_s", "e2e_s", "min_share", "margin", "table"]
     assert [(r["condition"], r["load"]) for r in s["goodput"]["table"]] == [

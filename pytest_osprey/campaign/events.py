@@ -25,7 +25,7 @@ class StopLook:
 @dataclass(frozen=True)
 class ProgressEvent:
     condition: str
-    phase: str  # boot | warmup | greedy | sampled | done | error
+    phase: str  # boot | warmup | greedy | sampled | params | done | error
     load: str = ""
     block: int = 0  # greedy: the pass
     done: int = 0

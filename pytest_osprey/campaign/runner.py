@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import os
 import platform
 import secrets
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,19 +29,24 @@ from ..results.campaign_file import CampaignFile, ConditionRun, PlanFacts, Sched
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
 from .events import Progress, ProgressEvent, StopRule
+from .probing import run_probes
 from .requests import host_load, max_new_tokens, poisson_arrivals, stop_reason
 from .schedule import ReplayPlan, Stretch, plan_replay
 
 
-def sample_seed(base: int, condition: str, index: int) -> int:
-    """The seed of a condition's ``index``-th sample: distinct per condition.
+def sample_seed(base: int, condition: str, prompt_id: str, index: int) -> int:
+    """The seed of a condition's ``index``-th sample of a prompt: distinct per condition,
+    prompt and sample.
 
-    The distribution check compares two samples that must be independent: with the seeds
-    shared, a candidate's draws reuse the baseline's random numbers, the samples come out
-    coupled and the permutation test loses most of its power (on the tiny target, temperature
-    1.0 vs 0.8 went undetected, p=0.05, where independent draws gave p=0.003).
+    The distribution check compares samples that must be independent. With seeds shared
+    across conditions a candidate's draws reuse the baseline's random numbers and come out
+    coupled (the test loses most of its power); with seeds shared across prompts, sample i of
+    every prompt draws the same random numbers, and prompts that start alike come out alike
+    (seen: one identical 16-token output in half the cells of a 4-prompt run), which breaks
+    the independence between prompts that the stratified test assumes.
     """
-    return (base + index + zlib.crc32(condition.encode()) * 100_003) % 2**31
+    key = f"{base}\x1f{condition}\x1f{prompt_id}\x1f{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
 
 
 @dataclass
@@ -157,6 +162,7 @@ class Campaign:
             if stopped or boot == boots - 1:
                 for name in self.conditions:
                     await self._sampled_pass(name)
+                    await self._params_pass(name)
             for name in self.conditions:
                 self._stop(self.states[name])
             if stopped:
@@ -173,6 +179,7 @@ class Campaign:
                     return
                 if boot == 0:
                     await self._sampled_pass(name)
+                    await self._params_pass(name)
                 self._stop(self.states[name])
 
     async def _replay_plan(self, stretches: Sequence[Stretch]) -> bool:
@@ -304,6 +311,36 @@ class Campaign:
         jobs = [(p, i) for p in prompts for i in range(sampled.samples_per_prompt)]
         await self._replay(name, state, self.pilot.load.lightest(), "sampled", jobs, None)
 
+    async def _params_pass(self, name: str) -> None:
+        """The sampling-parameters pass (pilot sampling.params), one request at a time."""
+        params = self.pilot.sampling.params
+        state = self.states[name]
+        if not params.enabled or state.engine is None or state.error:
+            return
+        engine, writer = state.engine, self._writer
+        assert writer is not None
+        level = self.pilot.load.lightest()
+        entry = ScheduleEntry(block=0, condition=name, load=level, mode="params",
+                              started=time.time())
+
+        def emit(prompt: Prompt, probe: str, settings: dict[str, Any], result: Any) -> None:
+            record = RequestRecord.from_measurement(
+                result, run_id=self.run_id, condition=name, block=0, repetition=0, load=level,
+                concurrency=1, prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
+                mode="params", sample_index=0, probe=probe, request=settings or None,
+            )
+            writer.write(record)
+            self._records.append(record)
+
+        self.progress(ProgressEvent(name, "params", level, 0, 0,
+                                    min(params.prompts, len(self.trace.prompts))))
+        prompts = self.trace.prompts[: params.prompts]
+        await run_probes(engine, prompts, lambda p: self._text(p, engine),
+                         params.max_new_tokens, self.pilot.load.request_timeout_s, emit)
+        self.progress(ProgressEvent(name, "params", level, 0, len(prompts), len(prompts)))
+        entry.ended = time.time()
+        self.schedule.append(entry)
+
     async def _replay(
         self,
         name: str,
@@ -345,7 +382,8 @@ class Campaign:
                 ),
                 temperature=0.0 if greedy else sampled.temperature,
                 top_p=1.0 if greedy else sampled.top_p,
-                seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, index),
+                seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, prompt.id,
+                                                      index),
                 want_margins=True,
                 timeout_s=self.pilot.load.request_timeout_s,
             )

@@ -14,6 +14,12 @@ class EngineError(RuntimeError):
     """An engine could not start or serve; the message names the condition and the cause."""
 
 
+# Sampling parameters beyond temperature/top-p, as the OpenAI and SGLang APIs name them
+# (min_new_tokens is vLLM's min_tokens). An engine lists those it honours in SAMPLING_PARAMS.
+EXTRA_PARAMS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "stop",
+                "min_new_tokens", "logit_bias", "json_schema", "regex")
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_id: str
@@ -22,12 +28,47 @@ class GenerationRequest:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int | None = None
-    want_margins: bool = True  # top-1 minus top-2 logprob per output position
+    want_margins: bool = True  # top-1 minus top-2 logprob (and their ids) per position
     timeout_s: float = 300.0
+    frequency_penalty: float = 0.0  # OpenAI semantics: minus penalty x count so far
+    presence_penalty: float = 0.0  # minus penalty once a token has appeared
+    repetition_penalty: float = 1.0  # CTRL-style: divide positive logits of seen tokens
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output)
+    min_new_tokens: int = 0  # no end of sequence before this many tokens
+    logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit
+    json_schema: str | None = None  # constrained decoding: JSON valid against this schema
+    regex: str | None = None  # constrained decoding: output matching this pattern
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def extra_params(self) -> dict[str, Any]:
+        """The sampling parameters beyond the defaults that this request sets."""
+        out: dict[str, Any] = {}
+        for name in EXTRA_PARAMS:
+            value = getattr(self, name)
+            default = GenerationRequest.__dataclass_fields__[name].default
+            if value != default and value is not None:
+                out[name] = dict(value) if isinstance(value, Mapping) else (
+                    list(value) if isinstance(value, tuple) else value)
+        return out
+
+
+def unsupported(request: GenerationRequest, supported: frozenset[str]) -> list[str]:
+    """The parameters ``request`` sets that an engine honouring ``supported`` cannot."""
+    return [name for name in request.extra_params() if name not in supported]
+
+
+def acceptance_from_histogram(hist: Any) -> tuple[int, list[int]] | None:
+    """(verify steps, accepted count per draft position) from an acceptance histogram
+    (SGLang's spec_correct_drafts_histogram, vLLM's per-request acceptance_histogram): entry i
+    counts the steps that accepted exactly i drafts, so position j was accepted by the steps
+    with more than j."""
+    if not isinstance(hist, list) or len(hist) < 2 or not all(
+            isinstance(v, int) and v >= 0 for v in hist):
+        return None
+    return sum(hist), [sum(hist[j + 1:]) for j in range(len(hist) - 1)]
 
 
 # The engines' result is the saved record's measured part: one declaration.

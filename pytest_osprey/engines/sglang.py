@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .base import (
+    BootSpec,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    acceptance_from_histogram,
+    unsupported,
+)
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import (
     ServerProcess,
@@ -32,6 +39,9 @@ DEFAULT_ALGORITHM = "STANDALONE"  # a plain draft model
 _NEEDS_DRAFTER = ("EAGLE", "EAGLE3", "STANDALONE")
 _ARGS_KEPT = ("model_path", "dtype", "context_length", "tp_size", "mem_fraction_static", "device")
 FLUSH_RETRY_S = 30.0
+# Every extra sampling parameter maps onto SGLang 0.5.23's sampling_params (same names).
+SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
+                             "stop", "min_new_tokens", "logit_bias", "json_schema", "regex"})
 
 
 def sglang_argv(
@@ -167,6 +177,14 @@ def _verification(info: Mapping[str, Any]) -> str | None:
     if not info.get("speculative_algorithm"):
         return None
     return "greedy" if str(info.get("device")) == "cpu" else "sampled"
+def _top2_ids(tops: Any) -> list[list[int]] | None:
+    """Top-1 and top-2 token ids per position from the same rows."""
+    if not isinstance(tops, list):
+        return None
+    try:
+        return [[int(row[0][1]), int(row[1][1])] for row in tops]
+    except (TypeError, IndexError, ValueError, KeyError):
+        return None
 
 
 class SGLangClient:
@@ -184,12 +202,19 @@ class SGLangClient:
         }
         if req.seed is not None:
             params["sampling_seed"] = req.seed  # honoured with deterministic inference
+        for name, value in req.extra_params().items():
+            if name == "logit_bias":
+                value = {str(k): float(v) for k, v in value.items()}
+            params[name] = value  # json_schema is already a JSON string, as SGLang wants
         body: dict[str, Any] = {"text": req.prompt, "sampling_params": params, "stream": True}
         if req.want_margins:
             body.update(return_logprob=True, top_logprobs_num=2, logprob_start_len=-1)
         return body
 
     async def generate(self, req: GenerationRequest) -> GenerationResult:
+        refused = unsupported(req, SAMPLING_PARAMS)
+        if refused:
+            return GenerationResult.failure(f"unsupported by sglang: {', '.join(refused)}")
         return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
 
     async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
@@ -235,6 +260,8 @@ class SGLangClient:
         margins = _margins(tops) if req.want_margins else None
         if margins is not None and len(margins) != count:
             margins = None
+        top2 = _top2_ids(tops) if margins is not None else None
+        accepted = acceptance_from_histogram(meta.get("spec_correct_drafts_histogram"))
         prompt_tokens = meta.get("prompt_tokens")
         return GenerationResult(
             ok=True,
@@ -245,8 +272,11 @@ class SGLangClient:
             output_ids=ids,
             output_text=text,
             top2_margin=margins,
+            top2_ids=top2,
             spec_verify_ct=verify,
             accept_length=accept,
+            spec_drafts=accepted[0] if accepted else None,
+            spec_accepted_per_position=accepted[1] if accepted else None,
             finish_reason=_finish_reason(meta.get("finish_reason")),
         )
 

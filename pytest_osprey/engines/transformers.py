@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import gpu_memory
-from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
 from .quantize import round_weights
 
 if TYPE_CHECKING:
@@ -26,10 +26,46 @@ if TYPE_CHECKING:
     from ..pilot.schema import Pilot
 
 ALGORITHMS = ("assisted",)
+# transformers has no constrained decoding of its own (json_schema, regex).
+SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
+                             "stop", "min_new_tokens", "logit_bias"})
+
+
+class _OpenAIPenalties:
+    """Frequency/presence penalties with the OpenAI semantics (as SGLang and vLLM apply them):
+    over the *generated* tokens only, logit -= frequency x count + presence x (count > 0)."""
+
+    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
+        self.prompt_len = prompt_len
+        self.frequency = frequency
+        self.presence = presence
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        generated = input_ids[:, self.prompt_len:]
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+class _LogitBias:
+    """Adds a bias to given token ids' logits (OpenAI logit_bias)."""
+
+    def __init__(self, bias: dict[int, float]) -> None:
+        self.bias = bias
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        out = scores.clone()
+        for token, value in self.bias.items():
+            if 0 <= token < out.shape[-1]:
+                out[:, token] += value
+        return out
 
 
 class _TokenClock:
-    """A transformers streamer that timestamps every batch of tokens the model emits."""
+    """A transformers streamer that timestamps every batch of tokens the model emits (with
+    assisted generation: one batch per verify step, the accepted drafts plus one)."""
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -59,6 +95,22 @@ class _TokenClock:
             times.extend(prev + step * (k + 1) for k in range(n))
             prev = t
         return times
+
+    def acceptance(self, draft: int, max_new_tokens: int) -> tuple[int, list[int]] | None:
+        """(verify steps that proposed all ``draft`` tokens, accepted count per draft
+        position) from the steps' token batches; the drafter proposes min(draft, left - 1)."""
+        if draft < 1 or not self.events:
+            return None
+        steps = 0
+        accepted = [0] * draft
+        produced = 0
+        for _, n in self.events:
+            if min(draft, max_new_tokens - produced - 1) == draft:
+                steps += 1
+                for j in range(min(n - 1, draft)):
+                    accepted[j] += 1
+            produced += n
+        return steps, accepted
 
 
 class _Cancel:
@@ -199,7 +251,7 @@ class TransformersEngine:
                     str(self.cond.drafter), dtype=dtype
                 )
                 self._drafter.to(target.device).eval()
-                k = self.cond.speculation.num_draft_tokens if self.cond.speculation else 4
+                k = self._draft_tokens()
                 # Mirror an engine's fixed draft length: constant schedule, no confidence cut-off.
                 gc = self._drafter.generation_config
                 gc.num_assistant_tokens = k
@@ -286,6 +338,10 @@ class TransformersEngine:
                 f"target.context_length ({self.pilot.target.context_length})",
                 prompt_tokens=n_prompt,
             )
+        refused = unsupported(request, SAMPLING_PARAMS)
+        if refused:
+            return GenerationResult.failure(
+                f"unsupported by the transformers engine: {', '.join(refused)}")
         clock = _TokenClock(start)
         kwargs: dict[str, Any] = {
             "max_new_tokens": request.max_new_tokens,
@@ -302,6 +358,7 @@ class TransformersEngine:
             kwargs["top_k"] = 0  # transformers defaults to top-k 50; engines sample the full vocab
             if request.seed is not None:
                 torch.manual_seed(request.seed)
+        self._sampling_params(request, n_prompt, kwargs)
         if self._drafter is not None:
             kwargs["assistant_model"] = self._drafter
         self._forwards = 0
@@ -323,15 +380,23 @@ class TransformersEngine:
             self._work_bytes = max(self._work_bytes, torch.cuda.max_memory_allocated(dev) - base)
         e2e = time.perf_counter() - start
         ids = out.sequences[0, n_prompt:].tolist()
-        margins = None
+        margins = top2_ids = None
         if request.want_margins and out.logits is not None:
             lp = torch.log_softmax(torch.stack(out.logits)[:, 0, :].float(), dim=-1)
-            top2 = lp.topk(2, dim=-1).values
-            margins = (top2[:, 0] - top2[:, 1]).tolist()[: len(ids)]
+            top2 = lp.topk(2, dim=-1)
+            margins = (top2.values[:, 0] - top2.values[:, 1]).tolist()[: len(ids)]
+            top2_ids = top2.indices.tolist()[: len(ids)]
         times = clock.token_times()[: len(ids)]
         verify = self._forwards
+        accepted = None
+        if self._drafter is not None:
+            accepted = clock.acceptance(self._draft_tokens(), request.max_new_tokens)
         eos = self._tokenizer.eos_token_id
         finish = "stop" if ids and eos is not None and ids[-1] == eos else "length"
+        text = self._tokenizer.decode(ids, skip_special_tokens=True)
+        cuts = [i for i in (text.find(s) for s in request.stop) if i >= 0]
+        if cuts:  # the OpenAI/SGLang convention: the stop string is not part of the output
+            text, finish = text[: min(cuts)], "stop"
         return GenerationResult(
             ok=True,
             ttft_s=times[0] if times else e2e,
@@ -339,12 +404,40 @@ class TransformersEngine:
             itl_s=[b - a for a, b in itertools.pairwise(times)],
             prompt_tokens=n_prompt,
             output_ids=ids,
-            output_text=self._tokenizer.decode(ids, skip_special_tokens=True),
+            output_text=text,
             top2_margin=margins,
+            top2_ids=top2_ids,
             spec_verify_ct=verify,
             accept_length=len(ids) / verify if verify else None,
+            spec_drafts=accepted[0] if accepted else None,
+            spec_accepted_per_position=accepted[1] if accepted else None,
             finish_reason=finish,
         )
+
+    def _draft_tokens(self) -> int:
+        spec = self.cond.speculation
+        return spec.num_draft_tokens if spec else 4
+
+    def _sampling_params(self, request: GenerationRequest, n_prompt: int,
+                         kwargs: dict[str, Any]) -> None:
+        """Map the request's extra sampling parameters onto generate()."""
+        from transformers import LogitsProcessorList
+
+        processors: list[Any] = []
+        if request.frequency_penalty or request.presence_penalty:
+            processors.append(_OpenAIPenalties(n_prompt, request.frequency_penalty,
+                                               request.presence_penalty))
+        if request.logit_bias:
+            processors.append(_LogitBias({int(k): float(v)
+                                          for k, v in request.logit_bias.items()}))
+        if processors:
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
+        if request.repetition_penalty != 1.0:
+            kwargs["repetition_penalty"] = request.repetition_penalty
+        if request.min_new_tokens:
+            kwargs["min_new_tokens"] = request.min_new_tokens
+        if request.stop:
+            kwargs.update(stop_strings=list(request.stop), tokenizer=self._tokenizer)
 
     # -- facts --------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:

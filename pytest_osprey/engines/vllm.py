@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .base import (
+    BootSpec,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    acceptance_from_histogram,
+    unsupported,
+)
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import ServerProcess, api_key_from, choose_port, engine_env, engine_python
 
@@ -29,6 +36,10 @@ COUNTERS = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "accepted": "vllm:spec_decode_num_accepted_tokens",
 }
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label: position
+# OpenAI completions names, plus vLLM's repetition_penalty, min_tokens and structured outputs.
+SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
+                             "stop", "min_new_tokens", "logit_bias", "json_schema", "regex"})
 
 
 def vllm_argv(
@@ -120,18 +131,56 @@ def _margins(top: Any) -> list[float] | None:
     return out
 
 
+def _top2_ids(top: Any) -> list[list[int]] | None:
+    """Top-1 and top-2 token ids per position from ``top_logprobs`` dicts keyed
+    ``token_id:N`` (``return_tokens_as_token_ids``); None when the keys are not ids."""
+    if not isinstance(top, list):
+        return None
+    out = []
+    for row in top:
+        if not isinstance(row, Mapping) or len(row) < 2:
+            return None
+        ranked = sorted(row.items(), key=lambda kv: float(kv[1]), reverse=True)[:2]
+        try:
+            out.append([int(str(k).rsplit(":", 1)[1]) for k, _ in ranked])
+        except (IndexError, ValueError):
+            return None
+    return out
+
+
 def counters_from(text: str) -> dict[str, float]:
-    """Spec-decode counter totals (summed over label sets) from a /metrics page."""
+    """Spec-decode counter totals (summed over label sets) from a /metrics page, with the
+    per-position accepted counts as ``pos0``, ``pos1``... where the engine exports them."""
     totals = dict.fromkeys(COUNTERS, 0.0)
     wanted = {f"{name}_total": key for key, name in COUNTERS.items()}
     found = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             key = wanted.get(sample.name)
+            if key is None and sample.name == f"{PER_POSITION}_total":
+                try:
+                    key = f"pos{int(sample.labels['position'])}"
+                except (KeyError, ValueError):
+                    continue
+                totals.setdefault(key, 0.0)
             if key is not None:
                 totals[key] += float(sample.value)
                 found.add(key)
     return totals if found else {}
+
+
+def acceptance_from(
+    before: Mapping[str, float], after: Mapping[str, float]
+) -> tuple[int, list[int]] | None:
+    """(drafts, accepted per position) between two counter snapshots; None without the
+    per-position counters or drafts."""
+    positions = sorted(int(k[3:]) for k in after if k.startswith("pos"))
+    if not before or not after or not positions or positions != list(range(len(positions))):
+        return None
+    drafts = int(after["drafts"] - before["drafts"])
+    if drafts <= 0:
+        return None
+    return drafts, [int(after[f"pos{j}"] - before.get(f"pos{j}", 0.0)) for j in positions]
 
 
 def kv_capacity_from(text: str) -> int | None:
@@ -180,12 +229,26 @@ class OpenAIClient:
         }
         if req.seed is not None:
             body["seed"] = req.seed
+        for name, value in req.extra_params().items():
+            if name == "min_new_tokens":
+                body["min_tokens"] = value
+            elif name == "logit_bias":
+                body["logit_bias"] = {str(k): float(v) for k, v in value.items()}
+            elif name == "json_schema":
+                body.setdefault("structured_outputs", {})["json"] = json.loads(value)
+            elif name == "regex":
+                body.setdefault("structured_outputs", {})["regex"] = value
+            else:
+                body[name] = value
         if req.want_margins:
             # Token ids as keys: distinct tokens with the same text would collide in the dict.
             body.update(logprobs=2, return_tokens_as_token_ids=True)
         return body
 
     async def generate(self, req: GenerationRequest) -> GenerationResult:
+        refused = unsupported(req, SAMPLING_PARAMS)
+        if refused:
+            return GenerationResult.failure(f"unsupported by this server: {', '.join(refused)}")
         return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
 
     async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
@@ -230,7 +293,10 @@ class OpenAIClient:
         margins = _margins(tops) if req.want_margins else None
         if margins is not None and len(margins) != count:
             margins = None
+        top2 = _top2_ids(tops) if margins is not None else None
         steps = spec.get("num_spec_steps")
+        # Per-request summary (vLLM >= 0.32): the same histogram as SGLang's.
+        accepted = acceptance_from_histogram(spec.get("acceptance_histogram"))
         accept = spec.get("mean_acceptance_length")
         prompt_tokens = usage.get("prompt_tokens")
         return GenerationResult(
@@ -242,7 +308,10 @@ class OpenAIClient:
             output_ids=[] if ids_missing else ids,
             output_text="".join(text),
             top2_margin=margins,
+            top2_ids=top2,
             spec_verify_ct=steps if isinstance(steps, int) and steps > 0 else None,
+            spec_drafts=accepted[0] if accepted else None,
+            spec_accepted_per_position=accepted[1] if accepted else None,
             accept_length=float(accept) if isinstance(accept, int | float) and steps else None,
             finish_reason=finish,
         )
@@ -348,8 +417,13 @@ class VLLMEngine:
             if result.accept_length is not None:
                 self._per_request_seen = True
             elif watch and result.ok and self._started == ticket:
-                # Nothing else started meanwhile: the counter delta is this request's.
-                result.accept_length = accept_from(before, await client.counters())
+                # Nothing else started meanwhile: the counter deltas are this request's
+                # (accept length, and per position where the engine exports it).
+                after = await client.counters()
+                result.accept_length = accept_from(before, after)
+                accepted = acceptance_from(before, after)
+                if accepted is not None:
+                    result.spec_drafts, result.spec_accepted_per_position = accepted
             return result
         finally:
             self._in_flight -= 1

@@ -1,10 +1,10 @@
 """Correctness: apply each prompt's ``expect`` check (prompts/README.md) and gate on it.
 
 The checks are defined in prompts/README.md, section "expect"; this module implements exactly
-those semantics. The gate compares a candidate's pass/fail with the reference's on the same
-prompts (paired), by exact non-inferiority
-(:func:`noninferiority.mcnemar_noninferiority`): a drafter must not make answers wrong more
-often than the declared margin allows.
+those semantics. The gate counts the answers a candidate newly gets wrong on the prompts the
+reference got right (paired, same prompts) and judges them by the exact binomial loss rule of
+:mod:`.losses`: gains never offset losses, and a set on which the reference got nothing right
+is not evaluable.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from ..pilot.trace import Prompt
 from ..results.records import RequestRecord
-from . import noninferiority
-from .identity import first_ok_greedy
+from .identity import first_ok_greedy, rerun_greedy
+from .losses import LossTest, loss_test
 
 Outcome = Literal["pass", "fail", "inconclusive", "skip"]
 
@@ -205,21 +205,18 @@ class SliceRates:
 
 @dataclass(frozen=True)
 class CorrectnessResult:
-    """Paired non-inferiority of the candidate's pass rate against the reference's."""
+    """Losses of the candidate on the prompts the reference answered right (module doc)."""
 
     outcome: Outcome
-    n_pairs: int
+    n_pairs: int  # checked prompts completed on both sides
     reference_rate: float | None
     candidate_rate: float | None
-    estimate: float | None  # candidate rate - reference rate
-    ci_low: float | None
-    ci_high: float | None
-    p_value: float | None
-    margin: float
-    alpha: float
+    test: LossTest | None
     per_slice: dict[str, SliceRates] = field(default_factory=dict)
     losses: dict[str, str] = field(default_factory=dict)  # ref passed, candidate failed: why
     gains: list[str] = field(default_factory=list)
+    control_losses: int | None = None  # the reference against its own rerun (None: no rerun)
+    control_at_risk: int | None = None
     summary: str = ""
 
 
@@ -227,30 +224,32 @@ def correctness_gate(
     reference_records: Sequence[RequestRecord],
     candidate_records: Sequence[RequestRecord],
     prompts_by_id: Mapping[str, Prompt],
-    margin: float,
+    max_loss_rate: float,
     alpha: float,
 ) -> CorrectnessResult:
-    """Is the candidate's pass rate at least the reference's minus ``margin``?
+    """Does the candidate newly get answers wrong that the reference got right?
 
-    Pairs are the prompts with an ``expect`` that completed (ok, greedy) on both sides.
-    "skip" when no prompt has an ``expect``; "fail" when some do but none completed on both
-    sides; otherwise the outcome of :func:`noninferiority.mcnemar_noninferiority` at ``alpha``.
+    Pairs are the prompts with an ``expect`` that completed (ok, greedy) on both sides. "skip"
+    when no prompt has an ``expect`` or the reference passed none of the paired checks (not
+    evaluable: nothing could be lost); "fail" when some have one but none completed on both
+    sides; otherwise the loss rule (:func:`losses.loss_test`) at ``alpha``. The reference's
+    own rerun (another block or load level), where recorded, is judged the same way as an
+    identical-condition control: losses there are numerics, not the drafter.
     """
     with_expect = [pid for pid, p in prompts_by_id.items() if p.expect is not None]
     if not with_expect:
-        return CorrectnessResult("skip", 0, None, None, None, None, None, None, margin, alpha,
-                                 summary="no prompt has an expect: correctness not judged")
+        return CorrectnessResult("skip", 0, None, None, None,
+                                 summary="not evaluable: no prompt has an expect check")
     ref = _checked(reference_records, prompts_by_id)
     cand = _checked(candidate_records, prompts_by_id)
     ids = [pid for pid in with_expect if pid in ref and pid in cand]
     if not ids:
         return CorrectnessResult(
-            "fail", 0, None, None, None, None, None, None, margin, alpha,
+            "fail", 0, None, None, None,
             summary=f"none of the {len(with_expect)} prompts with an expect completed on both "
                     "sides: nothing to compare")
     r_pass = [ref[p].passed for p in ids]
     c_pass = [cand[p].passed for p in ids]
-    res = noninferiority.mcnemar_noninferiority(r_pass, c_pass, margin, alpha)
     slices: dict[str, list[tuple[bool, bool]]] = {}
     for pid, a, b in zip(ids, r_pass, c_pass, strict=True):
         slices.setdefault(prompts_by_id[pid].slice, []).append((a, b))
@@ -260,13 +259,28 @@ def correctness_gate(
     }
     losses = {p: cand[p].detail for p in ids if ref[p].passed and not cand[p].passed}
     gains = [p for p in ids if cand[p].passed and not ref[p].passed]
-    r_rate, c_rate = sum(r_pass) / len(ids), sum(c_pass) / len(ids)
-    summary = (
-        f"pass rate {c_rate:.1%} vs reference {r_rate:.1%} on {len(ids)} paired prompts "
-        f"(difference {res.estimate:+.1%}, {1 - 2 * alpha:.0%} CI [{res.ci_low:+.1%}, "
-        f"{res.ci_high:+.1%}], non-inferiority margin {margin:.1%}, p={res.p_value:.3g}); "
-        f"{len(losses)} newly wrong, {len(gains)} newly right"
-    )
+    at_risk = sum(r_pass)
+    test = loss_test(at_risk, len(losses), max_loss_rate, alpha)
+    r_rate, c_rate = at_risk / len(ids), sum(c_pass) / len(ids)
+    rerun = _checked(list(rerun_greedy(reference_records).values()), prompts_by_id)
+    shared = [p for p in ids if p in rerun and ref[p].passed]
+    control = sum(not rerun[p].passed for p in shared) if shared else None
+    rates = (f"pass rate {c_rate:.0%} vs reference {r_rate:.0%} on {len(ids)} checked prompts; "
+             f"{len(gains)} newly right (never offsets a loss)")
+    if test.outcome == "skip":
+        summary = (f"not evaluable: the reference passed none of the {len(ids)} checked prompts, "
+                   f"so no answer could be lost; {rates}")
+    else:
+        power = ", ".join(f"{q:.0%}: {v:.0%}" for q, v in test.power.items())
+        verdict = (f"{len(losses)} of {test.at_risk} answers the reference got right are now "
+                   f"wrong (fail above {test.critical}"
+                   + (f", tolerated loss rate {max_loss_rate:.1%}" if max_loss_rate else "")
+                   + f"); loss rate <= {test.upper:.0%} with {1 - alpha:.1%} confidence; power "
+                   f"to catch a drafter breaking {power}")
+        summary = f"{verdict}; {rates}"
+        if control is not None:
+            summary += (f"; identical-condition control (reference rerun): {control} of "
+                        f"{len(shared)} lost")
     if len(per_slice) > 1:
         summary += "; " + ", ".join(
             f"{k}: {s.candidate_rate:.0%} vs {s.reference_rate:.0%} (n={s.n})"
@@ -275,6 +289,6 @@ def correctness_gate(
     for pid, why in list(losses.items())[:3]:
         summary += f"\n  {pid}: {why}"
     return CorrectnessResult(
-        res.outcome, len(ids), r_rate, c_rate, res.estimate, res.ci_low, res.ci_high,
-        res.p_value, margin, alpha, per_slice, losses, gains, summary,
+        test.outcome, len(ids), r_rate, c_rate, test, per_slice, losses, gains, control,
+        len(shared) if control is not None else None, summary,
     )

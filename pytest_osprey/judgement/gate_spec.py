@@ -3,68 +3,10 @@ collect one test per gate before anything runs), and the shape of a judged gate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
 from ..pilot.schema import Pilot
+from .gate_result import Evidence, GateResult, GateSpec, Outcome, Verdict
 
-Outcome = Literal["pass", "fail", "inconclusive", "skip"]
-Verdict = Literal["KEEP", "DROP", "INCONCLUSIVE"]
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    kind: str  # artifact | completed | greedy_identity | speedup | latency
-    condition: str
-    reference: str | None = None
-    load: str | None = None
-    slice: str | None = None
-    index: int | None = None  # which latency limit
-    gating: bool = True  # False: reported, never decides the verdict
-
-    @property
-    def id(self) -> str:
-        parts = [self.condition]
-        if self.reference:
-            parts.append(f"vs-{self.reference}")
-        if self.load:
-            parts.append(self.load)
-        if self.slice:
-            parts.append(self.slice)
-        if self.index is not None:
-            parts.append(f"limit{self.index}")
-        return "-".join(parts)
-
-
-@dataclass
-class GateResult:
-    spec: GateSpec
-    outcome: Outcome
-    summary: str
-    estimate: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    threshold: float | None = None
-    p_value: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.spec.kind,
-            "id": self.spec.id,
-            "condition": self.spec.condition,
-            "reference": self.spec.reference,
-            "load": self.spec.load,
-            "slice": self.spec.slice,
-            "gating": self.spec.gating,
-            "outcome": self.outcome,
-            "summary": self.summary,
-            "estimate": self.estimate,
-            "ci": [self.ci_low, self.ci_high] if self.ci_low is not None else None,
-            "threshold": self.threshold,
-            "p_value": self.p_value,
-            "details": self.details,
-        }
+__all__ = ["PREFLIGHT", "Evidence", "GateResult", "GateSpec", "Outcome", "Verdict", "plan_gates"]
 
 
 PREFLIGHT = ("command_line", "artifact")  # judged before (and without) any boot
@@ -89,6 +31,13 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
         specs += [GateSpec("correctness", c, reference=base) for c in judged]
     if pilot.sampling.sampled.enabled:
         specs += [GateSpec("distribution", c, reference=base) for c in judged]
+    if pilot.sampling.params.enabled:
+        specs += [GateSpec("sampling_params", c, reference=base) for c in judged]
+    # Reported beside the verdict, never deciding it: speed says what acceptance is worth.
+    current = pilot.current if pilot.current in conditions else None
+    specs += [GateSpec("acceptance", c, reference=current if c != current else None,
+                       gating=False)
+              for c in judged if pilot.conditions[c].speculates]
     for cand in [c for c in judged if pilot.conditions[c].role == "candidate"]:
         for ref in [r for r in pilot.references(cand) if r in conditions]:
             for level in pilot.load.levels:

@@ -7,17 +7,16 @@ from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
 from .consistency import boot_consistency
-from .correctness import correctness_gate
 from .cost import break_even, condition_cost
-from .distribution import distribution_check, records_to_samples
 from .fairness import fairness_check
-from .gate_spec import PREFLIGHT, GateResult, GateSpec, Outcome, Verdict, plan_gates
+from .gate_spec import PREFLIGHT, Evidence, GateResult, GateSpec, Outcome, Verdict, plan_gates
 from .goodput import goodput_gate
-from .identity import greedy_identity
+from .quality_gates import QUALITY_EVALUATORS
 from .speed_gates import latency_gate, speedup_gate
 
-__all__ = ["PREFLIGHT", "GateResult", "GateSpec", "Outcome", "Verdict", "evaluate",
+__all__ = ["PREFLIGHT", "Evidence", "GateResult", "GateSpec", "Outcome", "Verdict", "evaluate",
            "plan_gates"]
+
 
 def evaluate(
     spec: GateSpec, pilot: Pilot, data: SavedCampaign | None, preflight: Preflight
@@ -74,34 +73,6 @@ def _completed(
                       threshold=need, details={"ok": ok, "total": len(recs)})
 
 
-def _greedy(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    q = pilot.limits.quality
-    assert spec.reference is not None
-    res = greedy_identity(data.of(spec.reference), data.of(spec.condition), q.near_tie_epsilon)
-    if res.compared == 0:
-        return GateResult(spec, "fail", "no prompt completed on both sides: nothing to compare")
-    genuine, ties = res.genuine, res.near_ties
-    summary = (
-        f"{res.identical}/{res.compared} identical; {len(genuine)} genuine divergence(s) "
-        f"(max {q.max_genuine_divergences}); near-ties {res.near_tie_fraction:.1%} "
-        f"(max {q.max_near_tie_fraction:.0%}, margin <= {q.near_tie_epsilon})"
-    )
-    for d in genuine[:3]:
-        summary += (
-            f"\n  {d.prompt_id} @token {d.position}: {d.reference_token} -> {d.candidate_token} "
-            f"(margin {d.margin if d.margin is None else round(d.margin, 3)}): "
-            f"{d.reference_text!r} vs {d.candidate_text!r}"
-        )
-    ok = (len(genuine) <= q.max_genuine_divergences
-          and res.near_tie_fraction <= q.max_near_tie_fraction)
-    return GateResult(
-        spec, "pass" if ok else "fail", summary, estimate=len(genuine),
-        threshold=q.max_genuine_divergences,
-        details={"compared": res.compared, "identical": res.identical,
-                 "genuine": [d.__dict__ for d in genuine], "near_ties": [d.__dict__ for d in ties]},
-    )
-
-
 def _fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     involved = {spec.condition, *pilot.references(spec.condition)}
     meta = data.meta.model_dump(by_alias=True)
@@ -109,35 +80,6 @@ def _fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     res = fairness_check(meta, [r for r in data.records if r.condition in involved])
     return GateResult(spec, "pass" if res.ok else "fail", res.summary,
                       details={"differences": res.differences, "compared": res.compared})
-
-
-def _correctness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    assert spec.reference is not None
-    if data.prompts is None:
-        return GateResult(spec, "skip", "the trace files are gone or changed: nothing to check")
-    q = pilot.limits.quality
-    res = correctness_gate(data.of(spec.reference), data.of(spec.condition), data.prompts,
-                           q.correctness_margin, (1 - pilot.decision.confidence) / 2)
-    return GateResult(spec, res.outcome, res.summary, estimate=res.estimate,
-                      ci_low=res.ci_low, ci_high=res.ci_high, threshold=-res.margin,
-                      p_value=res.p_value,
-                      details={"n_pairs": res.n_pairs, "reference_rate": res.reference_rate,
-                               "candidate_rate": res.candidate_rate, "losses": res.losses})
-
-
-def _distribution(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    assert spec.reference is not None
-    ref = records_to_samples(data.records, spec.reference)
-    cand = records_to_samples(data.records, spec.condition)
-    if not ref or not cand:
-        return GateResult(spec, "fail", "no sampled outputs recorded on both sides")
-    res = distribution_check(ref, cand, alpha=pilot.limits.quality.distribution_alpha,
-                             seed=pilot.sampling.seed)
-    return GateResult(spec, res.outcome, res.summary, estimate=res.tv_mean,
-                      threshold=res.alpha, p_value=None,
-                      details={"min_adjusted_p": res.min_adjusted_p, "tv_null": res.tv_null,
-                               "underpowered": res.underpowered,
-                               "worst": res.worst_detail})
 
 
 def _memory(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
@@ -237,10 +179,8 @@ def _goodput(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
 _PREFLIGHT = {"command_line": _command_line, "artifact": _artifact}
 _EVALUATORS = {
     "completed": _completed,
-    "greedy_identity": _greedy,
     "fairness": _fairness,
-    "correctness": _correctness,
-    "distribution": _distribution,
+    **QUALITY_EVALUATORS,
     "speedup": speedup_gate,
     "latency": latency_gate,
     "memory": _memory,

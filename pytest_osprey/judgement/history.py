@@ -10,7 +10,8 @@ itself across the two runs. For each drafter the earlier campaign kept, a regres
 * its own completion latency, paired by prompt across the runs, confidently slower than
   before by more than the tolerance (the baseline's change is shown beside it, to tell a
   drafter regression from a changed machine or engine);
-* its pooled accept length down by more than the tolerance.
+* its pooled accept length down by more than the tolerance;
+* its per-position acceptance collapsed (:mod:`.acceptance`), named with the positions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign, iter_pairs, load_campaign
 from ..results.records import RequestRecord
+from .acceptance import collapses, describe, pooled
 from .figures import figures_for
 from .judge import Judgement
 from .stats import SpeedupResult, StatsError, paired_speedup
@@ -86,10 +88,12 @@ class Finding(_Sheet):
 
     candidate: str
     """The drafter kept in the earlier campaign."""
-    check: Literal["verdict", "speedup", "latency", "accept_length"]
+    check: Literal["verdict", "speedup", "latency", "accept_length", "acceptance"]
     """verdict: still KEEP; speedup: the speedup gate vs the baseline (x); latency: its own
     completion latency paired by prompt across the runs, as "times as fast as before" (x, >1
-    faster now); accept_length: pooled accept length (tokens per verify step)."""
+    faster now); accept_length: pooled accept length (tokens per verify step); acceptance:
+    per-position acceptance rates (`previous`/`current`: the rates joined by "/"), a
+    regression when a position collapsed (limits.quality.max_acceptance_drop)."""
     load: str | None
     """Load level; null for the verdict."""
     previous: float | str | None
@@ -153,6 +157,7 @@ def compare(
         for level in pilot.load.levels:
             out.findings += _latency(pilot, data, previous, cand, level, tolerance)
             out.findings += _accept_length(data, previous, cand, level, tolerance)
+            out.findings += _acceptance(pilot, data, previous, cand, level)
     return out
 
 
@@ -233,6 +238,19 @@ def _accept_length(data: SavedCampaign, previous: Previous, cand: str, level: st
                     current=new, regression=worse,
                     text=f"{cand} at {level}: accept length {old:.2f} before, {new:.2f} now"
                     + (f" (down more than {tolerance:.0%})" if worse else ""))]
+
+
+def _acceptance(pilot: Pilot, data: SavedCampaign, previous: Previous, cand: str,
+                level: str) -> list[Finding]:
+    old, new = pooled(previous.data.of(cand, level)), pooled(data.of(cand, level))
+    if old is None or new is None:
+        return []
+    found = collapses(new, old, pilot.limits.quality.max_acceptance_drop,
+                      (1 - pilot.decision.confidence) / 2)
+    return [Finding(candidate=cand, check="acceptance", load=level, previous=old.text(),
+                    current=new.text(), regression=bool(found),
+                    text=f"{cand} at {level}: acceptance per draft position {old.text()} before, "
+                    f"{new.text()} now" + (f"; collapsed at {describe(found)}" if found else ""))]
 
 
 def _f(v: float | None) -> str:

@@ -18,8 +18,17 @@ class CandidateVerdict:
     reasons: list[str]
     gates: list[GateResult]
 
+    @property
+    def unproven(self) -> list[GateResult]:
+        """Gating gates that passed (or were skipped) without the evidence to have failed."""
+        return [g for g in self.gates if g.outcome in ("pass", "skip") and g.evidence != "tested"]
+
     def line(self) -> str:
         why = "; ".join(self.reasons) if self.reasons else "every gate passed"
+        weak = self.unproven
+        if weak:
+            why += "; without the evidence to have failed: " + ", ".join(
+                f"{g.spec.kind}[{g.spec.id}] {g.evidence.replace('_', ' ')}" for g in weak)
         return f"{self.verdict} {self.candidate}: {why}"
 
 
@@ -45,5 +54,6 @@ def verdicts(pilot: Pilot, results: list[GateResult]) -> list[CandidateVerdict]:
             verdict = "KEEP"
         reasons = [f"{g.spec.kind}[{g.spec.id}]: {g.summary.splitlines()[0]}"
                    for g in failed + unsure]
+
         out.append(CandidateVerdict(cand, verdict, reasons, mine))
     return out

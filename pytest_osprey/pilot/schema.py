@@ -196,14 +196,26 @@ class SampledPass(Strict):
     """Output budget of the sampled pass (default: the prompt's)."""
 
 
+class ParamsPass(Strict):
+    enabled: bool = False
+    """Run the sampling-parameters pass: penalties, stop strings, token limits, logit bias and
+    constrained decoding on baseline and candidates (judged by the sampling_params gate)."""
+    prompts: Annotated[int, Field(ge=1, le=10_000)] = 2
+    """Use the first N prompts of the trace."""
+    max_new_tokens: Annotated[int, Field(ge=4, le=1_000_000)] = 24
+    """Output budget of each probe."""
+
+
 class Sampling(Strict):
     greedy: bool = True
     """Run the greedy pass (speed, identity, correctness)."""
     sampled: SampledPass = Field(default_factory=lambda: SampledPass(enabled=False))
     """The sampled pass."""
+    params: ParamsPass = Field(default_factory=ParamsPass)
+    """The sampling-parameters pass."""
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
-    """Base seed: a sampled request's seed derives from it, the condition and the sample
-    index (distinct per condition, so the conditions' samples are independent)."""
+    """Base seed: a sampled request's seed derives from it, the condition, the prompt and the
+    sample index (distinct for each, so every sample is drawn independently)."""
 
 
 class LatencyLimit(Strict):
@@ -218,16 +230,25 @@ class LatencyLimit(Strict):
 
 class QualityLimits(Strict):
     max_genuine_divergences: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
-    """Greedy outputs that may diverge from the baseline where the reference margin exceeds
-    near_tie_epsilon."""
+    """Greedy outputs (per prompt and load level) that may diverge from the baseline other
+    than at a near-tie."""
     near_tie_epsilon: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.05
-    """Top-1 minus top-2 logprob at or below which a divergence is a near-tie."""
-    max_near_tie_fraction: Fraction = 0.1
-    """Share of prompts that may diverge at near-ties."""
-    correctness_margin: Fraction = 0.05
-    """Non-inferiority margin of the expect-check pass rate (paired, exact McNemar)."""
+    """A divergence is a near-tie when the candidate's token is the baseline's runner-up and
+    the baseline's top-1 minus top-2 logprob there is at or below this."""
+    max_near_tie_rate: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.002
+    """Near-ties per compared token tolerated when the campaign holds no identical-condition
+    control (one pass on one boot); otherwise the baseline's own rate against its
+    rerun is the tolerance."""
+    max_loss_rate: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    """Share of the answers the baseline got right that a candidate may get wrong (expect
+    checks; exact binomial rule, one-sided at (1 - decision.confidence)/2). 0: any loss
+    fails."""
     distribution_alpha: Fraction = 0.01
     """Significance level of the sampled-distribution test."""
+    max_acceptance_drop: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    """A draft position whose acceptance rate falls below (1 - this) x the rate it is
+    compared with (the current drafter, the same drafter at another load level, or in an
+    earlier campaign) is a collapse."""
 
 
 class MemoryLimits(Strict):

@@ -124,6 +124,7 @@ def _verdicts(summary: dict[str, Any]) -> str:
         if not items:
             items = [f"<li>{_e(r)}</li>" for r in v.get("reasons") or []]
         items += [f'<li class="diag">note: {_e(n)}</li>' for n in v.get("notes") or []]
+        items += [f"<li>could not have failed: {_e(u)}</li>" for u in v.get("unproven") or []]
         if not items and verdict == "KEEP":
             items = ["<li>every gating gate passed</li>"]
         out.append(f'<div class="verdict {cls}"><span class="label">{_e(verdict)}</span>'
@@ -157,7 +158,7 @@ def _gate_table(gates: list[dict[str, Any]]) -> str:
             f"at {_e(g['load'])}" if g.get("load") else "",
             f"on {_e(g['slice'])}" if g.get("slice") else "") if x)
         evidence = g.get("evidence")
-        badge = _badge(g.get("outcome")) + (
+        badge = _badge(g.get("outcome"), evidence) + (
             f'<br><span class="note">{_e(evidence)}</span>'
             if evidence and evidence != "tested" else "")
         kind = (f'<span title="test_{_e(g.get("kind"))}[{_e(g.get("id"))}]">'
@@ -352,7 +353,9 @@ def _outputs(data: SavedCampaign) -> str:
 
 
 def _errors(data: SavedCampaign) -> str:
-    failed = [r for r in data.records if not r.ok]
+    # A probe the engine does not offer is not an error (the sampling_params gate lists it).
+    failed = [r for r in data.records if not r.ok
+              and not (r.mode == "params" and (r.error or "").startswith("unsupported"))]
     if not failed:
         return ""
     by_cond: dict[str, list[RequestRecord]] = {}

@@ -48,8 +48,11 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterabl
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def badge(outcome: object) -> str:
+def badge(outcome: object, evidence: object = "tested") -> str:
     cls = outcome if outcome in ("pass", "fail", "inconclusive", "skip") else "skip"
+    # A pass that could not have failed must not look like one that could: no green badge.
+    if cls == "pass" and evidence not in (None, "tested"):
+        cls = "inconclusive"
     return f'<span class="badge {cls}">{esc(outcome)}</span>'
 
 

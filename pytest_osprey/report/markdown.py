@@ -69,6 +69,7 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
             if b.get("diagnosis"):
                 out.append(f"  - *diagnosis:* {esc(b['diagnosis'])}")
         out += [f"- *note:* {esc(n)}" for n in v.get("notes", [])]
+        out += [f"- *could not have failed:* {esc(u)}" for u in v.get("unproven", [])]
         out.append("")
     if not out:
         out = ["No candidate was judged.", ""]

@@ -47,7 +47,8 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "verdicts": [
             {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons,
              "headline": headline(d), "bullets": [asdict(r) for r in d.reasons],
-             "notes": d.notes}
+             "notes": d.notes,
+             "unproven": [f"{g.spec.kind}[{g.spec.id}] {g.evidence}" for g in v.unproven]}
             for v, d in zip(judgement.verdicts, diagnoses, strict=True)
         ],
         "gates": [g.as_dict() for g in judgement.results.values()],

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..judgement.analyses import DomainRow
 from ..judgement.cost import BreakEven, ConditionCost, CostLimitsEntry, CostSection
 from ..judgement.figures import Figures
-from ..judgement.gates import Outcome, Verdict
+from ..judgement.gates import Evidence, Outcome, Verdict
 from ..judgement.goodput import GoodputRow, GoodputSection
 from ..judgement.history import Comparison, Finding
 from ..judgement.stability import BlockDrift, BlockLoad, Stability
@@ -78,6 +78,10 @@ class VerdictEntry(_Sheet):
     pattern is a known one."""
     notes: list[str] = Field(default_factory=list)
     """Diagnoses tied to no failed gate (e.g. a domain gap on a reported-only slice)."""
+    unproven: list[str] = []
+    """Gating gates that passed or were skipped without the evidence to have failed
+    (`evidence` not `tested`): `kind[id] evidence`. A KEEP with entries here rests on gates
+    that could hardly, or not at all, have said no."""
 
 
 class GateEntry(_Sheet):
@@ -103,6 +107,11 @@ class GateEntry(_Sheet):
     outcome: Outcome
     """pass, fail, inconclusive (the evidence settles neither way) or skip (not
     applicable). Gates are not adjusted against each other: KEEP needs every one to pass."""
+    evidence: Evidence = "tested"
+    """How much the outcome says: `tested` (the gate could have failed), `underpowered` (it
+    could fail, but too few data to catch the effect its kind is sized for: a pass says
+    little) or `not_evaluable` (it could not have failed: nothing at risk, or a budget that
+    cannot reach its level). Reports show a pass that is not `tested` apart."""
     summary: str
     """Human-readable result; the first line is the one quoted in verdict reasons."""
     estimate: float | int | None
@@ -216,9 +225,10 @@ class GateKind:
 
 
 _NONE = "-"
-_DIVERGENCE = ("`prompt_id`, `position` (token index), `reference_token`, `candidate_token`, "
-               "`margin` (the reference's top-1 minus top-2 logprob there), `near_tie`, "
-               "`reference_text`, `candidate_text`")
+_DIVERGENCE = ("`prompt_id`, `load`, `position` (token index), `reference_token`, "
+               "`candidate_token`, `margin` (the reference's top-1 minus top-2 logprob there), "
+               "`runner_up` (the reference's top-2 token id there; null: not recorded), "
+               "`near_tie`, `reference_text`, `candidate_text`")
 
 GATE_KINDS: dict[str, GateKind] = {
     "command_line": GateKind(
@@ -238,24 +248,65 @@ GATE_KINDS: dict[str, GateKind] = {
         _NONE,
         "`differences` (list of what differs), `compared` (field -> condition -> value)"),
     "greedy_identity": GateKind(
-        "genuine divergences <= threshold and near-tie fraction within "
-        "`limits.quality.max_near_tie_fraction`",
-        "genuine (not near-tie) greedy divergences (count)",
+        "genuine divergences <= threshold, and the near-tie rate per compared token not above "
+        "the identical-condition control's (the baseline's later blocks against its first: an "
+        "exact test relabelling each prompt's runs, one-sided at (1 - `decision.confidence`)/2; "
+        "without a control, an exact Poisson test against `limits.quality.max_near_tie_rate`). "
+        "A near-tie: the candidate's token is the baseline's runner-up and the baseline's "
+        "margin there <= `limits.quality.near_tie_epsilon`",
+        "genuine (not near-tie) greedy divergences over the candidate's outputs (count)",
         "`limits.quality.max_genuine_divergences` (count)",
-        "`compared`, `identical` (prompts), `genuine`, `near_ties` (lists of divergences: "
-        + _DIVERGENCE + ")"),
+        "`compared`, `identical` (the candidate's greedy outputs, every prompt, block and load "
+        "level, each against the baseline's first output of its prompt and level), `tokens` "
+        "(compared tokens), `genuine`, "
+        "`near_ties` (lists of divergences: " + _DIVERGENCE + "), `near_tie_rate` (per "
+        "token), `rate_test` (`control` or `fixed`), `control` (`compared`, `tokens`, "
+        "`near_ties`, `genuine` of the baseline against its rerun; null without one). "
+        "`p_value`: the near-tie rate test's"),
     "correctness": GateKind(
-        "CI low > threshold (non-inferior pass rate; exact McNemar)",
-        "candidate pass rate minus reference pass rate over paired prompts (fraction -1..1)",
-        "minus `limits.quality.correctness_margin` (fraction)",
-        "`n_pairs` (prompts), `reference_rate`, `candidate_rate` (fractions 0-1), `losses` "
-        "(prompt id -> why the candidate's answer failed)"),
+        "losses (answers the baseline got right that the candidate gets wrong) <= threshold: "
+        "the exact binomial loss rule; new right answers never offset a loss. skip (evidence "
+        "`not_evaluable`) when the baseline got none of the checked prompts right; evidence "
+        "`underpowered` when the rule would catch a drafter breaking 20% of answers with "
+        "less than 80% probability",
+        "losses (count); CI: [0, one-sided upper Clopper-Pearson bound of the loss rate at "
+        "1 - (1 - `decision.confidence`)/2] (fraction)",
+        "the critical count: the most losses a drafter at `limits.quality.max_loss_rate` "
+        "exceeds with probability <= (1 - `decision.confidence`)/2 (0 with the default: any "
+        "loss fails)",
+        "`n_pairs` (checked prompts), `at_risk` (of those, right for the baseline), "
+        "`reference_rate`, `candidate_rate` (fractions 0-1), `losses` (prompt id -> why the "
+        "candidate's answer failed), `gains` (prompt ids), `critical`, `power` (loss rate -> "
+        "probability the rule fails such a drafter at this size), `control_losses` (the "
+        "baseline against its own rerun; null without one). `p_value`: P(Bin(at_risk, "
+        "max_loss_rate) >= losses)"),
     "distribution": GateKind(
-        "no permutation test rejects at the threshold after Holm",
-        "mean total-variation distance between the sampled token distributions (0-1)",
-        "family-wise level alpha, `limits.quality.distribution_alpha` (probability)",
-        "`min_adjusted_p`, `tv_null` (TV expected by chance alone, 0-1), `underpowered`, "
-        "`worst` (the most different position, in words)"),
+        "the stratified permutation test (each prompt's samples relabelled independently) of "
+        "the summed standardised MMD^2 under a sequence kernel does not reject at the "
+        "threshold; inconclusive (evidence `not_evaluable`) when the smallest attainable "
+        "p-value of the budget exceeds it",
+        "distance: mean unbiased MMD^2 over prompts (0 expected for identical samplers; "
+        "unitless, kernel scale 0-2)",
+        "alpha, `limits.quality.distribution_alpha` (probability)",
+        "`smallest_p` (floor of the p-value at this budget), `critical` (the smallest "
+        "distance this budget flags), `similarity_ratio` (candidate within-prompt sample "
+        "similarity over the baseline's; > 1: less diverse), `prompts`, "
+        "`samples_per_prompt`, `worst` (the most different prompt, in words)"),
+    "sampling_params": GateKind(
+        "every sampling-parameter probe (penalties, stop, max/min tokens, logit bias: "
+        "identical greedy tokens; JSON schema, regex: valid output) honoured as by the "
+        "baseline; skip when no probe could be tested",
+        "parameters not honoured (count)", "0",
+        "`honoured` (probe names), `broken` (probe -> what went wrong), `not_tested` (probe -> "
+        "why: unsupported by the engine, no effect on the baseline, ...)"),
+    "acceptance": GateKind(
+        "reported only, never gating: no draft position's acceptance rate collapsed, against "
+        "the lightest load level or the current drafter (below (1 - "
+        "`limits.quality.max_acceptance_drop`) x the compared rate, with confidence); skip "
+        "when the engine reports no per-position acceptance",
+        _NONE, _NONE,
+        "`rates` (load level -> acceptance rate per draft position), `collapses` (in words, "
+        "with the positions)"),
     "speedup": GateKind(
         "CI low > threshold (the deciding test's one-sided p <= alpha) and the environment "
         "stable; fail when CI high < threshold; else inconclusive. The primary gate with "

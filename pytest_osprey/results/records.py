@@ -17,7 +17,7 @@ from typing import IO, Any, Literal
 from .redact import scrub_obj
 
 SCHEMA = 2  # 2: block is the replay plan's block; repetition the pass; boot, stretch
-Mode = Literal["greedy", "sampled"]
+Mode = Literal["greedy", "sampled", "params"]
 
 
 @dataclass
@@ -34,8 +34,16 @@ class Measurement:
     output_text: str = ""
     top2_margin: list[float] | None = None
     """Per output position: logprob of top-1 minus top-2, where the engine gives it."""
+    top2_ids: list[list[int]] | None = None
+    """Per output position: the top-1 and top-2 token ids (beside top2_margin), where the
+    engine gives them: a greedy divergence is a near-tie only onto the runner-up."""
     spec_verify_ct: int | None = None
     accept_length: float | None = None
+    spec_drafts: int | None = None
+    """Verify steps that checked drafted tokens (for per-position acceptance)."""
+    spec_accepted_per_position: list[int] | None = None
+    """Per draft position j: how many of those steps accepted the j-th drafted token, where
+    the engine tells (j-th rate = accepted[j] / spec_drafts)."""
     finish_reason: str | None = None
 
     @classmethod
@@ -73,6 +81,8 @@ class RequestRecord(Measurement):
     """Which boot of the condition served it (0-based)."""
     stretch: int | None = None
     """The replay plan's stretch: one condition replaying one block, contiguous in time."""
+    probe: str | None = None  # params pass: which sampling-parameter probe ("plain": none)
+    request: dict[str, Any] | None = None  # params pass: the non-default parameters sent
     schema: int = SCHEMA
 
     @classmethod

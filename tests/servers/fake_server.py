@@ -18,6 +18,11 @@ fake SGLang parser), so further behaviour comes from the environment, all off by
 - ``OSPREY_FAKE_FAULTS="2=500,3=malformed,4=truncate,5=hang"``: what the N-th /generate
   gets instead of a good stream (HTTP 500, a chunk that is not JSON, no [DONE], no answer).
 - ``OSPREY_FAKE_TEXT``: the text every /generate streams back (instead of ``t0 t1 ...``).
+- ``OSPREY_FAKE_LM=1``: /generate answers with a tiny deterministic greedy "model" that
+  honours the sampling parameters (penalties, stop, min/max tokens, logit bias, JSON schema,
+  regex; see :func:`fake_lm`), and reports per-position acceptance when speculating.
+- ``OSPREY_FAKE_IGNORE_PENALTIES_WHEN_SPECULATING=1``: with the fake LM, a speculating server
+  drops frequency/presence/repetition penalties (the bug users of speculative decoding meet).
 """
 
 from __future__ import annotations
@@ -83,6 +88,49 @@ def _faults(spec: str) -> dict[int, str]:
     return out
 
 
+EOS = 99
+
+
+def fake_lm(params: dict[str, Any], ignore_penalties: bool) -> tuple[list[int], str, str]:
+    """(ids, text, finish reason) of a tiny greedy model over ids 100..119 (text ``t<k> ``) and
+    EOS 99: it alternates t0 t1 (repetitive, so penalties change it), and ends after 8 tokens.
+    """
+    if params.get("json_schema") is not None:
+        return [120, 121, 120], '"yes"', "stop"
+    if params.get("regex") is not None:
+        return [121], "yes", "stop"
+    n = int(params["max_new_tokens"])
+    freq = 0.0 if ignore_penalties else float(params.get("frequency_penalty") or 0.0)
+    pres = 0.0 if ignore_penalties else float(params.get("presence_penalty") or 0.0)
+    rep = 1.0 if ignore_penalties else float(params.get("repetition_penalty") or 1.0)
+    bias = {int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()}
+    min_new = int(params.get("min_new_tokens") or 0)
+    stops = params.get("stop") or []
+    stops = [stops] if isinstance(stops, str) else list(stops)
+    ids: list[int] = []
+    text = ""
+    for t in range(n):
+        logits = {v: 1.0 - 0.01 * (v - 100) for v in range(100, 120)}
+        logits[100 + t % 2] = 3.0
+        logits[102 + t % 5] = max(logits[102 + t % 5], 2.5)
+        logits[EOS] = 3.5 if t >= 8 and t >= min_new else float("-inf")
+        for v in logits:
+            count = ids.count(v)
+            if count:
+                x = logits[v]
+                logits[v] = (x / rep if x > 0 else x * rep) - freq * count - pres
+            logits[v] += bias.get(v, 0.0)
+        best = max(logits, key=lambda v: (logits[v], -v))
+        if best == EOS:
+            return ids, text, "stop"
+        ids.append(best)
+        text += f"t{best - 100} "
+        cut = [text.find(s) for s in stops if s and s in text]
+        if cut:
+            return ids, text[: min(cut)], "stop"
+    return ids, text, "length"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
@@ -94,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     crash_after = int(env.get("OSPREY_FAKE_CRASH_AFTER") or 0)
     faults = _faults(env.get("OSPREY_FAKE_FAULTS", ""))
     fixed_text = env.get("OSPREY_FAKE_TEXT")
+    use_lm = env.get("OSPREY_FAKE_LM") == "1"
+    ignore_penalties = env.get("OSPREY_FAKE_IGNORE_PENALTIES_WHEN_SPECULATING") == "1"
     generated = [0]
     count_lock = threading.Lock()
     _event(f"start {os.getpid()} {args.host} {args.port}")
@@ -174,6 +224,16 @@ def main(argv: list[str] | None = None) -> None:
                 self.close_connection = True
             return True
 
+        def _lm(self, params: dict[str, Any]) -> None:
+            ids, text, finish = fake_lm(params, ignore_penalties and speculates)
+            meta: dict[str, Any] = {"prompt_tokens": 5, "completion_tokens": len(ids),
+                                    "finish_reason": {"type": finish}}
+            if speculates:
+                steps = max(1, (len(ids) + 2) // 3)  # 3 drafts per step, 2 accepted
+                meta.update(spec_verify_ct=steps,
+                            spec_correct_drafts_histogram=[0, 0, steps, 0])
+            self._sse([{"text": text, "output_ids": ids, "meta_info": meta}])
+
         def do_GET(self) -> None:
             ready = not args.never_ready and time.monotonic() - t_start >= args.ready_after
             if self.path in ("/health", "/health_generate"):
@@ -220,6 +280,10 @@ def main(argv: list[str] | None = None) -> None:
                 _event(f"request {os.getpid()} {nth}")
                 time.sleep(delay_s)
                 if self._fault(faults.get(nth)):
+                    return
+                if use_lm:
+                    self._lm(body["sampling_params"])
+                    _event(f"answered {os.getpid()} {nth}")
                     return
                 n = int(body["sampling_params"]["max_new_tokens"])
                 ids = [100 + i for i in range(n)]
