@@ -316,7 +316,8 @@ class Campaign:
             )
 
     def _text(self, prompt: Prompt, engine: Engine) -> str:
-        return render_prompt(prompt, getattr(engine, "_tokenizer", None))
+        # Every engine that knows the target's chat template exposes its tokenizer.
+        return render_prompt(prompt, getattr(engine, "tokenizer", None))
 
     async def _replay_stretch(self, s: Stretch) -> None:
         state = self.states[s.condition]
@@ -374,6 +375,8 @@ class Campaign:
                               started=time.time(), boot=state.boot, pass_index=pass_index,
                               stretch=stretch_id, loadavg=host_load())
 
+        margins = mode == "greedy" and state.boot == 0 and pass_index == 0
+
         async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
             lag: float | None = None
             if arrival_s is not None:
@@ -388,7 +391,11 @@ class Campaign:
                 temperature=0.0 if greedy else sampled.temperature,
                 top_p=1.0 if greedy else sampled.top_p,
                 seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, index),
-                want_margins=True,
+                # Logprobs only where a gate reads them: greedy identity takes the margins of
+                # each prompt's first greedy record (first boot, first pass). Everywhere else
+                # they would only add client work per token, and more per decoding step to a
+                # condition whose steps carry several tokens.
+                want_margins=margins,
                 timeout_s=self.pilot.load.request_timeout_s,
             )
             async with sem:

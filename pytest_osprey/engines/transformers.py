@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .chat_template import template_digest
 from .quantize import round_weights
 
 if TYPE_CHECKING:
@@ -375,11 +376,17 @@ class TransformersEngine:
             "drafter_digest": _folder_digest(self.cond.drafter) if self.cond.drafter else None,
             "num_draft_tokens": (spec.num_draft_tokens if spec else 4) if self._drafter else None,
             "load_seconds": self.load_seconds,
+            "chat_template": template_digest(self._tokenizer),
             # A dynamic KV cache per request: no fixed capacity to report.
             "kv_capacity_tokens": None,
             "memory": memory,
             "memory_method": memory["note"],
         }
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (chat prompts are rendered with its template)."""
+        return self._tokenizer
 
     def memory_facts(self) -> dict[str, Any]:
         """What :meth:`memory_mb` measures, for the fingerprint."""
