@@ -346,11 +346,11 @@ class _Events:
                 "cached_tokens": 0,
             }
             if self.top >= 0:
-                rows = [[-0.5, i, None] for i in self.ids[lo:done]]
-                meta["output_token_logprobs"] = rows
+                ids = self.ids[lo:done]
+                meta["output_token_logprobs"] = [[-0.5, i, None] for i in ids]
                 if self.top:
                     meta["output_top_logprobs"] = [
-                        [row, [-1.5, row[1] + 1, None]][: self.top] for row in rows]
+                        [[-0.5, i, None], [-1.5, i + 1, None]][: self.top] for i in ids]
             if last:
                 meta["e2e_latency"] = elapsed
                 meta["spec_verify_ct"] = step + 1
