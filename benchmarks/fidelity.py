@@ -5,7 +5,8 @@ at each concurrency runs a closed loop (a warm-up of CONCURRENCY requests, then 
 requests from CONCURRENCY workers whose first requests are spread over one scripted request
 duration) through:
 
-- ``osprey-sglang``: ``SGLangClient.generate`` (native /generate, cumulative SSE);
+- ``osprey-sglang``: ``SGLangClient.generate`` (native /generate, incremental SSE as the
+  engine boots SGLang);
 - ``osprey-openai``: ``OpenAIClient.generate`` (/v1/completions, the vLLM engine's path);
 - ``vllm-bench``: vLLM's own benchmark request function, in ``vllm_client_driver.py`` under
   ``--vllm-python`` (skipped without it).
@@ -15,7 +16,9 @@ minus the request's receipt, "vs script" the scheduled TTFT. ITL is compared per
 decoding step), where both clients are comparable: vLLM's client keeps one entry per chunk;
 ours splits a chunk's gap evenly over its tokens (one entry per token after the first, the
 first chunk's extra tokens at 0), so its entries are summed back per chunk with the stub's
-chunk sizes (exact, as the split is even). CPU is ``time.process_time`` over the recorded load,
+chunk sizes (exact, as the split is even). Our clients run as the campaign runs them: the
+garbage collector frozen and off during the recorded load. CPU is ``time.process_time`` over
+the recorded load,
 per content chunk received. Errors count failed requests, outputs that match no request, and
 wrong token counts, ids or text. The JSON also has, on the one clock all processes share, the
 request path (submission to the stub's receipt) and each chunk's lag (client stamp minus the
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -145,9 +149,17 @@ def run_osprey(
 
     async def go() -> tuple[list[Outcome], float, float]:
         await _closed_loop(client, req, concurrency, concurrency, ramp_s)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        outcomes = await _closed_loop(client, req, requests, concurrency, ramp_s)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        # As the campaign replays a pass: what exists frozen, the collector off.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        try:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            outcomes = await _closed_loop(client, req, requests, concurrency, ramp_s)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        finally:
+            gc.unfreeze()
+            gc.enable()
         await client.pool.aclose()
         return outcomes, cpu, wall
 
@@ -406,6 +418,22 @@ class Stub:
             self.proc.stdout.close()
 
 
+def merged(runs: Sequence[ClientRun]) -> list[ClientRun]:
+    """One run per client and concurrency: rounds' outcomes pooled, CPU and wall summed."""
+    out: dict[tuple[str, int], ClientRun] = {}
+    for r in runs:
+        key = (r.client, r.concurrency)
+        if key not in out:
+            out[key] = ClientRun(r.client, r.api, r.concurrency, r.itl_per_token, r.cpu_s,
+                                 r.wall_s, list(r.outcomes))
+        else:
+            m = out[key]
+            m.cpu_s += r.cpu_s
+            m.wall_s += r.wall_s
+            m.outcomes += r.outcomes
+    return list(out.values())
+
+
 def parse_levels(spec: str) -> list[tuple[int, int]]:
     out = []
     for part in spec.split(","):
@@ -426,6 +454,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--no-ramp", dest="ramp", action="store_false", help="start all workers at once"
     )
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="each level this many times, the clients taking turns")
     schedule_args(ap)
     args = ap.parse_args(argv)
     schedule = schedule_from(args)
@@ -439,18 +469,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs: list[ClientRun] = []
     version = None
     started = time.perf_counter()
+    loads: dict[int, list[float]] = {}
     try:
+        # Level by level, the clients in turn (rounds times): the machine's load drifts, and
+        # each client of a level meets about the same.
         for c, n in levels:
-            for name in ("osprey-sglang", "osprey-openai"):
-                if name in clients:
-                    runs.append(run_osprey(name, stub.url, c, n, args.tokens, ramp_s))
-        if "vllm-bench" in clients and args.vllm_python:
-            vllm_runs, version = run_vllm(args.vllm_python, stub.url, levels, args.tokens, ramp_s)
-            runs += vllm_runs
+            loads[c] = [round(os.getloadavg()[0], 2)]
+            for _ in range(args.rounds):
+                for name in ("osprey-sglang", "osprey-openai"):
+                    if name in clients:
+                        runs.append(run_osprey(name, stub.url, c, n, args.tokens, ramp_s))
+                if "vllm-bench" in clients and args.vllm_python:
+                    vllm_runs, version = run_vllm(args.vllm_python, stub.url, [(c, n)],
+                                                  args.tokens, ramp_s)
+                    runs += vllm_runs
+            loads[c].append(round(os.getloadavg()[0], 2))
         log = stub.log()
     finally:
         stub.close()
-    rows = [analyse(r, log) for r in runs]
+    rows = [analyse(r, log) for r in merged(runs)]
     rows.sort(key=lambda r: (r["concurrency"], r["client"]))
     report: dict[str, Any] = {
         "schedule": {
@@ -464,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         },
         "vllm_version": version,
         "load_average": os.getloadavg(),
+        "load_average_per_level": {str(c): v for c, v in loads.items()},  # at start, at end
         "cpus": os.cpu_count(),
         "elapsed_s": time.perf_counter() - started,
         "rows": rows,
@@ -474,9 +512,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     for line in report["verdicts"]:
         print(line)
+    per_level = ", ".join(f"c={c}: {a:.2f} -> {b:.2f}" for c, (a, b) in loads.items())
     print(
         f"\nvLLM {version or '(not run)'}; load average {os.getloadavg()[0]:.2f} on "
-        f"{os.cpu_count()} CPUs; {report['elapsed_s']:.0f} s"
+        f"{os.cpu_count()} CPUs (per level, 1-minute: {per_level}); {report['elapsed_s']:.0f} s"
     )
 
 

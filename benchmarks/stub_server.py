@@ -12,8 +12,10 @@ first token's text (``<n>``) so a client's output can be matched to its log entr
     python benchmarks/stub_server.py [--port 0] [--ttft-ms 40] [--gap-ms 20] [--chunks 1,3,2]
                                      [--jitter 0.2] [--seed 0]
 
-prints ``listening http://127.0.0.1:PORT`` once bound. Routes: POST /generate (SGLang,
-cumulative text and ids), POST /v1/completions (OpenAI/vLLM, deltas, ``token_ids`` when
+prints ``listening http://127.0.0.1:PORT`` once bound. Routes: POST /generate (SGLang:
+incremental chunks, as servers booted with ``--incremental-streaming-output``, or with
+``--sglang-cumulative`` SGLang's default cumulative ones; top-2 logprob rows when asked),
+POST /v1/completions (OpenAI/vLLM, deltas, ``token_ids`` when
 ``return_token_ids``, a usage chunk when ``stream_options.include_usage``), GET /log (every
 request so far, JSON), POST /reset (clear the log, restart numbering), GET /health.
 
@@ -128,8 +130,9 @@ class BadRequest(Exception):
 
 
 class StubServer:
-    def __init__(self, schedule: Schedule) -> None:
+    def __init__(self, schedule: Schedule, cumulative: bool = False) -> None:
         self.schedule = schedule
+        self.cumulative = cumulative  # SGLang's default streaming (else incremental)
         self.log: list[Served] = []
         self._next = 0
         self._server: asyncio.Server | None = None
@@ -264,7 +267,8 @@ class _Stream:
         self.conn = conn
         self.served = Served(n, api, t_recv, tokens, stub.schedule.plan(n, tokens))
         stub.log.append(self.served)
-        self.events = _Events(api, n, tokens, prompt_tokens, body)
+        self.events = _Events(api, n, tokens, prompt_tokens, body,
+                              incremental=not stub.cumulative)
         self.step = 0
         self.done = 0
         self.loop = asyncio.get_running_loop()
@@ -308,9 +312,13 @@ class _Events:
     """The SSE payloads of one request, shaped as the real server shapes them."""
 
     def __init__(
-        self, api: str, n: int, tokens: int, prompt_tokens: int, body: dict[str, Any]
+        self, api: str, n: int, tokens: int, prompt_tokens: int, body: dict[str, Any],
+        incremental: bool = True,
     ) -> None:
         self.api = api
+        self.incremental = incremental
+        top = int(body.get("top_logprobs_num") or 0) if body.get("return_logprob") else -1
+        self.top = top  # -1: no logprobs; else rows of this many alternatives
         self.n = n
         self.tokens = tokens
         self.prompt_tokens = prompt_tokens
@@ -326,22 +334,30 @@ class _Events:
     def chunk(self, step: int, done: int, elapsed: float) -> str:
         last = done >= self.tokens
         if self.api == "sglang":
-            # SGLang streams cumulative text and ids by default; meta_info counts them.
+            # Incremental chunks carry what is new, cumulative ones all so far (SGLang's
+            # default); meta_info counts every token so far in both.
+            lo = self._sent if self.incremental else 0
             meta: dict[str, Any] = {
                 "id": f"stub-{self.n}",
+                "finish_reason": {"type": "length", "length": self.tokens} if last else None,
                 "prompt_tokens": self.prompt_tokens,
+                "weight_version": "default",
                 "completion_tokens": done,
                 "cached_tokens": 0,
-                "finish_reason": {"type": "length", "length": self.tokens} if last else None,
-                "spec_verify_ct": step + 1,
             }
+            if self.top >= 0:
+                ids = self.ids[lo:done]
+                meta["output_token_logprobs"] = [[-0.5, i, None] for i in ids]
+                if self.top:
+                    meta["output_top_logprobs"] = [
+                        [[-0.5, i, None], [-1.5, i + 1, None]][: self.top] for i in ids]
             if last:
                 meta["e2e_latency"] = elapsed
+                meta["spec_verify_ct"] = step + 1
             payload: dict[str, Any] = {
-                "text": "".join(self.texts[:done]),
-                "output_ids": self.ids[:done],
+                "text": "".join(self.texts[lo:done]),
+                "output_ids": self.ids[lo:done],
                 "meta_info": meta,
-                "index": 0,
             }
         else:
             choice: dict[str, Any] = {
@@ -423,12 +439,12 @@ def _json_response(status: int, obj: Any) -> bytes:
 
 
 @contextlib.contextmanager
-def serve_in_thread(schedule: Schedule) -> Iterator[StubServer]:
+def serve_in_thread(schedule: Schedule, cumulative: bool = False) -> Iterator[StubServer]:
     """The stub on its own event loop in a daemon thread (for tests; ``.log`` is live)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    stub = StubServer(schedule)
+    stub = StubServer(schedule, cumulative)
     try:
         asyncio.run_coroutine_threadsafe(stub.start(), loop).result(10)
         yield stub
@@ -469,8 +485,8 @@ def schedule_argv(schedule: Schedule) -> list[str]:
     ]  # fmt: skip
 
 
-async def _serve(schedule: Schedule, host: str, port: int) -> None:
-    stub = StubServer(schedule)
+async def _serve(schedule: Schedule, host: str, port: int, cumulative: bool) -> None:
+    stub = StubServer(schedule, cumulative)
     await stub.start(host, port)
     print(f"listening http://{host}:{stub.port}", flush=True)
     await asyncio.Event().wait()
@@ -480,10 +496,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--sglang-cumulative", action="store_true",
+                    help="SGLang's default streaming: every chunk resends all so far")
     schedule_args(ap)
     args = ap.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(schedule_from(args), args.host, args.port))
+        asyncio.run(_serve(schedule_from(args), args.host, args.port, args.sglang_cumulative))
 
 
 if __name__ == "__main__":

@@ -169,7 +169,9 @@ class PilotRun:
         self.pilot_path = _under(self.cwd, pilot_path)
         self.notes: list[str] = []
         try:
-            self.pilot: Pilot = load_pilot(self.pilot_path)
+            # A dry run checks the command lines where the drafters may not be (a CI machine
+            # for a GPU deployment): their absence is the artifact check's finding.
+            self.pilot: Pilot = load_pilot(self.pilot_path, absent_drafters=self.options.dry_run)
             self.pilot_text = self.pilot_path.read_text("utf-8-sig")
             self.trace: Trace = selected_trace(self.pilot, self.pilot_path)
         except (ConfigError, TraceError) as exc:

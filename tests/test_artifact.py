@@ -136,6 +136,57 @@ def test_eagle3_drafter_for_vllm_eagle3_passes(tmp_path: Path) -> None:
     assert report.ok, report.summary()
 
 
+def eagle_head(folder: Path, reads: int, hidden_size: int = 16) -> Path:
+    """An EAGLE head published with a plain LlamaForCausalLM config (as EAGLE-3 checkpoints
+    commonly are): one decoder layer and an fc over ``reads`` of the target's hidden states."""
+    fake_model(folder, "LlamaForCausalLM", hidden_size=hidden_size, weights=False)
+    save_file({"fc.weight": np.zeros((hidden_size, reads * hidden_size), dtype=np.float32),
+               "midlayer.self_attn.q_proj.weight": np.zeros((hidden_size, hidden_size),
+                                                            dtype=np.float32)},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize(("algorithm", "reads"), [("eagle3", 3), ("eagle", 2)])
+def test_an_eagle_head_with_a_llama_config_passes_for_vllm_only(
+    tmp_path: Path, algorithm: str, reads: int
+) -> None:
+    """vLLM loads a LlamaForCausalLM config under eagle/eagle3 as its own draft class;
+    SGLang looks the class up by name and does not."""
+    drafter = eagle_head(tmp_path / "head", reads)
+    report = check_condition(pilot_for(tmp_path, drafter, engine="vllm", algorithm=algorithm),
+                             "cand")
+    assert report.ok, report.summary()
+    detail = named(report, "architecture").detail
+    assert "an EAGLE head (fc.weight [16, " in detail and f"its {algorithm} draft" in detail
+    assert named(report, "hidden size").ok  # checked as for any EAGLE drafter
+    sglang = check_condition(
+        pilot_for(tmp_path, drafter, engine="sglang", algorithm=algorithm.upper()), "cand")
+    assert "architecture" in failed(sglang)
+
+
+def test_a_plain_lm_given_as_eagle3_to_vllm_still_fails(tmp_path: Path) -> None:
+    drafter = fake_model(tmp_path / "drafter", "LlamaForCausalLM")  # no fc: a whole model
+    report = check_condition(pilot_for(tmp_path, drafter, engine="vllm", algorithm="eagle3"),
+                             "cand")
+    detail = failed(report)["architecture"]
+    assert "no fc.weight: a plain causal LM" in detail and "draft_model" in detail
+    wide = eagle_head(tmp_path / "wide", 3, hidden_size=8)  # reads a narrower target
+    report = check_condition(pilot_for(tmp_path, wide, engine="vllm", algorithm="eagle3"),
+                             "cand")
+    assert "hidden size" in failed(report)
+
+
+def test_a_drafter_folder_absent_here_is_said_so(tmp_path: Path) -> None:
+    """Only a dry run gets a pilot whose drafter folder is not on this machine."""
+    report = check_condition(
+        pilot_for(tmp_path, Path("/models/eagle3-head"), engine="sglang", algorithm="EAGLE3"),
+        "cand")
+    assert failed(report) == {"drafter": (
+        "/models/eagle3-head: no such folder on this machine, so the checkpoint was not "
+        "checked; run the check where the drafter is")}
+
+
 def test_plain_drafter_for_sglang_eagle3_fails_naming_both(tmp_path: Path) -> None:
     drafter = fake_model(tmp_path / "drafter", "LlamaForCausalLM")
     report = check_condition(pilot_for(tmp_path, drafter, engine="sglang", algorithm="EAGLE3"),

@@ -420,6 +420,16 @@ def test_drafter_folder_missing(tmp_path: Path) -> None:
     )
 
 
+def test_a_dry_run_may_name_a_drafter_folder_absent_here(tmp_path: Path) -> None:
+    """A dry run checks a deployment's command lines where its checkpoints are not (the
+    artifact check then says the folder is not on this machine); a run refuses."""
+    text = set_value("drafter", "/models/not-here")
+    path = project(tmp_path, text)
+    assert f"conditions.{CAND}.drafter: no such directory: /models/not-here" in error_of(path)
+    pilot = load_pilot(path, absent_drafters=True)
+    assert pilot.conditions[CAND].drafter == Path("/models/not-here")
+
+
 def test_drafter_is_a_file_not_a_folder(tmp_path: Path) -> None:
     text = set_value("drafter", REPO["trace"]["files"][0])
     assert f"conditions.{CAND}.drafter: no such directory" in error_of(project(tmp_path, text))

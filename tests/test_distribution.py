@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 from sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
-from pytest_osprey.campaign.runner import sample_seed
+from pytest_osprey.campaign.requests import sample_seed
 from pytest_osprey.judgement.distribution import (
     KERNELS,
     _means,

@@ -20,7 +20,7 @@ from servers.pilot_run import SERVERS, fake_target, gone
 from pytest_osprey.engines import process as proc
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
 from pytest_osprey.engines.sglang import SGLangEngine
-from pytest_osprey.engines.vllm import VLLMEngine
+from pytest_osprey.engines.vllm import FLUSHED, VLLMEngine
 from pytest_osprey.pilot.schema import Pilot
 
 FAKE = SERVERS / "fake_server.py"
@@ -194,6 +194,9 @@ def test_sglang_engine_boots_serves_and_stops(tmp_path: Path) -> None:
         engine.flush()
         fp = engine.fingerprint()
         assert fp["version"] == "0.0.fake" and fp["kv_capacity_tokens"] == 4096
+        # Resolved at boot: the served context (server args say null), the running cap.
+        assert fp["context_length"] == 512 and fp["max_running_requests"] == 48
+        assert fp["streaming"] == "incremental"
         assert "--speculative-algorithm" in fp["argv"]
         assert (engine.memory_mb() or 0) > 1
     finally:
@@ -217,7 +220,8 @@ def test_vllm_engine_key_in_env_not_argv(tmp_path: Path, monkeypatch: pytest.Mon
         assert engine.pooled_accept_length() == pytest.approx(2.0)
         fp = engine.fingerprint()
         assert fp["version"] == "0.0.fake" and fp["speculative_config"]["model"] == "/m/d"
-        engine.flush()  # 404 here: no-op
+        assert fp["prefix_cache"] == FLUSHED and "pooled_accept_length" not in fp
+        engine.flush()  # the engine started it in dev mode: the reset route is there
     finally:
         engine.stop()
     assert "k-vllm-42" not in (tmp_path / "cand.log").read_text()

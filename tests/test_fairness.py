@@ -15,7 +15,7 @@ from pytest_osprey.results.records import RequestRecord
 def fp(**over: Any) -> dict[str, Any]:
     base = {"engine": "transformers", "version": "5.24.0", "device": "cpu",
             "device_name": "x86_64", "dtype": "float32", "quantization": "none",
-            "context_length": 1024, "drafter": None, "threads": 2}
+            "context_length": 1024, "chat_template": "none", "drafter": None, "threads": 2}
     return {**base, **over}
 
 
@@ -51,6 +51,8 @@ def test_same_setup_is_fair_even_with_a_different_drafter() -> None:
         ("version", "5.25.0", "version differs"),
         ("engine", "sglang", "engine differs"),
         ("context_length", 2048, "context_length differs: baseline=1024, cand=2048"),
+        ("chat_template", "sha256:0123456789ab",
+         "chat_template differs: baseline='none', cand='sha256:0123456789ab'"),
     ],
 )
 def test_a_fingerprint_difference_fails_naming_field_and_values(
@@ -69,9 +71,9 @@ def test_dtype_aliases_are_the_same_precision() -> None:
 
 def test_missing_fields_are_not_shown_not_failures() -> None:
     sglang = {"engine": "sglang", "version": "0.5.23", "device": "NVIDIA H100",
-              "dtype": "bfloat16", "context_length": 4096}
+              "dtype": "bfloat16", "context_length": 4096, "chat_template": "none"}
     vllm_like = {"engine": "sglang", "version": "0.5.23", "dtype": "bfloat16",
-                 "context_length": None}
+                 "context_length": None, "chat_template": "none"}
     res = fairness_check(meta(base=sglang, cand=vllm_like), full(["base", "cand"]))
     assert res.ok, res.differences
     assert res.compared["device_name"] == {"base": "NVIDIA H100", "cand": None}
@@ -128,3 +130,50 @@ def test_input_is_not_modified() -> None:
     before = copy.deepcopy(m)
     fairness_check(m, [])
     assert m == before
+
+
+# --------------------------------------------------------------------------- running caps
+
+
+def closed(conds: list[str], concurrency: int) -> list[RequestRecord]:
+    return [make_record(c, p, load="heavy", concurrency=concurrency) for c in conds
+            for p in ("a", "b")]
+
+
+def test_a_running_cap_below_the_load_on_one_side_only_is_unfair() -> None:
+    # SGLang 0.5.23: a speculative server runs at most 48 requests, the plain one 4096.
+    m = meta(base=fp(max_running_requests=4096), cand=fp(max_running_requests=48))
+    res = fairness_check(m, closed(["base", "cand"], 64))
+    assert not res.ok
+    (diff,) = res.differences
+    assert "load 'heavy': up to 64 requests in flight, but cand runs at most 48" in diff
+    assert "--max-running-requests" in diff
+    assert res.compared["max_running_requests"] == {"base": 4096, "cand": 48}
+
+
+@pytest.mark.parametrize(("base", "cand", "concurrency"), [
+    (4096, 48, 32),  # both caps above the load: nobody queues
+    (48, 48, 64),  # the same cap on both sides: both queue alike
+    (None, 48, 64),  # one side says nothing: not a difference (not shown)
+])
+def test_running_caps_that_do_not_bite_differently_are_fair(
+    base: int | None, cand: int, concurrency: int
+) -> None:
+    m = meta(base=fp(max_running_requests=base), cand=fp(max_running_requests=cand))
+    assert fairness_check(m, closed(["base", "cand"], concurrency)).ok
+
+
+def test_open_loop_caps_are_judged_on_what_was_in_flight() -> None:
+    m = meta(base=fp(max_running_requests=4096), cand=fp(max_running_requests=2))
+
+    def open_loop(starts: list[float]) -> list[RequestRecord]:
+        return [make_record(c, f"p{i}", load="poisson", concurrency=0, rate=5.0,
+                            started_at=t, e2e_s=1.0)
+                for c in ("base", "cand") for i, t in enumerate(starts)]
+
+    spread = open_loop([0.0, 1.5, 3.0, 4.5])  # one at a time: the cap of 2 never bites
+    assert fairness_check(m, spread).ok
+    burst = open_loop([0.0, 0.2, 0.4, 0.6])  # four at once
+    res = fairness_check(m, burst)
+    assert not res.ok and "up to 4 requests in flight, but cand runs at most 2" in (
+        res.differences[0])

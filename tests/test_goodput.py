@@ -12,7 +12,8 @@ import pytest
 
 from pytest_osprey.judgement.gates import GateSpec, evaluate, plan_gates
 from pytest_osprey.judgement.goodput import goodput_section, meets, share_bounds
-from pytest_osprey.pilot.schema import ConfigError, GoodputTargets, Pilot
+from pytest_osprey.pilot.limits import GoodputTargets
+from pytest_osprey.pilot.schema import ConfigError, Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord

@@ -228,6 +228,67 @@ def test_protocol_openai_fingerprint() -> None:
     }
 
 
+# --------------------------------------------------------------------------- prefix cache
+
+
+@pytest.mark.parametrize(("replies", "flushed"), [
+    ([Reply(json_body={"success": True})], True),
+    # success false while blocks are still held: retried until it is true
+    ([Reply(json_body={"success": False}), Reply(json_body={"success": True})], True),
+    ([Reply(404, json_body={"detail": "Not Found"})], False),  # no dev mode: no route
+    ([Reply(200, text="ok")], False),  # an answer that does not say success
+])  # fmt: skip
+def test_protocol_openai_only_a_successful_reset_counts_as_a_flush(
+    replies: list[Reply], flushed: bool
+) -> None:
+    with ScriptedServer() as srv:
+        srv.routes[("POST", "/reset_prefix_cache")] = replies
+        engine = _engine_on(srv.url)
+        if flushed:
+            engine.flush()
+        else:
+            with pytest.raises(EngineError, match="passes would share the prefix cache"):
+                engine.flush()
+
+
+def test_protocol_openai_a_reset_that_never_succeeds_gives_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vl, "FLUSH_RETRY_S", 0.6)
+    with ScriptedServer() as srv:
+        srv.routes[("POST", "/reset_prefix_cache")] = Reply(json_body={"success": False})
+        with pytest.raises(EngineError, match=r"for 0.6 s: passes would share"):
+            _engine_on(srv.url).flush()
+    assert len(srv.bodies("/reset_prefix_cache")) >= 2
+
+
+def test_vllm_prefix_cache_flushed_on_loopback_else_off() -> None:
+    """/reset_prefix_cache needs VLLM_SERVER_DEV_MODE, whose other endpoints must not face a
+    network: beyond loopback the prefix cache is turned off instead of flushed."""
+    local = pilot()
+    assert "--no-enable-prefix-caching" not in vl.vllm_argv(local, "base", 8000)
+    assert vl.VLLMEngine(local, "base", BootSpec("base", Path("."))).dev_mode
+    wide = local.model_copy(update={"target": local.target.model_copy(
+        update={"host": "0.0.0.0"})})
+    assert "--no-enable-prefix-caching" in vl.vllm_argv(wide, "base", 8000)
+    engine = vl.VLLMEngine(wide, "base", BootSpec("base", Path(".")))
+    assert not engine.dev_mode
+    engine.client = vl.OpenAIClient("http://127.0.0.1:9", "base", vl.SERVED_NAME)
+    engine.flush()  # nothing to flush, nothing sent
+    assert engine.fingerprint()["prefix_cache"] == vl.PREFIX_OFF
+    assert [vl.loopback(h) for h in ("127.0.0.1", "::1", "localhost", "10.0.0.2", "box")] == [
+        True, True, True, False, False]
+
+
+def test_protocol_openai_an_aborted_request_is_a_failure() -> None:
+    events = [(0, choice("a", [7], None)), (0, choice("b", [8], None, finish="abort"))]
+    with ScriptedServer() as srv:
+        srv.routes[("POST", "/v1/completions")] = Reply(events=events)
+        res = run(vl.OpenAIClient(srv.url, "c", "m").generate(req(want_margins=False)))
+    assert not res.ok and res.error == "aborted by the server (finish_reason abort)"
+    assert res.ttft_s is not None
+
+
 # --------------------------------------------------------------------------- endpoint
 
 

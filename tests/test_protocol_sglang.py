@@ -5,19 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from factories import make_pilot
-from servers.pilot_run import FAKEPKGS
+from servers.fake_server import sglang_events
 from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.base import EngineError, GenerationRequest
 from pytest_osprey.engines.endpoint import EndpointEngine
 from pytest_osprey.pilot.schema import Pilot
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang-0.5.23-cpu"
 
 
 def pilot(**conditions: Any) -> Pilot:
@@ -100,6 +101,49 @@ def test_protocol_sglang_incremental_stream() -> None:
     assert res.finish_reason == "stop"
     assert res.accept_length is None and res.spec_verify_ct is None  # no speculation ran
     assert res.top2_margin is None
+
+
+@pytest.mark.parametrize("speculates", [False, True])
+@pytest.mark.parametrize("margins", [False, True])
+def test_protocol_sglang_incremental_and_cumulative_streams_read_alike(
+    margins: bool, speculates: bool
+) -> None:
+    """The same answer streamed both ways (chunks shaped as a real 0.5.23 server's) gives
+    the same result: deltas are appended, cumulative chunks replace what came before."""
+    n = 7
+    body = sg.SGLangClient("http://x", "c").body(req(max_new_tokens=n, want_margins=margins))
+    results = []
+    for incremental in (True, False):
+        events = sglang_events(body, n, incremental=incremental, speculates=speculates)
+        with ScriptedServer() as srv:
+            srv.routes[("POST", "/generate")] = Reply(events=[(0.01, e) for e in events])
+            results.append(run(sg.SGLangClient(srv.url, "c").generate(
+                req(max_new_tokens=n, want_margins=margins))))
+    inc, cum = results
+    assert inc.ok and cum.ok, (inc.error, cum.error)
+    assert inc.output_ids == cum.output_ids == [100 + i for i in range(n)]
+    assert inc.output_text == cum.output_text == "".join(f"t{i} " for i in range(n))
+    assert len(inc.itl_s) == len(cum.itl_s) == n - 1
+    assert inc.top2_margin == cum.top2_margin
+    if margins:
+        top = [row for e in events for row in e["meta_info"]["output_top_logprobs"]][-n:]
+        assert inc.top2_margin == pytest.approx([a[0] - b[0] for a, b in top])
+    else:
+        assert inc.top2_margin is None
+    assert inc.spec_verify_ct == cum.spec_verify_ct == ((n + 1) // 2 if speculates else None)
+    assert inc.accept_length == cum.accept_length
+
+
+def test_protocol_sglang_an_aborted_request_is_a_failure() -> None:
+    """SGLang ends an aborted request's stream like a finished one, finish_reason abort."""
+    events = sglang_events({}, 9, incremental=True, speculates=False, abort_after=2)
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    with ScriptedServer() as srv:
+        srv.routes[("POST", "/generate")] = Reply(events=[(0, e) for e in events])
+        res = run(sg.SGLangClient(srv.url, "c").generate(req(max_new_tokens=9)))
+    assert not res.ok
+    assert res.error == "aborted by the server: Aborted"
+    assert res.ttft_s is not None and len(res.itl_s) == 4  # what was timed is kept
 
 
 def test_protocol_sglang_request_body() -> None:
@@ -189,7 +233,7 @@ def test_protocol_sglang_fingerprint_from_server_info_fallback() -> None:
         "speculative_num_steps": 3,
         "api_key": "s3cret",
         "max_total_num_tokens": 123456,
-        "internal_states": [{"avg_spec_accept_length": 2.5}],
+        "internal_states": [{"avg_spec_accept_length": None}],
     }
     with ScriptedServer() as srv:
         srv.routes[("GET", "/server_info")] = Reply(404)
@@ -197,9 +241,37 @@ def test_protocol_sglang_fingerprint_from_server_info_fallback() -> None:
         fp = sg.SGLangClient(srv.url, "c").fingerprint()
     assert fp["version"] == "0.5.23"
     assert fp["kv_capacity_tokens"] == 123456
-    assert fp["avg_spec_accept_length"] == 2.5
+    assert fp["context_length"] == 4096
+    assert "avg_spec_accept_length" not in fp  # read at boot it is always empty
     assert fp["args"]["speculative_algorithm"] == "EAGLE3"
     assert "s3cret" not in repr(fp)
+
+
+def test_protocol_sglang_fingerprint_resolved_facts_of_a_real_server() -> None:
+    """From a real 0.5.23 STANDALONE server's /server_info: context length null in the args
+    (resolved on /v1/models), 48 running requests at most, incremental streaming, seeds
+    ignored outside deterministic inference."""
+    info = json.loads((FIXTURES / "incremental_standalone" / "server_info.json").read_text())
+    models = json.loads((FIXTURES / "incremental_standalone" / "v1_models.json").read_text())
+    assert info["context_length"] is None
+    with ScriptedServer() as srv:
+        srv.routes[("GET", "/server_info")] = Reply(json_body=info)
+        srv.routes[("GET", "/v1/models")] = Reply(json_body=models)
+        fp = sg.SGLangClient(srv.url, "c").fingerprint()
+    assert fp["context_length"] == 1024
+    assert fp["max_running_requests"] == 48
+    assert fp["streaming"] == "incremental"
+    assert fp["sampling_seed"] == sg.SEED_IGNORED
+    assert fp["verification"] == "greedy"
+    plain = json.loads((FIXTURES / "incremental_plain" / "server_info.json").read_text())
+    with ScriptedServer() as srv:
+        srv.routes[("GET", "/server_info")] = Reply(json_body={
+            **plain, "incremental_streaming_output": False,
+            "enable_deterministic_inference": True})
+        fp = sg.SGLangClient(srv.url, "c").fingerprint()
+    assert fp["max_running_requests"] > 48  # the plain server: its pool's size
+    assert fp["context_length"] is None  # no /v1/models here: not guessed
+    assert (fp["streaming"], fp["sampling_seed"]) == ("cumulative", "honoured")
 
 
 @pytest.mark.parametrize(
@@ -255,6 +327,7 @@ def test_sglang_argv_baseline_has_no_speculation() -> None:
     assert argv[argv.index("--port") + 1] == "30001"
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     assert "--enable-metrics" in argv
+    assert "--incremental-streaming-output" in argv  # chunks carry only what is new
 
 
 def test_sglang_argv_topk1_consistency() -> None:
@@ -323,31 +396,3 @@ def test_sglang_argv_refuses_a_second_config_file() -> None:
     assert sg.sglang_argv(p, "base", 1)[-2:] == ["--config", "my.yaml"]  # no key: fine
     with pytest.raises(EngineError, match="SGLang reads one config file"):
         sg.sglang_argv(p, "base", 1, key_file="/k.yaml")
-
-
-# --------------------------------------------------------------------------- dry run
-
-
-def _with_python_env(p: Pilot, env: dict[str, str]) -> Pilot:
-    return p.model_copy(
-        update={"target": p.target.model_copy(update={"python": sys.executable, "env": env})}
-    )
-
-
-def test_sglang_dry_run_without_sglang_says_so() -> None:
-    msgs = sg.dry_run_check(_with_python_env(pilot(), {}))
-    assert len(msgs) == 1 and "not importable" in msgs[0]
-
-
-def test_sglang_dry_run_parses_with_sglang_parser() -> None:
-    p = pilot(cand={"role": "candidate", "drafter": "/m/d", "speculation": {"algorithm": "EAGLE"}})
-    msgs = sg.dry_run_check(_with_python_env(p, {"PYTHONPATH": str(FAKEPKGS)}))
-    assert msgs == [
-        "sglang 0.0.fake: command line of 'base' parsed",
-        "sglang 0.0.fake: command line of 'cand' parsed",
-    ]
-    p = p.model_copy(
-        update={"target": p.target.model_copy(update={"engine_args": ["--no-such-flag"]})}
-    )
-    with pytest.raises(EngineError, match="rejects the command line"):
-        sg.dry_run_check(_with_python_env(p, {"PYTHONPATH": str(FAKEPKGS)}))

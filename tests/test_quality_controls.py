@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.campaign.runner import sample_seed
+from pytest_osprey.campaign.requests import sample_seed
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.gates import GateSpec, evaluate

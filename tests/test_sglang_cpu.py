@@ -1,8 +1,10 @@
 """A real SGLang 0.5.23 server on CPU, through the project's engine and over raw HTTP.
 
-One plain server (speculation off, cumulative streaming) is booted for the whole module;
-the speculative servers (tests/test_sglang_cpu_spec.py) compare against the same outputs.
-Needs ``OSPREY_SGLANG_PYTHON`` (see tests/servers/sglang_cpu.py).
+One plain server (speculation off) is booted for the whole module, streaming cumulatively as
+SGLang does by default (the engine boots its servers with --incremental-streaming-output; an
+endpoint may not have it): the client must read both. The speculative servers
+(tests/test_sglang_cpu_spec.py) stream incrementally. Needs ``OSPREY_SGLANG_PYTHON`` (see
+tests/servers/sglang_cpu.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from servers.sglang_cpu import (
     stream_chunks,
 )
 
+from pytest_osprey.engines import sglang as sglang_module
 from pytest_osprey.engines.base import GenerationRequest, GenerationResult
 from pytest_osprey.engines.sglang import SGLangEngine
 
@@ -48,8 +51,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangEngine]:
-    with booted(pilot(), "baseline", tmp_path_factory.mktemp("sglang-plain")) as engine:
-        yield engine
+    with pytest.MonkeyPatch.context() as mp:
+        # SGLang's default streaming, as an endpoint may serve it: the flag's slot in the
+        # command line repeats --enable-metrics instead.
+        mp.setattr(sglang_module, "INCREMENTAL", "--enable-metrics")
+        with booted(pilot(), "baseline", tmp_path_factory.mktemp("sglang-plain")) as engine:
+            yield engine
 
 
 def request(i: int, n: int = MAX_TOKENS, **kw: Any) -> GenerationRequest:
@@ -79,6 +86,11 @@ def test_argv_and_fingerprint(plain: SGLangEngine, record_property: Any) -> None
     assert fp["dtype"] == "float32" and fp["args"]["device"] == "cpu"
     assert isinstance(fp["kv_capacity_tokens"], int) and fp["kv_capacity_tokens"] > 0
     assert fp["boot_s"] > 0 and fp["pids"], fp
+    # Resolved at boot: the model's context (null in the server args), the running cap.
+    assert fp["context_length"] == 1024
+    assert isinstance(fp["max_running_requests"], int) and fp["max_running_requests"] > 48
+    assert fp["streaming"] == "cumulative" and fp["sampling_seed"] == sglang_module.SEED_IGNORED
+    assert fp["chat_template"] == "none" or fp["chat_template"].startswith("sha256:")
     record_property("boot_s", round(fp["boot_s"], 1))
 
 
@@ -179,6 +191,26 @@ def test_abort_mid_stream_frees_the_server(plain: SGLangEngine) -> None:
     idle_after, after = run(abort_one())
     assert idle_after < min(10.0, full_s / 2), (idle_after, full_s)
     assert after.ok and after.output_ids == rate_probe.output_ids
+
+
+def test_a_request_the_server_aborts_is_a_failure(plain: SGLangEngine) -> None:
+    """An abort (here an admin's /abort_request) ends the stream like a finish, with
+    finish_reason abort: the request did not complete."""
+
+    async def aborted() -> GenerationResult:
+        task = asyncio.create_task(plain.generate(request(3, n=900)))
+        async with httpx.AsyncClient(base_url=base_url(plain), timeout=30) as client:
+            while (await client.post("/flush_cache")).status_code != 400:  # not running yet
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+            assert (await client.post("/abort_request", json={"abort_all": True})).is_success
+        return await task
+
+    res = run(aborted())
+    assert not res.ok and res.error is not None
+    assert res.error.startswith("aborted by the server"), res.error
+    after = run(plain.generate(request(0)))
+    assert after.ok and len(after.output_ids) == MAX_TOKENS
 
 
 def test_teardown_leaves_no_process(plain: SGLangEngine) -> None:

@@ -4,8 +4,11 @@ facts recorded beside it (the host's load, why a campaign stopped)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import platform
 import random
+from typing import Any
 
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt
@@ -51,3 +54,25 @@ def host_load() -> list[float] | None:
         return [round(v, 2) for v in os.getloadavg()]
     except (AttributeError, OSError):
         return None
+
+
+def sample_seed(base: int, condition: str, prompt_id: str, index: int) -> int:
+    """The seed of a condition's ``index``-th sample of a prompt: distinct per condition,
+    prompt and sample.
+
+    The distribution check compares samples that must be independent. With seeds shared
+    across conditions a candidate's draws reuse the baseline's random numbers and come out
+    coupled (the test loses most of its power); with seeds shared across prompts, sample i of
+    every prompt draws the same random numbers, and prompts that start alike come out alike
+    (seen: one identical 16-token output in half the cells of a 4-prompt run), which breaks
+    the independence between prompts that the stratified test assumes.
+    """
+    key = f"{base}\x1f{condition}\x1f{prompt_id}\x1f{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
+
+
+def host_facts() -> dict[str, Any]:
+    """The machine the campaign ran on, for campaign.json."""
+    return {"machine": platform.machine(), "node": platform.node(),
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "system": platform.system(), "processor": platform.processor() or None}

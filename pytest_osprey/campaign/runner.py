@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
-import os
-import platform
 import secrets
 import time
 from collections.abc import Sequence
@@ -20,33 +17,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
-from ..results.campaign_file import CampaignFile, ConditionRun, PlanFacts, ScheduleEntry
+from ..results.campaign_file import ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
 from .events import Progress, ProgressEvent, StopRule
+from .meta import campaign_meta
 from .probing import run_probes
-from .requests import host_load, max_new_tokens, poisson_arrivals, stop_reason
+from .requests import (
+    host_load,
+    max_new_tokens,
+    poisson_arrivals,
+    sample_seed,
+    stop_reason,
+)
 from .schedule import ReplayPlan, Stretch, plan_replay
-
-
-def sample_seed(base: int, condition: str, prompt_id: str, index: int) -> int:
-    """The seed of a condition's ``index``-th sample of a prompt: distinct per condition,
-    prompt and sample.
-
-    The distribution check compares samples that must be independent. With seeds shared
-    across conditions a candidate's draws reuse the baseline's random numbers and come out
-    coupled (the test loses most of its power); with seeds shared across prompts, sample i of
-    every prompt draws the same random numbers, and prompts that start alike come out alike
-    (seen: one identical 16-token output in half the cells of a 4-prompt run), which breaks
-    the independence between prompts that the stratified test assumes.
-    """
-    key = f"{base}\x1f{condition}\x1f{prompt_id}\x1f{index}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
 
 
 @dataclass
@@ -281,7 +269,8 @@ class Campaign:
             )
 
     def _text(self, prompt: Prompt, engine: Engine) -> str:
-        return render_prompt(prompt, getattr(engine, "_tokenizer", None))
+        # Every engine that knows the target's chat template exposes its tokenizer.
+        return render_prompt(prompt, getattr(engine, "tokenizer", None))
 
     async def _replay_stretch(self, s: Stretch) -> None:
         state = self.states[s.condition]
@@ -369,6 +358,8 @@ class Campaign:
                               started=time.time(), boot=state.boot, pass_index=pass_index,
                               stretch=stretch_id, loadavg=host_load())
 
+        margins = mode == "greedy" and state.boot == 0 and pass_index == 0
+
         async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
             lag: float | None = None
             if arrival_s is not None:
@@ -384,7 +375,11 @@ class Campaign:
                 top_p=1.0 if greedy else sampled.top_p,
                 seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, prompt.id,
                                                       index),
-                want_margins=True,
+                # Logprobs only where a gate reads them: greedy identity takes the margins of
+                # each prompt's first greedy record (first boot, first pass). Everywhere else
+                # they would only add client work per token, and more per decoding step to a
+                # condition whose steps carry several tokens.
+                want_margins=margins,
                 timeout_s=self.pilot.load.request_timeout_s,
             )
             async with sem:
@@ -473,46 +468,4 @@ class Campaign:
 
     # -- campaign.json ------------------------------------------------------------------
     def _save_meta(self) -> None:
-        pilot = self.pilot
-        CampaignFile(
-            run_id=self.run_id,
-            tool_version=__version__,
-            pilot_name=pilot.name,
-            config_hash=pilot.digest(),
-            pilot_text=self.config_text,
-            trace_hash=self.trace.sha256,
-            trace_files=[str(f) for f in self.trace.files],
-            prompt_ids=[p.id for p in self.trace.prompts],
-            baseline=pilot.baseline,
-            current=pilot.current,
-            candidates=[c for c in pilot.candidates if c in self.conditions],
-            load_levels={k: v if isinstance(v, int) else v.model_dump(mode="json")
-                         for k, v in pilot.load.levels.items()},
-            blocks=self.plan.passes,
-            plan=PlanFacts(
-                passes=self.plan.passes, boots_per_condition=self.plan.boots_per_condition,
-                order=self.plan.order, looks=self.plan.looks, seed=str(self.plan.seed),
-                blocks={lvl: [list(b) for b in bs] for lvl, bs in self.plan.blocks.items()},
-            ),
-            warmup_requests=pilot.load.warmup_requests,
-            order=pilot.load.order,
-            sampling=pilot.sampling.model_dump(mode="json"),
-            conditions={
-                name: ConditionRun(role=pilot.conditions[name].role, error=st.error,
-                                   boot_s=st.boot_s, peak_memory_mb=st.peak_memory_mb,
-                                   fingerprint=st.fingerprint)
-                for name, st in self.states.items()
-            },
-            schedule=self.schedule,
-            early_stop=self.stop_rule is not None,
-            sequential=self.sequential,
-            stopped_after_block=self.stopped_after_block,
-            status=self.status,
-            stop_reason=self.stop_reason,
-            writer_pid=os.getpid(),
-            started_at=self.started_at,
-            ended_at=time.time() if self.status != "running" else None,
-            host={"machine": platform.machine(), "node": platform.node(),
-                  "python": platform.python_version(), "cpus": os.cpu_count(),
-                  "system": platform.system(), "processor": platform.processor() or None},
-        ).save(self.directory)
+        campaign_meta(self).save(self.directory)

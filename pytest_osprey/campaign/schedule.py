@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..results.campaign_file import PlanFacts
+
 Order = Literal["interleaved", "sequential"]
 
 
@@ -205,3 +207,11 @@ def plan_replay(
                 stretch_id += 1
     return ReplayPlan(tuple(out), blocks, conds, passes, boots, order, looks, seed)
 
+
+def plan_facts(plan: ReplayPlan) -> PlanFacts:
+    """The plan as campaign.json records it."""
+    return PlanFacts(
+        passes=plan.passes, boots_per_condition=plan.boots_per_condition, order=plan.order,
+        looks=plan.looks, seed=str(plan.seed),
+        blocks={lvl: [list(b) for b in bs] for lvl, bs in plan.blocks.items()},
+    )

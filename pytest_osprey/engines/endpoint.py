@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import bearer
 from .process import api_key_from
 from .sglang import SGLangClient
@@ -34,6 +35,8 @@ class EndpointEngine:
         self.url = endpoint.url.rstrip("/")
         self.sglang: SGLangClient | None = None
         self.openai: OpenAIClient | None = None
+        self.tokenizer: Any = None  # the target's, when it has a chat template
+        self.prompt_format: str | None = None
 
     def start(self) -> None:
         env = {**os.environ, **self.boot.env}
@@ -46,6 +49,8 @@ class EndpointEngine:
             model = self.endpoint.model or self.pilot.target.model
             self.openai = OpenAIClient(self.url, self.condition, model, key)
         self._check_up(key)
+        # The same chat rendering as a booted engine of this target: the one deployed.
+        self.tokenizer, self.prompt_format = load_chat_tokenizer(self.pilot.target.model)
 
     def _check_up(self, key: str | None) -> None:
         problems = []
@@ -79,6 +84,8 @@ class EndpointEngine:
             fp["model"] = self.openai.model
         fp["endpoint"] = self.url
         fp["protocol"] = self.endpoint.protocol
+        fp["chat_template"] = template_digest(self.tokenizer)
+        fp["prompt_format"] = self.prompt_format
         return fp
 
     def memory_mb(self) -> float | None:

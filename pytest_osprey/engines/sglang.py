@@ -1,14 +1,13 @@
-"""SGLang: command line, native /generate streaming client, server info, flush, dry-run check."""
+"""SGLang: command line, native /generate streaming client, server info, flush (the dry run's
+checks by SGLang itself are in sglang_check)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -21,6 +20,7 @@ from .base import (
     acceptance_from_histogram,
     unsupported,
 )
+from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import (
     ServerProcess,
@@ -29,6 +29,15 @@ from .process import (
     engine_env,
     engine_python,
     mask_argv,
+)
+from .sglang_stream import (
+    _abort_message,
+    _finish_reason,
+    _margins,
+    _max_running,
+    _Stream,
+    _top2_ids,
+    _verification,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +51,9 @@ FLUSH_RETRY_S = 30.0
 # Every extra sampling parameter maps onto SGLang 0.5.23's sampling_params (same names).
 SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
                              "stop", "min_new_tokens", "logit_bias", "json_schema", "regex"})
+INCREMENTAL = "--incremental-streaming-output"
+SEED_IGNORED = ("ignored: SGLang honours sampling_seed only with --enable-deterministic-inference "
+                "(target.deterministic); sampled outputs are not reproducible")
 
 
 def sglang_argv(
@@ -64,7 +76,11 @@ def sglang_argv(
         argv += ["--mem-fraction-static", f"{target.mem_fraction:g}"]
     if target.deterministic:
         argv.append("--enable-deterministic-inference")
-    argv.append("--enable-metrics")
+    # Chunks carry only what is new (text, ids, logprob rows): by default each one resends
+    # everything so far, a client cost quadratic in the output's length that a condition
+    # streaming one token per chunk (the baseline) pays far more of than one streaming
+    # several (a drafter).
+    argv += ["--enable-metrics", INCREMENTAL]
     if cond.speculates:
         argv += speculation_args(pilot, condition)
     extra = list(target.engine_args) + list(cond.engine_args)
@@ -150,41 +166,16 @@ def speculation_args(pilot: Pilot, condition: str) -> list[str]:
 # --------------------------------------------------------------------------- client
 
 
-def _finish_reason(value: Any) -> str | None:
-    if isinstance(value, Mapping):
-        kind = value.get("type")
-        return str(kind) if kind is not None else None
-    return str(value) if value is not None else None
 
 
-def _margins(tops: Any) -> list[float] | None:
-    """Top-1 minus top-2 logprob per position from [[logprob, id, text], ...] rows."""
-    if not isinstance(tops, list):
-        return None
-    out = []
-    for row in tops:
-        try:
-            out.append(float(row[0][0]) - float(row[1][0]))
-        except (TypeError, IndexError, ValueError, KeyError):
-            return None
-    return out
 
 
-def _verification(info: Mapping[str, Any]) -> str | None:
-    """How drafts are verified: None without speculation; "greedy" where SGLang always
-    commits the target's argmax (on CPU, whatever the request's temperature); "sampled"
-    where temperature > 0 verifies by speculative sampling (greedy at temperature 0)."""
-    if not info.get("speculative_algorithm"):
-        return None
-    return "greedy" if str(info.get("device")) == "cpu" else "sampled"
-def _top2_ids(tops: Any) -> list[list[int]] | None:
-    """Top-1 and top-2 token ids per position from the same rows."""
-    if not isinstance(tops, list):
-        return None
-    try:
-        return [[int(row[0][1]), int(row[1][1])] for row in tops]
-    except (TypeError, IndexError, ValueError, KeyError):
-        return None
+
+
+
+
+
+
 
 
 class SGLangClient:
@@ -218,38 +209,21 @@ class SGLangClient:
         return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
 
     async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
-        ids: list[int] = []
-        count = 0
-        text = ""
-        meta: Mapping[str, Any] = {}
-        tops: list[Any] = []
+        stream = _Stream()
         async for now, chunk in stream_json(self.pool.get(), "/generate", self.body(req)):
-            meta = chunk.get("meta_info") or meta
-            done = meta.get("completion_tokens")
-            done = done if isinstance(done, int) else None
-            new_ids = chunk.get("output_ids")
-            # Default streaming is cumulative (ids, text, top logprobs); with
-            # --incremental-streaming-output it is per chunk: tell them apart by count.
-            cumulative = True
-            if isinstance(new_ids, list):
-                if done is not None:
-                    cumulative = len(new_ids) == done
-                else:
-                    cumulative = len(new_ids) >= len(ids) and new_ids[: len(ids)] == ids
-                ids = list(new_ids) if cumulative else ids + list(new_ids)
-            piece = chunk.get("text")
-            if isinstance(piece, str):
-                text = piece if cumulative else text + piece
-            chunk_tops = meta.get("output_top_logprobs")
-            if isinstance(chunk_tops, list):
-                tops = list(chunk_tops) if cumulative else tops + chunk_tops
-            n = done if done is not None else len(ids)
-            if n > count:
-                clock.add(n - count, now)
-                count = n
-            elif piece:
+            added, content = stream.take(chunk)
+            if added:
+                clock.add(added, now)
+            elif content:
                 clock.first_content(now)
         e2e = clock.elapsed()
+        meta, count, ids, tops = stream.meta, stream.count, stream.ids, stream.tops
+        finish = meta.get("finish_reason")
+        if _finish_reason(finish) == "abort":
+            # An abort (out of memory, a full queue, an admin's /abort_request) ends the stream
+            # like a finish: the request did not complete.
+            return GenerationResult.failure(_abort_message(finish), ttft_s=clock.ttft_s,
+                                            e2e_s=e2e, itl_s=list(clock.itl_s))
         verify = meta.get("spec_verify_ct")
         verify = verify if isinstance(verify, int) and verify > 0 else None
         accept: float | None = None
@@ -269,15 +243,15 @@ class SGLangClient:
             e2e_s=e2e,
             itl_s=clock.itl_s,
             prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
-            output_ids=ids,
-            output_text=text,
+            output_ids=list(ids),
+            output_text="".join(stream.pieces),
             top2_margin=margins,
             top2_ids=top2,
             spec_verify_ct=verify,
             accept_length=accept,
             spec_drafts=accepted[0] if accepted else None,
             spec_accepted_per_position=accepted[1] if accepted else None,
-            finish_reason=_finish_reason(meta.get("finish_reason")),
+            finish_reason=_finish_reason(finish),
         )
 
     def server_info(self) -> dict[str, Any]:
@@ -292,6 +266,18 @@ class SGLangClient:
                     return data if isinstance(data, dict) else {}
         return {}
 
+    def served_context_length(self) -> int | None:
+        """The context length the server resolved (its /v1/models max_model_len): server
+        args keep context_length null unless --context-length was given."""
+        try:
+            with self.pool.sync() as client:
+                r = client.get("/v1/models")
+            entries = r.json().get("data") if r.status_code == 200 else None
+            value = entries[0].get("max_model_len") if entries else None
+        except (httpx.HTTPError, ValueError, AttributeError, IndexError, TypeError):
+            return None
+        return value if isinstance(value, int) else None
+
     def fingerprint(self) -> dict[str, Any]:
         info = self.server_info()
         args = {
@@ -302,9 +288,17 @@ class SGLangClient:
         states = info.get("internal_states")
         first = states[0] if isinstance(states, list) and states else {}
         first = first if isinstance(first, dict) else {}
-        accept = first.get("avg_spec_accept_length")
         # Top level where the scheduler's init info is merged in; else a scheduler's state.
         kv_tokens = info.get("max_total_num_tokens") or first.get("max_total_num_tokens")
+        context = info.get("context_length")
+        if not isinstance(context, int) and info:
+            context = self.served_context_length()
+        streaming = None
+        if "incremental_streaming_output" in info:
+            streaming = "incremental" if info["incremental_streaming_output"] else "cumulative"
+        seed = None
+        if "enable_deterministic_inference" in info:
+            seed = "honoured" if info["enable_deterministic_inference"] else SEED_IGNORED
         return {
             "engine": "sglang",
             "version": info.get("version"),
@@ -313,10 +307,12 @@ class SGLangClient:
             # server_info carries every server argument: null there means unquantized.
             "quantization": (info.get("quantization") or "none") if "quantization" in info
             else None,
-            "context_length": info.get("context_length"),
+            "context_length": context,
             "kv_capacity_tokens": kv_tokens,
-            "avg_spec_accept_length": accept,
+            "max_running_requests": _max_running(info, first),
             "verification": _verification(info),
+            "streaming": streaming,
+            "sampling_seed": seed,
             "args": args,
         }
 
@@ -357,6 +353,8 @@ class SGLangEngine:
         self.client: SGLangClient | None = None
         self.argv: list[str] = []
         self.key_file: KeyFile | None = None
+        self.tokenizer: Any = None  # the target's, when it has a chat template
+        self.prompt_format: str | None = None
 
     def start(self) -> None:
         target = self.pilot.target
@@ -387,6 +385,8 @@ class SGLangEngine:
             self.server.start()
         finally:
             self._forget_key()  # healthy: SGLang has read it; failed: not needed any more
+        # After the boot: a model id the server downloaded is in the local cache by now.
+        self.tokenizer, self.prompt_format = load_chat_tokenizer(target.model)
 
     def _forget_key(self) -> None:
         if self.key_file is not None:
@@ -402,6 +402,8 @@ class SGLangEngine:
         fp: dict[str, Any] = {"engine": "sglang"}
         if self.client is not None:
             fp = self.client.fingerprint()
+        fp["chat_template"] = template_digest(self.tokenizer)
+        fp["prompt_format"] = self.prompt_format
         fp["argv"] = self.argv
         if self.server is not None:
             fp["boot_s"] = self.server.boot_s
@@ -428,80 +430,3 @@ def _url_host(host: str) -> str:
     if host in ("0.0.0.0", "::", ""):
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host
-
-
-# --------------------------------------------------------------------------- dry run
-
-_CHECK = r"""
-import json, sys
-try:
-    from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    import sglang
-except Exception as exc:
-    print(json.dumps({"importable": False, "why": f"{type(exc).__name__}: {exc}"}))
-    sys.exit(0)
-out = {"importable": True, "version": getattr(sglang, "__version__", None), "results": {}}
-for name, (argv, algorithm) in json.loads(sys.argv[1]).items():
-    try:
-        prepare_server_args(argv)
-        if algorithm is not None:
-            SpeculativeAlgorithm.from_string(algorithm)
-        out["results"][name] = None
-    except BaseException as exc:
-        out["results"][name] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(out))
-"""
-
-
-def dry_run_check(pilot: Pilot, timeout_s: float = 300.0) -> list[str]:
-    """Build every condition's command line and, where the engine's Python can import
-    sglang, parse it with SGLang's own parser. Raises EngineError on a rejected line."""
-    # A real key file (a stand-in key): SGLang's parser reads it as it would the real one.
-    dummy = KeyFile("osprey-dry-run-key") if pilot.target.api_key_env else None
-    try:
-        return _dry_run_check(pilot, dummy.path if dummy else None, timeout_s)
-    finally:
-        if dummy is not None:
-            dummy.remove()
-
-
-def _dry_run_check(pilot: Pilot, key_file: str | None, timeout_s: float) -> list[str]:
-    commands: dict[str, tuple[list[str], str | None]] = {}
-    for name, cond in pilot.conditions.items():
-        if cond.endpoint is not None:
-            continue
-        argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
-        algorithm = None
-        if "--speculative-algorithm" in argv:
-            algorithm = argv[argv.index("--speculative-algorithm") + 1]
-        commands[name] = (argv[3:], algorithm)
-    if not commands:
-        return []
-    python = engine_python(pilot.target)
-    env = {**os.environ, **pilot.target.env}
-    try:
-        proc = subprocess.run(
-            [python, "-c", _CHECK, json.dumps(commands)],
-            env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [f"sglang: could not run the argument check with {python}: {exc}"]
-    try:
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (proc.stderr or proc.stdout).strip()[-500:]
-        return [f"sglang: the argument check with {python} gave no answer: {tail}"]
-    if not report.get("importable"):
-        return [
-            f"sglang is not importable by {python} ({report.get('why')}): command lines "
-            f"were built but not checked by SGLang's own parser"
-        ]
-    problems = {n: e for n, e in report["results"].items() if e}
-    if problems:
-        raise EngineError(
-            "SGLang rejects the command line of "
-            + "; ".join(f"condition {n!r}: {e}" for n, e in problems.items())
-        )
-    version = report.get("version")
-    return [f"sglang {version}: command line of {n!r} parsed" for n in commands]

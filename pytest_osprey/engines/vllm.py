@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from .base import (
     BootSpec,
@@ -19,8 +20,19 @@ from .base import (
     acceptance_from_histogram,
     unsupported,
 )
+from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import ServerProcess, api_key_from, choose_port, engine_env, engine_python
+from .vllm_metrics import (  # noqa: F401
+    COUNTERS,
+    PER_POSITION,
+    _margins,
+    _top2_ids,
+    accept_from,
+    acceptance_from,
+    counters_from,
+    kv_capacity_from,
+)
 
 if TYPE_CHECKING:
     from ..pilot.schema import Pilot
@@ -31,12 +43,13 @@ _NEEDS_DRAFTER = ("draft_model", "eagle", "eagle3")
 SERVED_NAME = "osprey-target"
 NGRAM_MIN = 2
 PER_REQUEST_METRICS_SINCE = (0, 32)  # --per-request-spec-decode-metrics; older: /metrics
-COUNTERS = {
-    "drafts": "vllm:spec_decode_num_drafts",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-    "accepted": "vllm:spec_decode_num_accepted_tokens",
-}
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label: position
+FLUSH_RETRY_S = 30.0
+DEV_MODE = "VLLM_SERVER_DEV_MODE"
+# /reset_prefix_cache exists only in vLLM's dev mode, which also serves endpoints (sleep,
+# collective RPC, weight updates) nobody on a network should reach.
+FLUSHED = "flushed before each pass (/reset_prefix_cache, VLLM_SERVER_DEV_MODE=1 on loopback)"
+PREFIX_OFF = ("off (--no-enable-prefix-caching): the server listens beyond loopback, where "
+              "vLLM's dev-mode reset endpoint is not exposed")
 # OpenAI completions names, plus vLLM's repetition_penalty, min_tokens and structured outputs.
 SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
                              "stop", "min_new_tokens", "logit_bias", "json_schema", "regex"})
@@ -61,6 +74,9 @@ def vllm_argv(
         "--dtype", cond.dtype or target.dtype,
         "--max-model-len", str(target.context_length),
     ]  # fmt: skip
+    if not loopback(target.host):
+        # No flush without dev mode: passes stay independent only with no prefix cache.
+        argv.append("--no-enable-prefix-caching")
     if target.mem_fraction is not None:
         argv += ["--gpu-memory-utilization", f"{target.mem_fraction:g}"]
     if target.tp_size > 1:
@@ -73,6 +89,16 @@ def vllm_argv(
             # overlap, where /metrics deltas are not.
             argv += ["--per-request-spec-decode-metrics", "summary"]
     return argv + list(target.engine_args) + list(cond.engine_args)
+
+
+def loopback(host: str) -> bool:
+    """Whether a server bound to ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def installed_version(python: str, env: Mapping[str, str]) -> tuple[int, ...] | None:
@@ -118,92 +144,16 @@ def speculative_config(pilot: Pilot, condition: str) -> dict[str, Any]:
     return config
 
 
-def _margins(top: Any) -> list[float] | None:
-    """Top-1 minus top-2 logprob per position from OpenAI ``top_logprobs`` dicts."""
-    if not isinstance(top, list):
-        return None
-    out = []
-    for row in top:
-        if not isinstance(row, Mapping) or len(row) < 2:
-            return None
-        values = sorted((float(v) for v in row.values()), reverse=True)
-        out.append(values[0] - values[1])
-    return out
 
 
-def _top2_ids(top: Any) -> list[list[int]] | None:
-    """Top-1 and top-2 token ids per position from ``top_logprobs`` dicts keyed
-    ``token_id:N`` (``return_tokens_as_token_ids``); None when the keys are not ids."""
-    if not isinstance(top, list):
-        return None
-    out = []
-    for row in top:
-        if not isinstance(row, Mapping) or len(row) < 2:
-            return None
-        ranked = sorted(row.items(), key=lambda kv: float(kv[1]), reverse=True)[:2]
-        try:
-            out.append([int(str(k).rsplit(":", 1)[1]) for k, _ in ranked])
-        except (IndexError, ValueError):
-            return None
-    return out
 
 
-def counters_from(text: str) -> dict[str, float]:
-    """Spec-decode counter totals (summed over label sets) from a /metrics page, with the
-    per-position accepted counts as ``pos0``, ``pos1``... where the engine exports them."""
-    totals = dict.fromkeys(COUNTERS, 0.0)
-    wanted = {f"{name}_total": key for key, name in COUNTERS.items()}
-    found = set()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = wanted.get(sample.name)
-            if key is None and sample.name == f"{PER_POSITION}_total":
-                try:
-                    key = f"pos{int(sample.labels['position'])}"
-                except (KeyError, ValueError):
-                    continue
-                totals.setdefault(key, 0.0)
-            if key is not None:
-                totals[key] += float(sample.value)
-                found.add(key)
-    return totals if found else {}
 
 
-def acceptance_from(
-    before: Mapping[str, float], after: Mapping[str, float]
-) -> tuple[int, list[int]] | None:
-    """(drafts, accepted per position) between two counter snapshots; None without the
-    per-position counters or drafts."""
-    positions = sorted(int(k[3:]) for k in after if k.startswith("pos"))
-    if not before or not after or not positions or positions != list(range(len(positions))):
-        return None
-    drafts = int(after["drafts"] - before["drafts"])
-    if drafts <= 0:
-        return None
-    return drafts, [int(after[f"pos{j}"] - before.get(f"pos{j}", 0.0)) for j in positions]
 
 
-def kv_capacity_from(text: str) -> int | None:
-    """KV cache capacity in tokens from vllm:cache_config_info (num_gpu_blocks x block_size)."""
-    for family in text_string_to_metric_families(text):
-        if family.name != "vllm:cache_config_info":
-            continue
-        for sample in family.samples:
-            try:
-                return int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
-            except (KeyError, ValueError):
-                return None
-    return None
 
 
-def accept_from(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
-    """1 + accepted/drafts between two counter snapshots (None when nothing was drafted)."""
-    if not before or not after:
-        return None
-    drafts = after["drafts"] - before["drafts"]
-    if drafts <= 0:
-        return None
-    return 1.0 + (after["accepted"] - before["accepted"]) / drafts
 
 
 class OpenAIClient:
@@ -288,6 +238,10 @@ class OpenAIClient:
             clock.add(n, now)
             if choice.get("finish_reason") is not None:
                 finish = str(choice["finish_reason"])
+        if finish == "abort":
+            return GenerationResult.failure("aborted by the server (finish_reason abort)",
+                                            ttft_s=clock.ttft_s, e2e_s=clock.elapsed(),
+                                            itl_s=list(clock.itl_s))
         completion = usage.get("completion_tokens")
         count = completion if isinstance(completion, int) else clock.tokens
         margins = _margins(tops) if req.want_margins else None
@@ -374,6 +328,9 @@ class VLLMEngine:
         self._started = 0  # requests started so far: tells whether one ran alone
         self._per_request_seen = False
         self._at_start: dict[str, float] = {}
+        self.dev_mode = loopback(pilot.target.host)
+        self.tokenizer: Any = None  # the target's, when it has a chat template
+        self.prompt_format: str | None = None
 
     def start(self) -> None:
         target = self.pilot.target
@@ -381,6 +338,8 @@ class VLLMEngine:
         key = api_key_from(env, target.api_key_env, "target.api_key_env")
         if key:
             env["VLLM_API_KEY"] = key  # never on the command line
+        if self.dev_mode:
+            env[DEV_MODE] = "1"  # for /reset_prefix_cache (see FLUSHED)
         port = choose_port(target.host, target.port, self.condition)
         version = installed_version(engine_python(target), env) if self.speculates else None
         per_request = version is not None and version >= PER_REQUEST_METRICS_SINCE
@@ -401,6 +360,8 @@ class VLLMEngine:
         self.server.start()
         if self.speculates:
             self._at_start = self.client.counters_sync()
+        # After the boot: a model id the server downloaded is in the local cache by now.
+        self.tokenizer, self.prompt_format = load_chat_tokenizer(target.model)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         client = self.client
@@ -440,10 +401,13 @@ class VLLMEngine:
             fp = self.client.fingerprint()
         cond = self.pilot.conditions[self.condition]
         fp["dtype"] = cond.dtype or self.pilot.target.dtype
+        fp["chat_template"] = template_digest(self.tokenizer)
+        fp["prompt_format"] = self.prompt_format
+        fp["prefix_cache"] = FLUSHED if self.dev_mode else PREFIX_OFF
         fp["argv"] = self.argv
         if self.speculates:
+            # Acceptance is in each request's record (a pooled figure read at boot is empty).
             fp["speculative_config"] = speculative_config(self.pilot, self.condition)
-            fp["pooled_accept_length"] = self.pooled_accept_length()
         if self.server is not None:
             fp["boot_s"] = self.server.boot_s
             fp["pids"] = sorted(self.server.pids())  # lets a test prove the tree is gone
@@ -456,18 +420,32 @@ class VLLMEngine:
         return self.server.memory_mb() if self.server is not None else None
 
     def flush(self) -> None:
-        """Reset the prefix cache where the server offers it (VLLM_SERVER_DEV_MODE=1)."""
-        if self.client is None:
-            return
-        try:
-            with self.client.pool.sync() as c:
-                r = c.post("/reset_prefix_cache")
-        except httpx.HTTPError as exc:
-            raise EngineError(f"condition {self.condition!r}: flush failed: {exc}") from None
-        if r.status_code not in (200, 404, 405):
-            raise EngineError(
-                f"condition {self.condition!r}: /reset_prefix_cache answered {r.status_code}"
-            )
+        """Empty the prefix cache, so that a pass does not reuse the prompts of earlier ones.
+        Only a {"success": true} answer counts: a 404 (no dev mode) or success false (blocks
+        still held) is not a flush; the latter is retried while it lasts (bounded)."""
+        if self.client is None or not self.dev_mode:
+            return  # prefix caching is off (see vllm_argv)
+        deadline = time.monotonic() + FLUSH_RETRY_S
+        with self.client.pool.sync() as c:
+            while True:
+                try:
+                    r = c.post("/reset_prefix_cache")
+                except httpx.HTTPError as exc:
+                    raise EngineError(
+                        f"condition {self.condition!r}: flush failed: {exc}") from None
+                try:
+                    success = r.json().get("success") if r.status_code == 200 else None
+                except (ValueError, AttributeError):
+                    success = None
+                if success is True:
+                    return
+                if success is not False or time.monotonic() >= deadline:
+                    raise EngineError(
+                        f"condition {self.condition!r}: /reset_prefix_cache answered "
+                        f"{r.status_code} {r.text[:200].strip()!r}"
+                        + (f" for {FLUSH_RETRY_S:g} s" if success is False else "")
+                        + ": passes would share the prefix cache")
+                time.sleep(0.5)
 
     def stop(self) -> None:
         if self.server is not None:

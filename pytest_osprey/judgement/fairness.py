@@ -26,6 +26,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "dtype": ("dtype",),
     "quantization": ("quantization",),
     "context_length": ("context_length",),
+    # Chat prompts are rendered with the target's template where it has one ("none" else).
+    "chat_template": ("chat_template",),
 }
 _DTYPES = {
     "fp32": "float32", "float": "float32", "float32": "float32", "torch.float32": "float32",
@@ -125,8 +127,52 @@ def fairness_check(meta: Mapping[str, Any], records: Sequence[RequestRecord]) ->
         if len({_canonical(fname, v) for v in present.values()}) > 1:
             result.differences.append(f"{fname} differs: {_shown(present)}")
     result.differences += _prompt_sets(records, names)
+    caps = {c: fingerprint(c).get("max_running_requests") for c in names}
+    if any(v is not None for v in caps.values()):
+        result.compared["max_running_requests"] = caps
+    result.differences += _running_caps(records, caps)
     result.ok = not result.differences
     return result
+
+
+def _peak_in_flight(records: Sequence[RequestRecord]) -> int:
+    """The most of ``records`` that were in flight at once (from start times and latencies)."""
+    edges = sorted(
+        (t, step) for r in records if r.started_at is not None and r.e2e_s is not None
+        for t, step in ((r.started_at, 1), (r.started_at + r.e2e_s, -1))
+    )  # an end before a start at the same instant: not overlapping
+    peak = now = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def _running_caps(records: Sequence[RequestRecord], caps: Mapping[str, Any]) -> list[str]:
+    """A server runs at most ``max_running_requests`` at once and queues the rest (SGLang caps
+    speculative servers at 48 by default, not the plain one): at a load above one condition's
+    cap and not another's, only one side queues, and its latency counts that wait."""
+    known = {c: v for c, v in caps.items() if isinstance(v, int) and v > 0}
+    if len(set(known.values())) < 2:
+        return []
+    by_load: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.condition in known:
+            by_load.setdefault(r.load, []).append(r)
+    out = []
+    for load, recs in sorted(by_load.items()):
+        closed = {r.concurrency for r in recs if r.rate is None and r.concurrency > 0}
+        if closed:
+            peak = max(closed)
+        else:  # open loop: what was in flight, per condition
+            peak = max(_peak_in_flight([r for r in recs if r.condition == c]) for c in known)
+        if len({min(cap, peak) for cap in known.values()}) < 2:
+            continue
+        capped = ", ".join(f"{c} runs at most {cap}" for c, cap in known.items() if cap < peak)
+        out.append(f"load {load!r}: up to {peak} requests in flight, but {capped} at once "
+                   f"(max_running_requests: {_shown(known)}): requests queue on one side only; "
+                   "give every condition the same --max-running-requests")
+    return out
 
 
 def _prompt_sets(records: Sequence[RequestRecord], names: Sequence[str]) -> list[str]:

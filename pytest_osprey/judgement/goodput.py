@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
 
-from ..pilot.schema import GoodputTargets, Pilot
+from ..pilot.limits import GoodputTargets
+from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .noninferiority import mcnemar_noninferiority

@@ -119,9 +119,11 @@ def _format_errors(err: ValidationError, source: str, lines: Lines) -> str:
 
 
 def _resolve_paths(
-    pilot: Pilot, base: Path, source: str, lines: Mapping[tuple[str, ...], int]
+    pilot: Pilot, base: Path, source: str, lines: Mapping[tuple[str, ...], int],
+    absent_drafters: bool = False,
 ) -> Pilot:
-    """Relative paths resolve against the pilot file's folder; missing paths are errors."""
+    """Relative paths resolve against the pilot file's folder; missing paths are errors
+    (a drafter's only where ``absent_drafters`` is false: the artifact check says it)."""
 
     def fail(loc: tuple[str | int, ...], msg: str) -> ConfigError:
         return ConfigError(f"{_where(source, lines, loc)}: {'.'.join(map(str, loc))}: {msg}")
@@ -159,7 +161,7 @@ def _resolve_paths(
         drafter = cond.drafter
         if drafter is not None:
             drafter = local(drafter)
-            if not os.path.isdir(drafter):
+            if not os.path.isdir(drafter) and not absent_drafters:
                 raise fail(("conditions", name, "drafter"), f"no such directory: {drafter}")
         if cond.endpoint is None and target.engine == "endpoint":
             raise fail(("conditions", name), "target.engine is endpoint: give endpoint.url")
@@ -179,15 +181,20 @@ def load_pilot_unchecked(path: str | os.PathLike[str]) -> Pilot:
     return load_pilot(path, check_paths=False)
 
 
-def load_pilot(path: str | os.PathLike[str], *, check_paths: bool = True) -> Pilot:
-    """Read, validate and resolve a pilot file; every problem is a :class:`ConfigError`."""
+def load_pilot(
+    path: str | os.PathLike[str], *, check_paths: bool = True, absent_drafters: bool = False
+) -> Pilot:
+    """Read, validate and resolve a pilot file; every problem is a :class:`ConfigError`.
+
+    ``absent_drafters``: a drafter folder missing here is not an error (a dry run on a
+    machine without the checkpoints: the artifact check reports it)."""
     p = Path(path)
     source = str(path)
     text = read_pilot_text(p, source)
     pilot, lines = _validate(text, source)
     if not check_paths:
         return pilot
-    return _resolve_paths(pilot, p.resolve().parent, source, lines)
+    return _resolve_paths(pilot, p.resolve().parent, source, lines, absent_drafters)
 
 
 def load_pilot_text(text: str, source: str) -> Pilot:

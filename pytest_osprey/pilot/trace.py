@@ -247,6 +247,11 @@ def render_prompt(prompt: Prompt, tokenizer: Any | None = None) -> str:
     A plain prompt is returned as is. A chat is rendered with the tokenizer's chat template
     when it has one (``apply_chat_template(..., tokenize=False, add_generation_prompt=True)``),
     else with a deterministic ``System: ...\\nUser: ...\\nAssistant:`` layout.
+
+    Engines tokenize the text they are sent with special tokens, so a template's leading
+    BOS is dropped where the tokenizer adds one itself: the model then sees one BOS, as a
+    chat deployment serves it (chat endpoints tokenize the rendered template without
+    special tokens), not two.
     """
     if prompt.prompt is not None:
         return prompt.prompt
@@ -266,7 +271,22 @@ def render_prompt(prompt: Prompt, tokenizer: Any | None = None) -> str:
                 f"{prompt.where}: apply_chat_template returned {type(rendered).__name__}, "
                 "expected str"
             )
+        bos = getattr(tokenizer, "bos_token", None)
+        if isinstance(bos, str) and bos and rendered.startswith(bos) and _adds_bos(tokenizer):
+            rendered = rendered[len(bos):]
         return rendered
     lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
     lines.append("Assistant:")
     return "\n".join(lines)
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    """Whether encoding text with the tokenizer's defaults puts its BOS token first."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None:
+        return False
+    try:
+        ids = tokenizer("x")["input_ids"]
+    except Exception:  # a tokenizer that cannot encode here: keep the template's text
+        return False
+    return bool(ids) and ids[0] == bos_id

@@ -32,6 +32,9 @@ ACCEPTS: dict[tuple[str, str], set[str]] = {
 }
 DEFAULT_ALGORITHM = {"transformers": "assisted", "sglang": "STANDALONE", "vllm": "draft_model"}
 NO_DRAFTER = {("sglang", "NGRAM"), ("vllm", "ngram")}
+# vLLM loads an EAGLE/EAGLE-3 head whose config names a plain LlamaForCausalLM as its own draft
+# class for the method (EAGLE-3 checkpoints are commonly published so); SGLang does not.
+VLLM_RENAMES = {"eagle": EAGLE, "eagle3": EAGLE3}
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,12 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
     if drafter is None:
         report.checks.append(Check("drafter", False, f"{algorithm} needs a drafter checkpoint"))
         return report
+    if not drafter.is_dir():
+        # Only a dry run gets this far (a run refuses the pilot): say what was not checked.
+        report.checks.append(Check("drafter", False, (
+            f"{drafter}: no such folder on this machine, so the checkpoint was not checked; "
+            "run the check where the drafter is")))
+        return report
     target_dir = Path(pilot.target.model)
     try:
         dcfg = _json(drafter / "config.json")
@@ -186,12 +195,16 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
 
     fam = family(dcfg)
     accepted = ACCEPTS[(engine, algorithm)]
-    report.checks.append(Check(
-        "architecture",
-        fam in accepted,
-        f"drafter {dcfg.get('architectures')} is a {fam} drafter; {engine} {algorithm} takes "
-        f"{', '.join(sorted(accepted))}",
-    ))
+    if engine == "vllm" and fam == PLAIN and algorithm in VLLM_RENAMES:
+        check, fam = _vllm_renamed(drafter, dcfg, algorithm)
+        report.checks.append(check)
+    else:
+        report.checks.append(Check(
+            "architecture",
+            fam in accepted,
+            f"drafter {dcfg.get('architectures')} is a {fam} drafter; {engine} {algorithm} "
+            f"takes {', '.join(sorted(accepted))}",
+        ))
 
     if tcfg:
         t_text, d_text = _text_config(tcfg), _text_config(dcfg)
@@ -259,6 +272,34 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
             "license", bool(lic), f"license file: {', '.join(lic) or 'none in ' + str(drafter)}"
         ))
     return report
+
+
+def _fc_shape(drafter: Path) -> list[int] | None:
+    """The shape of an EAGLE head's ``fc.weight`` (it reads the target's hidden states)."""
+    for w in sorted(drafter.glob("*.safetensors")):
+        try:
+            header = safetensors_header(w)
+        except (ValueError, OSError, json.JSONDecodeError):
+            continue
+        for key, entry in header.items():
+            if (key == "fc.weight" or key.endswith(".fc.weight")) and isinstance(entry, dict):
+                shape = entry.get("shape")
+                return [int(v) for v in shape] if isinstance(shape, list) else []
+    return None
+
+
+def _vllm_renamed(drafter: Path, dcfg: dict[str, Any], algorithm: str) -> tuple[Check, str]:
+    """A LlamaForCausalLM config under vLLM's eagle/eagle3: an EAGLE head if its weights
+    have the fc that reads the target's hidden states, else a plain LM given by mistake."""
+    archs = dcfg.get("architectures")
+    shape = _fc_shape(drafter)
+    if shape is None:
+        return Check("architecture", False, (
+            f"drafter {archs} has no fc.weight: a plain causal LM, not an {algorithm} head; "
+            "vLLM drafts with it as speculation.algorithm draft_model")), PLAIN
+    return Check("architecture", True, (
+        f"drafter {archs} is an EAGLE head (fc.weight {shape}); vLLM loads a "
+        f"LlamaForCausalLM config as its {algorithm} draft model")), VLLM_RENAMES[algorithm]
 
 
 def check_all(pilot: Pilot, conditions: list[str]) -> dict[str, ArtifactReport]:

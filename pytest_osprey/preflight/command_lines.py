@@ -6,9 +6,13 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..engines.base import EngineError
 from ..pilot.schema import Pilot
+
+if TYPE_CHECKING:
+    from ..engines.sglang_check import Verdict
 
 KEY_FILE_SHOWN = "<temporary 0600 file holding the API key>"
 _SERVERS = ("sglang", "vllm")
@@ -51,15 +55,11 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
     """Per condition: its (masked) command line, and what the engine's own parser said."""
     engine = pilot.target.engine
     out = {c: CommandCheck(c, True) for c in conditions}
-    sglang_lines: list[str] = []
-    sglang_error: str | None = None
+    verdicts: dict[str, Verdict] = {}
     if engine == "sglang":
-        from ..engines.sglang import dry_run_check
+        from ..engines.sglang_check import dry_run_check
 
-        try:
-            sglang_lines = dry_run_check(pilot)
-        except EngineError as exc:
-            sglang_error = str(exc)
+        verdicts = dry_run_check(pilot)
     for name in conditions:
         check = out[name]
         cond = pilot.conditions[name]
@@ -73,15 +73,18 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
                                    "nothing is launched")
             elif engine == "sglang":
                 from ..engines.sglang import sglang_argv
+                from ..engines.sglang_check import seed_note
 
                 key_file = KEY_FILE_SHOWN if pilot.target.api_key_env else None
                 argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
                 check.lines.append(shlex.join(argv))
-                if sglang_error and f"{name!r}" in sglang_error:
-                    check.ok = False
-                    check.lines.append(sglang_error)
-                check.lines += [line for line in sglang_lines
-                                if f"{name!r}" in line or "not importable" in line]
+                verdict = verdicts.get(name)
+                if verdict is not None:
+                    check.ok = check.ok and verdict.ok
+                    check.lines += verdict.lines
+                note = seed_note(pilot, argv)
+                if note:
+                    check.lines.append(note)
             elif engine == "vllm":
                 from ..engines.vllm import vllm_argv
 

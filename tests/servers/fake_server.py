@@ -23,6 +23,16 @@ fake SGLang parser), so further behaviour comes from the environment, all off by
   regex; see :func:`fake_lm`), and reports per-position acceptance when speculating.
 - ``OSPREY_FAKE_IGNORE_PENALTIES_WHEN_SPECULATING=1``: with the fake LM, a speculating server
   drops frequency/presence/repetition penalties (the bug users of speculative decoding meet).
+- ``OSPREY_FAKE_FLUSH_FAILS=N``: vLLM's /reset_prefix_cache answers ``success: false`` N
+  times first (blocks still held); it exists only with ``VLLM_SERVER_DEV_MODE=1``, as in vLLM.
+
+Events also carry ``prompt PID JSON``: the text a /generate or /v1/completions was sent.
+
+SGLang's /generate streams as SGLang 0.5.23 does (tests/fixtures/sglang-0.5.23-cpu): chunks
+cumulative by default, deltas with ``--incremental-streaming-output``; top-2 logprob rows
+(``[logprob, id, null]``) when asked; the speculation counters, acceptance histogram
+included, on the last chunk; an abort ends with ``finish_reason`` ``{"type": "abort"}``.
+Fault ``abort`` aborts the N-th /generate after its first chunk.
 """
 
 from __future__ import annotations
@@ -63,6 +73,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--speculative-config", default=None)
     p.add_argument("--model-path", "--model", dest="model", default="fake-model")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--incremental-streaming-output", dest="incremental", action="store_true")
+    p.add_argument("--enable-deterministic-inference", dest="deterministic",
+                   action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -77,6 +90,59 @@ def _event(line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+
+
+def sglang_events(body: dict[str, Any], n: int, *, incremental: bool, speculates: bool,
+                  text: str | None = None, abort_after: int | None = None
+                  ) -> list[dict[str, Any]]:
+    """The /generate chunks of an ``n``-token answer, shaped as SGLang 0.5.23 shapes them:
+    the first token alone, then two per chunk; the chunk after ``abort_after`` ones aborts."""
+    ids = [100 + i for i in range(n)]
+    pieces = [f"t{i} " for i in range(n)]
+    logprobs = bool(body.get("return_logprob"))
+    k = int(body.get("top_logprobs_num") or 0)
+    rows = [[-0.1 * (i % 3) - 0.05, ids[i], None] for i in range(n)]
+    tops = [[rows[i], [rows[i][0] - 0.5 - 0.1 * (i % 4), ids[i] + 1, None]][:k]
+            for i in range(n)]
+    events: list[dict[str, Any]] = []
+    done = sent = 0
+    while done < n:
+        done = min(n, done + (1 if done == 0 else 2))
+        last = done == n
+        lo = sent if incremental else 0
+        meta: dict[str, Any] = {"id": "fake", "finish_reason": None, "prompt_tokens": 5,
+                                "weight_version": "default", "completion_tokens": done,
+                                "cached_tokens": 0}  # fmt: skip
+        if logprobs:
+            meta["output_token_logprobs"] = rows[lo:done]
+            if k:
+                meta["output_top_logprobs"] = tops[lo:done]
+        if abort_after is not None and len(events) == abort_after:
+            # An abort while decoding (/abort_request): the chunk as any other, its finish
+            # reason the abort (recorded: incremental_plain/generate_stream_aborted.txt).
+            meta["finish_reason"] = {"type": "abort", "message": "Aborted", "status_code": None,
+                                     "err_type": None}
+            last = True
+        elif last:
+            meta["finish_reason"] = {"type": "length", "length": n}
+            meta["e2e_latency"] = 0.01
+            if speculates:
+                verify = (n + 1) // 2
+                correct = n - verify
+                meta.update(spec_verify_ct=verify, spec_accept_length=n / verify,
+                            spec_accept_rate=correct / (3 * verify),
+                            spec_num_correct_drafts=correct,
+                            spec_num_proposed_drafts=3 * verify,
+                            spec_correct_drafts_histogram=[verify - correct, correct])
+        if text is None:
+            chunk_text = "".join(pieces[lo:done])
+        else:  # the whole fixed text: in the first chunk only where chunks are deltas
+            chunk_text = text if not (incremental and events) else ""
+        events.append({"text": chunk_text, "output_ids": ids[lo:done], "meta_info": meta})
+        sent = done
+        if last:
+            break
+    return events
 
 
 def _faults(spec: str) -> dict[int, str]:
@@ -145,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     use_lm = env.get("OSPREY_FAKE_LM") == "1"
     ignore_penalties = env.get("OSPREY_FAKE_IGNORE_PENALTIES_WHEN_SPECULATING") == "1"
     generated = [0]
+    flush_fails = [int(env.get("OSPREY_FAKE_FLUSH_FAILS") or 0)]
     count_lock = threading.Lock()
     _event(f"start {os.getpid()} {args.host} {args.port}")
     print("fake server argv:", " ".join(argv), flush=True)
@@ -241,11 +308,18 @@ def main(argv: list[str] | None = None) -> None:
             elif not self._authorized():
                 return
             elif self.path == "/server_info":
+                # As SGLang 0.5.23: context_length null unless given (the served one is on
+                # /v1/models); speculative servers capped at 48 running requests.
                 self._json(200, {
                     "version": "0.0.fake", "model_path": args.model, "dtype": args.dtype,
-                    "api_key": key, "speculative_algorithm": args.speculative_algorithm,
-                    "max_total_num_tokens": 4096, "context_length": 512,
-                    "internal_states": [{"avg_spec_accept_length": 2.0 if speculates else None}],
+                    "device": "cpu", "api_key": key,
+                    "speculative_algorithm": args.speculative_algorithm,
+                    "max_total_num_tokens": 4096, "context_length": None,
+                    "max_running_requests": 48 if speculates else None,
+                    "incremental_streaming_output": args.incremental,
+                    "enable_deterministic_inference": args.deterministic,
+                    "internal_states": [{"effective_max_running_requests_per_dp":
+                                         48 if speculates else 4096}],
                 })  # fmt: skip
             elif self.path == "/version":
                 self._json(200, {"version": "0.0.fake"})
@@ -271,39 +345,33 @@ def main(argv: list[str] | None = None) -> None:
             body = json.loads(self.rfile.read(size) or b"{}")
             if not self._authorized():
                 return
+            prompt = body.get("text", body.get("prompt"))
+            if self.path in ("/generate", "/v1/completions") and isinstance(prompt, str):
+                _event(f"prompt {os.getpid()} {json.dumps(prompt)}")
             if self.path == "/flush_cache":
                 self._json(200, {})
+            elif self.path == "/reset_prefix_cache" and env.get("VLLM_SERVER_DEV_MODE") == "1":
+                with count_lock:
+                    flush_fails[0] -= 1
+                    failing = flush_fails[0] >= 0
+                self._json(200, {"success": not failing})
             elif self.path == "/generate":
                 with count_lock:
                     generated[0] += 1
                     nth = generated[0]
                 _event(f"request {os.getpid()} {nth}")
                 time.sleep(delay_s)
-                if self._fault(faults.get(nth)):
+                if faults.get(nth) != "abort" and self._fault(faults.get(nth)):
                     return
                 if use_lm:
                     self._lm(body["sampling_params"])
                     _event(f"answered {os.getpid()} {nth}")
                     return
                 n = int(body["sampling_params"]["max_new_tokens"])
-                ids = [100 + i for i in range(n)]
-                events = []
-                sizes = [1] + [2] * n  # first token alone, then two per chunk
-                done = 0
-                for size_ in sizes:
-                    done = min(n, done + size_)
-                    meta: dict[str, Any] = {"prompt_tokens": 5, "completion_tokens": done,
-                                            "finish_reason": None}  # fmt: skip
-                    if done == n:
-                        meta["finish_reason"] = {"type": "length", "length": n}
-                        if speculates:
-                            meta.update(spec_verify_ct=(n + 1) // 2, spec_accept_length=2.0)
-                    text = "".join(f"t{i} " for i in range(done))
-                    if fixed_text is not None:
-                        text = fixed_text
-                    events.append({"text": text, "output_ids": ids[:done], "meta_info": meta})
-                    if done == n:
-                        break
+                aborted = faults.get(nth) == "abort"
+                events = sglang_events(body, n, incremental=args.incremental,
+                                       speculates=speculates, text=fixed_text,
+                                       abort_after=1 if aborted else None)
                 self._sse(events)
                 _event(f"answered {os.getpid()} {nth}")
                 if crash_after and nth >= crash_after:

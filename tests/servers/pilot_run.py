@@ -108,6 +108,15 @@ class Events:
     def pids(self) -> set[int]:
         return {int(p[0]) for p in self.of("start") + self.of("child")}
 
+    def prompts(self) -> list[str]:
+        """The texts the server was sent for generation, in arrival order."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line.split(" ", 2)[2]) for line in text.splitlines()
+                if line.startswith("prompt ")]
+
     @property
     def requests(self) -> int:
         return len(self.of("request"))

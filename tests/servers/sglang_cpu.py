@@ -37,7 +37,6 @@ CPU_ARGS = [
 # Draft and verify need the CPU kernel backend; the plain --attention-backend intel_amx is
 # rewritten to torch_native on CPUs without AMX, so both phases are named.
 SPEC_ARGS = ["--prefill-attention-backend", "intel_amx", "--decode-attention-backend", "intel_amx"]
-INCREMENTAL = ["--incremental-streaming-output"]
 
 PROMPTS = [
     "def fibonacci(n):\n    ",

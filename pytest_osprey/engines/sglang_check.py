@@ -1,0 +1,181 @@
+"""SGLang's own checks of each condition's command line, booting nothing (``--osprey-dry-run``).
+
+Two stages, run by the engine's Python in one subprocess:
+
+1. the parser (``prepare_server_args``): unknown flags, bad values. Its complaint is shown as
+   SGLang words it, not as the ``SystemExit: 2`` argparse ends with;
+2. what SGLang 0.5.23 checks at launch, before any model weight is loaded:
+   ``ServerArgs.resolve_once()`` (the resolution pipeline: speculative flags resolved and
+   their combinations refused, e.g. STANDALONE with ``--speculative-use-rejection-sampling``)
+   then ``check_server_args()``. Resolution reads the model's and drafter's configs, so it
+   runs only where both are local folders; where it fails for want of something this
+   machine lacks (no accelerator for a GPU deployment, a missing file) the line says it was
+   not checked here, not that the configuration is wrong.
+
+Each condition gets its own verdict and only its own errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .base import EngineError
+from .process import engine_python
+from .sglang import KeyFile, sglang_argv
+
+if TYPE_CHECKING:
+    from ..pilot.schema import Pilot
+
+MARK = "OSPREY-SGLANG-CHECK "
+SEED_NOTE = ("note: SGLang honours sampling_seed only with --enable-deterministic-inference "
+             "(target.deterministic: true): the sampled pass runs, but is not reproducible")
+
+# Exceptions SGLang's resolution raises for a configuration it refuses; anything else
+# (RuntimeError for a missing accelerator, OSError, ImportError...) is this machine's lack.
+_REFUSALS = ("ValueError", "NotImplementedError", "AssertionError", "TypeError", "KeyError")
+
+_CHECK = r"""
+import contextlib, io, json, os, sys
+MARK = sys.argv[1]
+try:
+    import sglang
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+except Exception as exc:
+    print(MARK + json.dumps({"importable": False, "why": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(0)
+REFUSALS = set(json.loads(sys.argv[2]))
+out = {"importable": True, "version": getattr(sglang, "__version__", None), "results": {}}
+base = dict(os.environ)
+for name, job in json.load(sys.stdin).items():
+    res = out["results"][name] = {"parsed": False, "error": None, "launch": None, "detail": None}
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = prepare_server_args(job["argv"])
+        if job["algorithm"] is not None:
+            SpeculativeAlgorithm.from_string(job["algorithm"])
+        res["parsed"] = True
+    except SystemExit:
+        said = [line for line in err.getvalue().splitlines() if line.strip()]
+        res["error"] = said[-1] if said else "refused by the parser"
+        continue
+    except BaseException as exc:
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        continue
+    if job["skip"]:
+        res["launch"], res["detail"] = "skipped", job["skip"]
+        continue
+    os.environ.clear()
+    os.environ.update({**base, **job["env"]})
+    try:
+        args.resolve_once()
+        args.check_server_args()
+        res["launch"] = "ok"
+    except BaseException as exc:
+        kind = type(exc).__name__
+        res["launch"] = "refused" if kind in REFUSALS else "skipped"
+        res["detail"] = f"{kind}: {exc}".strip()
+    finally:
+        os.environ.clear()
+        os.environ.update(base)
+print(MARK + json.dumps(out))
+"""
+
+
+@dataclass
+class Verdict:
+    """One condition's command line as SGLang judged it."""
+
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)
+
+
+def _not_local(pilot: Pilot, name: str) -> str | None:
+    """Why launch-time checks cannot run here for ``name`` (None: they can)."""
+    model = pilot.target.model
+    if not Path(model).is_dir():
+        return f"the target {model} is not a local folder here"
+    drafter = pilot.conditions[name].drafter
+    if drafter is not None and not Path(drafter).is_dir():
+        return f"the drafter {drafter} is not a folder on this machine"
+    return None
+
+
+def seed_note(pilot: Pilot, argv: list[str]) -> str | None:
+    """The sampled pass sends seeds SGLang ignores outside deterministic inference."""
+    if pilot.sampling.sampled.enabled and "--enable-deterministic-inference" not in argv:
+        return SEED_NOTE
+    return None
+
+
+def dry_run_check(pilot: Pilot, timeout_s: float = 600.0) -> dict[str, Verdict]:
+    """Each booted condition's verdict from SGLang's parser and launch-time checks, where the
+    engine's Python can import sglang (else a line saying the lines were not checked)."""
+    # A real key file (a stand-in key): SGLang reads it as it would the real one.
+    dummy = KeyFile("osprey-dry-run-key") if pilot.target.api_key_env else None
+    try:
+        return _check(pilot, dummy.path if dummy else None, timeout_s)
+    finally:
+        if dummy is not None:
+            dummy.remove()
+
+
+def _check(pilot: Pilot, key_file: str | None, timeout_s: float) -> dict[str, Verdict]:
+    jobs: dict[str, dict[str, Any]] = {}
+    for name, cond in pilot.conditions.items():
+        if cond.endpoint is not None:
+            continue
+        try:
+            argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
+        except EngineError:
+            continue  # no command line to check: the caller reports why
+        algorithm = None
+        if "--speculative-algorithm" in argv:
+            algorithm = argv[argv.index("--speculative-algorithm") + 1]
+        jobs[name] = {"argv": argv[3:], "algorithm": algorithm, "env": dict(cond.env),
+                      "skip": _not_local(pilot, name)}
+    if not jobs:
+        return {}
+    python = engine_python(pilot.target)
+
+    def everyone(line: str, ok: bool = True) -> dict[str, Verdict]:
+        return {name: Verdict(ok, [line]) for name in jobs}
+
+    try:
+        # Jobs on stdin, not argv: a condition's env may hold a secret.
+        proc = subprocess.run(
+            [python, "-c", _CHECK, MARK, json.dumps(_REFUSALS)], input=json.dumps(jobs),
+            env={**os.environ, **pilot.target.env}, capture_output=True, text=True,
+            timeout=timeout_s, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return everyone(f"sglang: could not run SGLang's checks with {python}: {exc}", False)
+    found = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if not found:
+        tail = (proc.stderr or proc.stdout).strip()[-500:]
+        return everyone(f"sglang: SGLang's checks with {python} gave no answer: {tail}", False)
+    report = json.loads(found[-1][len(MARK):])
+    if not report.get("importable"):
+        return everyone(f"sglang is not importable by {python} ({report.get('why')}): the "
+                        "command line was built but not checked by SGLang")
+    version = report.get("version")
+    return {name: _verdict(version, report["results"][name]) for name in jobs}
+
+
+def _verdict(version: str | None, res: dict[str, Any]) -> Verdict:
+    if not res["parsed"]:
+        return Verdict(False, [f"SGLang {version} refuses the command line: {res['error']}"])
+    launch, detail = res["launch"], " ".join(str(res["detail"] or "").split())[:400]
+    if launch == "ok":
+        return Verdict(True, [f"sglang {version}: command line parsed and passed SGLang's "
+                              "launch-time checks"])
+    if launch == "refused":
+        return Verdict(False, [f"SGLang {version} would refuse this at launch: {detail}"])
+    return Verdict(True, [f"sglang {version}: command line parsed; SGLang's launch-time checks "
+                          f"not run here ({detail})"])

@@ -1,0 +1,134 @@
+"""The SGLang client's own CPU cost must not favour one condition: measured in one run against
+the benchmark stub (another process, so only the client's CPU counts), streaming the same
+output as a baseline does (one token per chunk) and as a drafter does (four per chunk).
+
+A server emits one chunk per decoding step, and every chunk costs a client a wake-up and a
+parse whatever it carries: per token, a one-token stream always costs several times a
+four-token one, with any client. The fair unit is the decoding step: at the same CPU per
+step, the client takes the same share of the machine per second of serving from either
+condition. What made the old client unfair was growth: cumulative chunks (SGLang's default)
+with logprob rows cost more the longer the output, quadratically in all, so long outputs
+(one chunk per token: the baseline's most of all) spent their time in the client. Asserted:
+per step the two streams cost the same within 10%, and per token nothing grows with the
+output's length; the old way (cumulative, logprobs) must fail the second, or the test could
+not tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_osprey.engines.base import GenerationRequest
+from pytest_osprey.engines.sglang import SGLangClient
+
+STUB = Path(__file__).resolve().parents[1] / "benchmarks" / "stub_server.py"
+SHORT, LONG = 48, 384
+PAIRS = 7
+
+
+class Stub:
+    def __init__(self, chunk: int, cumulative: bool) -> None:
+        argv = [sys.executable, str(STUB), "--port", "0", "--ttft-ms", "1", "--gap-ms", "1",
+                "--chunks", str(chunk), "--jitter", "0"]
+        self.proc = subprocess.Popen(argv + (["--sglang-cumulative"] if cumulative else []),
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().split()[1]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def stubs() -> Iterator[dict[tuple[int, bool], Stub]]:
+    made = {(chunk, cum): Stub(chunk, cum) for chunk in (1, 4) for cum in (False, True)}
+    try:
+        yield made
+    finally:
+        for stub in made.values():
+            stub.close()
+
+
+Config = tuple[str, int, int, bool]  # stub URL, tokens per request, requests, logprobs
+
+
+def cost_ratio(first: Config, second: Config) -> tuple[float, float, float]:
+    """(CPU of a round of ``second`` / CPU of a round of ``first``, the median over PAIRS
+    rounds of each in alternation; and the two rounds' least CPU in seconds). Alternating
+    short rounds, a drift in the machine's load hits both sides of each pair alike."""
+
+    async def rounds() -> tuple[float, float, float]:
+        clients = [SGLangClient(first[0], "cost"), SGLangClient(second[0], "cost")]
+        reqs = [GenerationRequest("p", "a prompt", n, want_margins=m, timeout_s=120)
+                for _, n, _, m in (first, second)]
+        for client, req in zip(clients, reqs, strict=True):
+            assert (await client.generate(req)).ok  # connections opened outside the count
+        cpu: list[list[float]] = [[], []]
+        for _ in range(PAIRS):
+            for i, (_, n, times, margins) in enumerate((first, second)):
+                t0 = time.process_time()
+                for _ in range(times):
+                    res = await clients[i].generate(reqs[i])
+                    assert res.ok and len(res.output_ids) == n, res.error
+                    assert (res.top2_margin is not None) == margins
+                cpu[i].append(time.process_time() - t0)
+        for client in clients:
+            await client.pool.aclose()
+        ratios = sorted(b / a for a, b in zip(cpu[0], cpu[1], strict=True))
+        return ratios[len(ratios) // 2], min(cpu[0]), min(cpu[1])
+
+    gc.collect()
+    gc.disable()
+    try:
+        return asyncio.run(rounds())
+    finally:
+        gc.enable()
+
+
+def test_a_baseline_and_a_drafter_stream_cost_the_client_alike(
+    stubs: dict[tuple[int, bool], Stub],
+) -> None:
+    # How the campaign times requests: incremental chunks, no logprobs past the first pass.
+    # Both rounds stream LONG decoding steps: one request of 1-token chunks, four of 4.
+    per_step, one, four = cost_ratio((stubs[1, False].url, LONG, 1, False),
+                                     (stubs[4, False].url, LONG, 4, False))
+    print(f"\nclient CPU per step: 1-token chunks {one / LONG * 1e6:.1f} us, 4-token chunks "
+          f"{four / LONG * 1e6:.1f} us (median ratio {per_step:.3f}); per token "
+          f"{one / LONG * 1e6:.1f} vs {four / (4 * LONG) * 1e6:.1f} us")
+    assert 1 / 1.10 <= per_step <= 1.10
+
+
+@pytest.mark.parametrize("margins", [False, True])
+def test_the_client_cost_per_token_does_not_grow_with_the_output(
+    stubs: dict[tuple[int, bool], Stub], margins: bool
+) -> None:
+    for chunk in (1, 4):
+        url = stubs[chunk, False].url
+        # The same tokens per round: LONG // SHORT short requests, or one long one.
+        growth, short, long = cost_ratio((url, SHORT, LONG // SHORT, margins),
+                                         (url, LONG, 1, margins))
+        print(f"\n{chunk}-token chunks, logprobs {margins}: {short / LONG * 1e6:.1f} us/token "
+              f"at {SHORT} tokens, {long / LONG * 1e6:.1f} at {LONG} (median ratio "
+              f"{growth:.3f})")
+        assert growth <= 1.10
+
+
+def test_cumulative_chunks_with_logprobs_grow_and_the_check_sees_it(
+    stubs: dict[tuple[int, bool], Stub],
+) -> None:
+    url = stubs[1, True].url
+    growth, short, long = cost_ratio((url, SHORT, LONG // SHORT, True), (url, LONG, 1, True))
+    print(f"\ncumulative, logprobs: {short / LONG * 1e6:.1f} us/token at {SHORT} tokens, "
+          f"{long / LONG * 1e6:.1f} at {LONG} (median ratio {growth:.3f})")
+    assert growth > 2

@@ -1,0 +1,89 @@
+"""The SGLang examples through the plugin: examples/pilot-sglang-cpu.yaml end to end (three
+real SGLang 0.5.23 boots on CPU), and examples/pilot-sglang-eagle3.yaml (a GPU deployment)
+under --osprey-dry-run. Slow. Needs ``OSPREY_SGLANG_PYTHON`` (.ci/run builds it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_PILOT = ROOT / "examples" / "pilot-sglang-cpu.yaml"
+GPU_PILOT = ROOT / "examples" / "pilot-sglang-eagle3.yaml"
+PYTHON = os.environ.get("OSPREY_SGLANG_PYTHON")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not PYTHON,
+        reason="set OSPREY_SGLANG_PYTHON to the python of an environment built by "
+        "python -m pytest_osprey.engines.sglang_cpu.build_env VENV",
+    ),
+]
+
+
+def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        f"--osprey-config={CPU_PILOT}", "--osprey-results=res", "-p", "no:cacheprovider",
+        timeout=1500,
+    )
+    wall = time.monotonic() - t0
+    out = result.stdout.str()
+    res = pytester.path / "res"
+    meta = json.loads((res / "campaign.json").read_text())
+    conditions = meta["conditions"]
+    # Every server is gone, whatever the outcome (checked by pid, not by name).
+    pids = [p for c in conditions.values() for p in c["fingerprint"].get("pids", [])]
+    alive = [p for p in pids if psutil.pid_exists(p)
+             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert pids and not alive, f"server processes left: {alive}"
+    assert set(conditions) == {"baseline", "standalone", "ngram"}
+    assert all(c["error"] is None for c in conditions.values()), conditions
+    assert all(c["boot_s"] for c in conditions.values()), "each condition boots exactly once"
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out
+
+    fps = {n: c["fingerprint"] for n, c in conditions.items()}
+    assert {fp["version"] for fp in fps.values()} == {"0.5.23"}
+    assert {fp["streaming"] for fp in fps.values()} == {"incremental"}
+    assert fps["standalone"]["verification"] == "greedy"  # SGLang on CPU verifies greedily
+    summary = json.loads((res / "summary.json").read_text())
+    outcomes = {(g["kind"], g["id"]): g["outcome"] for g in summary["gates"]}
+    for cand in ("standalone", "ngram"):
+        # Greedy output is the plain server's, whatever the speed: the verdict is SGLang's.
+        assert outcomes[("greedy_identity", f"{cand}-vs-baseline")] == "pass", outcomes
+        assert outcomes[("fairness", f"{cand}-vs-baseline")] == "pass", outcomes
+    failed = {kind for (kind, _), outcome in outcomes.items() if outcome == "fail"}
+    assert failed <= {"speedup"}, outcomes
+
+    records = [json.loads(line) for line in (res / "records.jsonl").read_text().splitlines()]
+    assert records and all(r["ok"] for r in records), [r["error"] for r in records]
+    drafted = [r for r in records if r["condition"] == "standalone"]
+    assert all(r["spec_verify_ct"] and r["accept_length"] >= 1.0 for r in drafted)
+    # Logprobs only where greedy identity reads them: the first pass.
+    assert all((r["top2_margin"] is not None) == (r["repetition"] == 0) for r in records)
+    tokens = sum(r["output_tokens"] for r in drafted)
+    accept = tokens / sum(r["spec_verify_ct"] for r in drafted)
+    verdicts = {v["candidate"]: v["verdict"] for v in summary["verdicts"]}
+    boots = {n: round(c["boot_s"], 1) for n, c in conditions.items()}
+    print(f"\nSGLang CPU pilot: {wall:.0f} s; boots {boots}; STANDALONE pooled accept length "
+          f"{accept:.2f}; verdicts {verdicts}")
+
+
+def test_sglang_eagle3_example_passes_the_dry_run(pytester: pytest.Pytester) -> None:
+    """The GPU deployment's command lines pass SGLang's own checks on a machine without the
+    GPU or the checkpoints; the artifact check says the drafter is not here."""
+    result = pytester.runpytest_subprocess(
+        f"--osprey-config={GPU_PILOT}", "--osprey-dry-run", "-p", "no:cacheprovider", "-rA",
+        timeout=600,
+    )
+    out = result.stdout.str()
+    result.assert_outcomes(passed=2, failed=1)  # two command lines; the eagle3 artifact
+    assert "sglang 0.5.23: command line parsed" in out, out
+    assert "/models/sglang-EAGLE3-LLaMA3.1-Instruct-8B: no such folder on this machine" in out
+    assert "--speculative-algorithm EAGLE3" in out and "refuse" not in out
