@@ -195,7 +195,21 @@ def test_plain_drafter_for_sglang_eagle3_fails_naming_both(tmp_path: Path) -> No
     detail = failed(report)["architecture"]
     assert "LlamaForCausalLM" in detail and "causal-lm" in detail
     assert "sglang EAGLE3" in detail and "eagle3" in detail
+    # What SGLang needs instead, and where this checkpoint does fit.
+    assert "a LlamaForCausalLMEagle3 checkpoint" in detail
+    assert "speculation.algorithm STANDALONE" in detail
     assert report.summary().startswith("cand: architecture: ")
+    vllm = check_condition(pilot_for(tmp_path, drafter, engine="vllm", algorithm="eagle3"),
+                           "cand")
+    assert "speculation.algorithm draft_model" in failed(vllm)["architecture"]
+
+
+def test_eagle3_name_sglang_does_not_register_fails(tmp_path: Path) -> None:
+    drafter = fake_model(tmp_path / "eagle", "Eagle3LlamaForCausalLM")  # vLLM's class name
+    report = check_condition(pilot_for(tmp_path, drafter, engine="sglang", algorithm="EAGLE3"),
+                             "cand")
+    detail = failed(report)["architecture"]
+    assert "SGLang has no class" in detail and "LlamaForCausalLMEagle3" in detail
 
 
 def test_eagle3_drafter_for_plain_assisted_fails(tmp_path: Path) -> None:
@@ -230,13 +244,21 @@ def test_vocab_mismatch_fails_naming_both_sizes(tmp_path: Path) -> None:
     assert "no token map" in detail
 
 
-def test_vocab_mismatch_with_token_map_in_config_passes(tmp_path: Path) -> None:
+def test_vocab_mismatch_with_token_map_passes(tmp_path: Path) -> None:
     drafter = fake_model(tmp_path / "eagle", "LlamaForCausalLMEagle3", vocab_size=4,
                          extra={"draft_vocab_size": 4})
+    save_file({"d2t": np.array([0, 1, 1, 2], dtype=np.int64)},
+              str(drafter / "maps.safetensors"))
     report = check_condition(pilot_for(tmp_path, drafter, engine="sglang", algorithm="EAGLE3"),
                              "cand")
     assert report.ok, report.summary()
     assert "(token map present)" in named(report, "vocabulary").detail
+    (drafter / "maps.safetensors").unlink()  # draft_vocab_size alone: no map to read ids with
+    report = check_condition(pilot_for(tmp_path, drafter, engine="sglang", algorithm="EAGLE3"),
+                             "cand")
+    assert failed(report) == {"vocabulary maps": (
+        "draft_vocab_size 4 != target vocab_size 8 and no d2t map in the weights (draft ids "
+        "would be read as target ids)")}
 
 
 def test_vocab_mismatch_with_d2t_file_passes(tmp_path: Path) -> None:
@@ -294,6 +316,123 @@ def test_target_hidden_size_key_wins_for_eagle(tmp_path: Path) -> None:
     report = check_condition(pilot_for(tmp_path, drafter, engine="sglang", algorithm="EAGLE3"),
                              "cand")
     assert report.ok, report.summary()
+
+
+# --------------------------------------------------------------------------- EAGLE-3 layout
+
+
+def fake_eagle3(
+    folder: Path,
+    *,
+    hidden: int = 16,
+    vocab: int = 8,
+    draft_vocab: int = 4,
+    layer_ids: list[int] | None = None,
+    fc_in: int | None = None,
+    lm_rows: int | None = None,
+    d2t: np.ndarray | None = None,
+    t2d_len: int | None = None,
+) -> Path:
+    """An EAGLE-3 checkpoint in SGLang's layout: fc over 3 target layers, lm_head over the
+    draft vocabulary, d2t offsets and a t2d mask."""
+    extra: dict[str, Any] = {
+        "draft_vocab_size": draft_vocab,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": layer_ids or [0, 1, 2]},
+    }
+    folder = fake_model(folder, "LlamaForCausalLMEagle3", vocab_size=vocab, hidden_size=hidden,
+                        extra=extra, weights=False)
+    keep = np.array([0, 2, 5, 7][:draft_vocab] + list(range(8, 4 + draft_vocab)))
+    tensors = {
+        "fc.weight": np.zeros((hidden, fc_in or 3 * hidden), dtype=np.float32),
+        "lm_head.weight": np.zeros((lm_rows or draft_vocab, hidden), dtype=np.float32),
+        "d2t": d2t if d2t is not None else (keep - np.arange(draft_vocab)).astype(np.int64),
+        "t2d": np.zeros(t2d_len or vocab, dtype=np.bool_),
+    }
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def eagle3_report(tmp_path: Path, drafter: Path, layers: int = 4) -> ArtifactReport:
+    target = fake_model(tmp_path / "deep-target", extra={"num_hidden_layers": layers})
+    return check_condition(
+        pilot_for(tmp_path, drafter, engine="sglang", algorithm="EAGLE3", target=target), "cand")
+
+
+def test_eagle3_layout_that_fits_passes(tmp_path: Path) -> None:
+    report = eagle3_report(tmp_path, fake_eagle3(tmp_path / "e3"))
+    assert report.ok, report.summary()
+    assert named(report, "aux layers").detail == (
+        "target layers [0, 1, 2] of 4 (eagle_aux_hidden_state_layer_ids)")
+    assert named(report, "vocabulary maps").detail == "draft vocabulary 4 of 8 (d2t, t2d)"
+
+
+def test_eagle3_aux_layers_beyond_the_targets_depth_fail(tmp_path: Path) -> None:
+    drafter = fake_eagle3(tmp_path / "e3", layer_ids=[1, 2, 3])
+    report = eagle3_report(tmp_path, drafter, layers=4)
+    assert set(failed(report)) == {"aux layers"}
+    detail = failed(report)["aux layers"]
+    assert "[1, 2, 3]: [3] outside the target's 4 layers" in detail
+    assert "ids run 0..2" in detail
+    assert eagle3_report(tmp_path, drafter, layers=5).ok  # a deeper target has a layer 3 output
+
+
+def test_eagle3_default_capture_needs_a_deep_enough_target(tmp_path: Path) -> None:
+    drafter = fake_eagle3(tmp_path / "e3")
+    config = json.loads((drafter / "config.json").read_text())
+    del config["eagle_config"]
+    (drafter / "config.json").write_text(json.dumps(config))
+    assert "SGLang's default" in named(eagle3_report(tmp_path, drafter, layers=16),
+                                       "aux layers").detail
+    assert "[-1]" in failed(eagle3_report(tmp_path, drafter, layers=3))["aux layers"]
+
+
+def test_eagle3_fc_width_must_match_layers_times_hidden(tmp_path: Path) -> None:
+    report = eagle3_report(tmp_path, fake_eagle3(tmp_path / "e3", fc_in=32))
+    assert failed(report) == {"aux layers": (
+        "fc.weight has shape [16, 32]: it must read 3 target layers x hidden size 16 = 48 "
+        "features")}
+
+
+def test_eagle3_hidden_size_of_another_target_fails(tmp_path: Path) -> None:
+    report = eagle3_report(tmp_path, fake_eagle3(tmp_path / "e3", hidden=32))
+    assert failed(report)["hidden size"] == (
+        "drafter expects target hidden size 32 (its fc reads 3 target layers of that width), "
+        "target has 16")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"lm_rows": 5}, "lm_head has 5 rows, draft_vocab_size is 4"),
+        ({"d2t": np.zeros(3, dtype=np.int64)},
+         "d2t has shape [3], expected [4] (draft_vocab_size)"),
+        ({"t2d_len": 6}, "t2d has shape [6], expected [8] (target vocab_size)"),
+        ({"d2t": np.array([0, 1, 2, 9], dtype=np.int64)},
+         "d2t maps 1 draft ids outside the target's vocabulary of 8 (first: draft id 3)"),
+        ({"d2t": np.array([-1, 0, 0, 0], dtype=np.int32)},
+         "d2t maps 1 draft ids outside the target's vocabulary of 8 (first: draft id 0)"),
+    ],
+)
+def test_eagle3_vocabulary_maps_of_the_wrong_size_fail(
+    tmp_path: Path, kwargs: dict[str, Any], says: str
+) -> None:
+    report = eagle3_report(tmp_path, fake_eagle3(tmp_path / "e3", **kwargs))
+    assert failed(report) == {"vocabulary maps": says}
+
+
+def test_shipped_tiny_eagle3_fits_the_tiny_target_for_sglang(tmp_path: Path) -> None:
+    models = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+    if not (models / "tiny-eagle3" / "config.json").is_file():
+        pytest.skip("tiny models not built")
+    pilot = pilot_for(tmp_path, models / "tiny-eagle3", engine="sglang", algorithm="EAGLE3",
+                      target=models / "tiny-target")
+    report = check_condition(pilot, "cand")
+    assert report.ok, report.summary()
+    assert {"architecture", "hidden size", "aux layers", "vocabulary maps"} <= {
+        c.name for c in report.checks}
+    plain = check_condition(pilot_for(tmp_path, models / "tiny-drafter", engine="sglang",
+                                      algorithm="EAGLE3", target=models / "tiny-target"), "cand")
+    assert "speculation.algorithm STANDALONE" in failed(plain)["architecture"]
 
 
 # --------------------------------------------------------------------------- weights

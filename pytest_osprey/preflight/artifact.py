@@ -35,6 +35,11 @@ NO_DRAFTER = {("sglang", "NGRAM"), ("vllm", "ngram")}
 # vLLM loads an EAGLE/EAGLE-3 head whose config names a plain LlamaForCausalLM as its own draft
 # class for the method (EAGLE-3 checkpoints are commonly published so); SGLang does not.
 VLLM_RENAMES = {"eagle": EAGLE, "eagle3": EAGLE3}
+# The EAGLE-3 draft classes SGLang 0.5.23 registers (models/*eagle3.py): another name in an
+# EAGLE-3 checkpoint (vLLM's Eagle3LlamaForCausalLM) is not found at boot.
+SGLANG_EAGLE3 = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+# What each engine's algorithm for a plain causal-LM drafter is called, for advice.
+PLAIN_ALGORITHM = {"sglang": "STANDALONE", "vllm": "draft_model", "transformers": "assisted"}
 
 
 @dataclass(frozen=True)
@@ -199,12 +204,7 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
         check, fam = _vllm_renamed(drafter, dcfg, algorithm)
         report.checks.append(check)
     else:
-        report.checks.append(Check(
-            "architecture",
-            fam in accepted,
-            f"drafter {dcfg.get('architectures')} is a {fam} drafter; {engine} {algorithm} "
-            f"takes {', '.join(sorted(accepted))}",
-        ))
+        report.checks.append(_architecture(dcfg, fam, accepted, engine, algorithm))
 
     if tcfg:
         t_text, d_text = _text_config(tcfg), _text_config(dcfg)
@@ -230,9 +230,11 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
         if fam in (EAGLE, EAGLE3):
             want = t_text.get("hidden_size")
             got = d_text.get("target_hidden_size", d_text.get("hidden_size"))
+            what = "its fc reads 3 target layers of" if fam == EAGLE3 else "it reads"
             report.checks.append(Check(
                 "hidden size", want == got,
-                f"drafter expects target hidden size {got}, target has {want}",
+                f"drafter expects target hidden size {got} ({what} that width), "
+                f"target has {want}",
             ))
     else:
         report.checks.append(Check(
@@ -243,13 +245,18 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
     weights = sorted(drafter.glob("*.safetensors"))
     if not weights:
         report.checks.append(Check("weights", False, f"no *.safetensors in {drafter}"))
+    headers: dict[Path, dict[str, Any]] = {}
     for w in weights:
         try:
-            header = safetensors_header(w)
-            tensors = sum(k != "__metadata__" for k in header)
+            headers[w] = safetensors_header(w)
+            tensors = sum(k != "__metadata__" for k in headers[w])
             report.checks.append(Check("weights", True, f"{w.name}: {tensors} tensors"))
         except (ValueError, OSError, json.JSONDecodeError) as exc:
             report.checks.append(Check("weights", False, f"{w.name}: {exc}"))
+    if fam == EAGLE3 and fam in accepted and tcfg and len(headers) == len(weights):
+        d_text, t_text = _text_config(dcfg), _text_config(tcfg)
+        report.checks.append(_aux_layers(d_text, t_text, headers))
+        report.checks.extend(_token_maps(d_text, t_text, headers))
 
     for rel, expected in cond.pins.sha256.items():
         path = drafter / rel
@@ -300,6 +307,132 @@ def _vllm_renamed(drafter: Path, dcfg: dict[str, Any], algorithm: str) -> tuple[
     return Check("architecture", True, (
         f"drafter {archs} is an EAGLE head (fc.weight {shape}); vLLM loads a "
         f"LlamaForCausalLM config as its {algorithm} draft model")), VLLM_RENAMES[algorithm]
+
+
+def _architecture(
+    dcfg: dict[str, Any], fam: str, accepted: set[str], engine: str, algorithm: str
+) -> Check:
+    archs = dcfg.get("architectures")
+    detail = (f"drafter {archs} is a {fam} drafter; {engine} {algorithm} takes "
+              f"{', '.join(sorted(accepted))}")
+    if EAGLE3 in accepted and fam == PLAIN:
+        need = f"a {SGLANG_EAGLE3[0]} checkpoint" if engine == "sglang" else "an EAGLE-3 checkpoint"
+        return Check("architecture", False, (
+            f"{detail}: {need} (fc over the target's hidden states, one midlayer, d2t/t2d "
+            f"vocabulary maps); a plain causal LM drafts with speculation.algorithm "
+            f"{PLAIN_ALGORITHM[engine]} instead"))
+    if engine == "sglang" and fam == EAGLE3 and fam in accepted:
+        names = archs if isinstance(archs, list) else [archs]
+        if not any(a in SGLANG_EAGLE3 for a in names):
+            return Check("architecture", False, (
+                f"drafter {archs} is an eagle3 drafter SGLang has no class for; its EAGLE3 "
+                f"drafts are {', '.join(SGLANG_EAGLE3)} (set architectures in config.json)"))
+    return Check("architecture", fam in accepted, detail)
+
+
+def _layer_ids(d_text: dict[str, Any]) -> Any:
+    eagle = d_text.get("eagle_config")
+    if isinstance(eagle, dict) and "eagle_aux_hidden_state_layer_ids" in eagle:
+        return eagle["eagle_aux_hidden_state_layer_ids"]
+    return d_text.get("eagle_aux_hidden_state_layer_ids")
+
+
+def _aux_layers(
+    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
+) -> Check:
+    """EAGLE-3 reads the target's residual stream after the layers its config names
+    (SGLang captures the input of layer id + 1): each must exist below the last layer, and
+    the fc must be as wide as the captured layers together."""
+    depth = t_text.get("num_hidden_layers")
+    ids = _layer_ids(d_text)
+    if not isinstance(depth, int):
+        return Check("aux layers", True, "target depth unknown: aux layer ids not checked")
+    if ids is None:
+        ids = [1, depth // 2 - 1, depth - 4]
+        source = "SGLang's default (no eagle_aux_hidden_state_layer_ids)"
+    elif not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return Check("aux layers", False, f"eagle_aux_hidden_state_layer_ids {ids!r}: "
+                     "expected a list of layer indices")
+    else:
+        source = "eagle_aux_hidden_state_layer_ids"
+    bad = [i for i in ids if not 0 <= i <= depth - 2]
+    if bad:
+        return Check("aux layers", False, (
+            f"{source} {ids}: {bad} outside the target's {depth} layers (the output of layer "
+            f"i is captured as the input of layer i+1, so ids run 0..{depth - 2})"))
+    n_aux = d_text.get("num_aux_hidden_states") or len(ids)
+    width = d_text.get("target_hidden_size", d_text.get("hidden_size"))
+    fc = _find(headers, "fc.weight")
+    if fc is not None and isinstance(width, int):
+        shape = headers[fc[0]][fc[1]].get("shape")
+        if not isinstance(shape, list) or len(shape) != 2 or shape[1] != n_aux * width:
+            return Check("aux layers", False, (
+                f"fc.weight has shape {shape}: it must read {n_aux} target layers x hidden size "
+                f"{width} = {n_aux * width} features"))
+    return Check("aux layers", True, f"target layers {ids} of {depth} ({source})")
+
+
+def _find(headers: dict[Path, dict[str, Any]], suffix: str) -> tuple[Path, str] | None:
+    for path, header in headers.items():
+        for key in header:
+            if key == suffix or key.endswith("." + suffix):
+                return path, key
+    return None
+
+
+def _int_tensor(path: Path, header: dict[str, Any], key: str) -> list[int] | None:
+    """A small integer tensor's values, read from its byte range (no tensor library)."""
+    entry = header[key]
+    width = {"I64": 8, "I32": 4}.get(entry.get("dtype"))
+    if width is None:
+        return None
+    start, end = (int(x) for x in entry["data_offsets"])
+    with path.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        fh.seek(8 + n + start)
+        raw = fh.read(end - start)
+    count = len(raw) // width
+    return list(struct.unpack(f"<{count}{'q' if width == 8 else 'i'}", raw))
+
+
+def _token_maps(
+    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
+) -> list[Check]:
+    """EAGLE-3's reduced draft vocabulary: lm_head rows, d2t (one offset per draft id,
+    target id = draft id + d2t) and t2d (one flag per target id) must agree with the target."""
+    vocab = t_text.get("vocab_size")
+    draft = d_text.get("draft_vocab_size") or d_text.get("vocab_size")
+    if not isinstance(vocab, int) or not isinstance(draft, int):
+        return []
+    problems: list[str] = []
+    head = _find(headers, "lm_head.weight")
+    if head is not None:
+        rows = headers[head[0]][head[1]].get("shape", [None])[0]
+        if rows != draft:
+            problems.append(f"lm_head has {rows} rows, draft_vocab_size is {draft}")
+    d2t = _find(headers, "d2t")
+    t2d = _find(headers, "t2d")
+    if d2t is None and draft != vocab:
+        problems.append(f"draft_vocab_size {draft} != target vocab_size {vocab} and no d2t "
+                        "map in the weights (draft ids would be read as target ids)")
+    if d2t is not None:
+        shape = headers[d2t[0]][d2t[1]].get("shape")
+        if shape != [draft]:
+            problems.append(f"d2t has shape {shape}, expected [{draft}] (draft_vocab_size)")
+        else:
+            values = _int_tensor(d2t[0], headers[d2t[0]], d2t[1])
+            if values is not None:
+                out = [i for i, v in enumerate(values) if not 0 <= i + v < vocab]
+                if out:
+                    problems.append(f"d2t maps {len(out)} draft ids outside the target's "
+                                    f"vocabulary of {vocab} (first: draft id {out[0]})")
+    if t2d is not None:
+        shape = headers[t2d[0]][t2d[1]].get("shape")
+        if shape != [vocab]:
+            problems.append(f"t2d has shape {shape}, expected [{vocab}] (target vocab_size)")
+    detail = "; ".join(problems) or (
+        f"draft vocabulary {draft} of {vocab}" + (" (d2t, t2d)" if d2t and t2d else ""))
+    return [Check("vocabulary maps", not problems, detail)]
 
 
 def check_all(pilot: Pilot, conditions: list[str]) -> dict[str, ArtifactReport]:
