@@ -1,7 +1,7 @@
 """How steady the machine was during a campaign: the baseline against itself, and the load.
 
-The baseline (speculation off) does the same work in every block, so its latency should not
-move between blocks; when it does, the machine changed speed (other work, clocks, thermal
+The baseline (speculation off) does the same work in every pass, so its latency should not
+move between passes; when it does, the machine changed speed (other work, clocks, thermal
 state) and every comparison made across that change is less certain. Described here, not
 judged: the speed gates own their decisions. Pure arithmetic over records and campaign.json.
 """
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from ..results.folder import SavedCampaign
 
 DRIFT_WARN = 0.10
-"""A block-to-block change of the baseline's latency above this (10%) is flagged."""
+"""A pass-to-pass change of the baseline's latency above this (10%) is flagged."""
 
 
 class _Sheet(BaseModel):
@@ -23,15 +23,15 @@ class _Sheet(BaseModel):
 
 
 class BlockDrift(_Sheet):
-    """The baseline's latency in one block against its first block (`stability.drift[]`)."""
+    """The baseline's latency in one pass against its first (`stability.drift[]`)."""
 
     load: str
     """Load level name."""
     block: int
-    """Block number (1 = the first)."""
+    """Pass number (1 = the first; a later boot's passes count on)."""
     ratio: float
-    """Geometric mean over prompts of this block's completion latency over the first
-    block's, paired by prompt (1.0: unchanged; 1.73: 73% slower)."""
+    """Geometric mean over prompts of this pass's completion latency over the first
+    pass's, paired by prompt (1.0: unchanged; 1.73: 73% slower)."""
     prompts: int
     """Prompts paired (count)."""
 
@@ -40,7 +40,7 @@ class BlockLoad(_Sheet):
     """The host's load while one stretch ran (`stability.load[]`)."""
 
     block: int
-    """Block number (1 = the first)."""
+    """Pass number (1 = the first)."""
     condition: str
     """Condition replayed."""
     load: str
@@ -59,9 +59,9 @@ class Stability(_Sheet):
     baseline: str | None
     """The condition measured against itself."""
     drift: list[BlockDrift]
-    """Per load level and later block: the baseline's latency ratio to its first block."""
+    """Per load level and later pass: the baseline's latency ratio to its first pass."""
     max_drift: float | None
-    """Largest |ratio - 1| of `drift` (fraction); null with one block."""
+    """Largest |ratio - 1| of `drift` (fraction); null with one pass."""
     load: list[BlockLoad]
     """Per replayed stretch (greedy pass): the host's load average."""
     cpus: int | None
@@ -97,7 +97,7 @@ def baseline_drift(data: SavedCampaign, baseline: str) -> list[BlockDrift]:
 
 
 def stability(data: SavedCampaign) -> Stability:
-    """The baseline's drift between blocks and the host's load per stretch, with warnings."""
+    """The baseline's drift between passes and the host's load per stretch, with warnings."""
     baseline = data.meta.baseline
     drift = baseline_drift(data, baseline) if baseline else []
     loads = []

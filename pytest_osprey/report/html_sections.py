@@ -60,9 +60,9 @@ def stability_section(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
     drift = st.get("drift") or []
     if drift:
         out.append(f'<p class="note">The baseline ({esc(st.get("baseline"))}, speculation off) '
-                   "against its own first block, same prompts: 1.00x means the machine ran "
+                   "against its own first pass, same prompts: 1.00x means the machine ran "
                    "at the same speed.</p>")
-        out.append(table(("load", "block", "baseline latency vs block 1", "prompts"), [
+        out.append(table(("load", "pass", "baseline latency vs pass 1", "prompts"), [
             (esc(d.get("load")), num(d.get("block")), num(d.get("ratio"), "{:.2f}x"),
              num(d.get("prompts"))) for d in drift], {1, 2, 3}))
     elif st:

@@ -190,12 +190,12 @@ def _stability(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     st = summary.get("stability")
     if not st:
         return None
-    lines = [f"The baseline ({esc(st.get('baseline'))}) against its own first block, same "
+    lines = [f"The baseline ({esc(st.get('baseline'))}) against its own first pass, same "
              "prompts (1.00: unchanged):", ""]
-    lines += _table(("load", "block", "baseline latency vs block 1", "prompts"),
+    lines += _table(("load", "pass", "baseline latency vs pass 1", "prompts"),
                     [(d.get("load"), d.get("block"), f"{d.get('ratio', 0):.2f}x",
                       d.get("prompts")) for d in st.get("drift", [])]) if st.get("drift") \
-        else ["(one block: no drift to measure)"]
+        else ["(one pass: no drift to measure)"]
     loads = [x for x in st.get("load", []) if x.get("loadavg_1m") is not None]
     if loads:
         top = max(loads, key=lambda x: x.get("loadavg_1m") or 0)
