@@ -85,7 +85,7 @@ def _server(tmp: Path, order: str = "sequential") -> tuple[Path, Path]:
     trace = write_trace(tmp / "trace.jsonl", 3)
     data = {**fake_sglang(events, base_env={"OSPREY_FAKE_FAULTS": "2=hang",
                                             "OSPREY_FAKE_SPAWN_CHILD": "1"},
-                          cand_env={"OSPREY_FAKE_SPAWN_CHILD": "1"}),
+                          cand_env={"OSPREY_FAKE_SPAWN_CHILD": "1"}, order=order),
             "trace": {"files": [str(trace)]}}
     return dump_pilot(tmp / "pilot.yaml", data), events
 
