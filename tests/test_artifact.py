@@ -420,18 +420,25 @@ def test_eagle3_vocabulary_maps_of_the_wrong_size_fail(
     assert failed(report) == {"vocabulary maps": says}
 
 
+MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+
+
 def test_shipped_tiny_eagle3_fits_the_tiny_target_for_sglang(tmp_path: Path) -> None:
-    models = Path(__file__).resolve().parent.parent / "fixtures" / "models"
-    if not (models / "tiny-eagle3" / "config.json").is_file():
-        pytest.skip("tiny models not built")
-    pilot = pilot_for(tmp_path, models / "tiny-eagle3", engine="sglang", algorithm="EAGLE3",
-                      target=models / "tiny-target")
+    if not (MODELS / "tiny-eagle3" / "config.json").is_file():
+        pytest.skip(f"no tiny EAGLE-3 drafter shipped under {MODELS}")
+    pilot = pilot_for(tmp_path, MODELS / "tiny-eagle3", engine="sglang", algorithm="EAGLE3",
+                      target=MODELS / "tiny-target")
     report = check_condition(pilot, "cand")
     assert report.ok, report.summary()
     assert {"architecture", "hidden size", "aux layers", "vocabulary maps"} <= {
         c.name for c in report.checks}
-    plain = check_condition(pilot_for(tmp_path, models / "tiny-drafter", engine="sglang",
-                                      algorithm="EAGLE3", target=models / "tiny-target"), "cand")
+
+
+def test_the_shipped_plain_drafter_given_as_eagle3_is_told_to_use_standalone(
+    tmp_path: Path,
+) -> None:
+    plain = check_condition(pilot_for(tmp_path, MODELS / "tiny-drafter", engine="sglang",
+                                      algorithm="EAGLE3", target=MODELS / "tiny-target"), "cand")
     assert "speculation.algorithm STANDALONE" in failed(plain)["architecture"]
 
 
