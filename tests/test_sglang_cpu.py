@@ -20,8 +20,8 @@ import pytest
 from servers.sglang_cpu import (
     MAX_TOKENS,
     MODELS,
+    NEEDS_SGLANG,
     PROMPTS,
-    PYTHON,
     base_url,
     booted,
     generate,
@@ -37,11 +37,7 @@ from pytest_osprey.engines.sglang import SGLangEngine
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not PYTHON,
-        reason="set OSPREY_SGLANG_PYTHON to the python of an environment built by "
-        "python -m pytest_osprey.engines.sglang_cpu.build_env VENV",
-    ),
+    NEEDS_SGLANG,
     pytest.mark.skipif(
         not (MODELS / "tiny-target").is_dir(),
         reason=f"tiny models not found under {MODELS} (set OSPREY_TINY_MODELS)",

@@ -19,8 +19,8 @@ from servers.sglang_cpu import (
     EAGLE3,
     MAX_TOKENS,
     MODELS,
+    NEEDS_SGLANG,
     PROMPTS,
-    PYTHON,
     SPEC_ARGS,
     booted,
     generate,
@@ -36,11 +36,7 @@ from pytest_osprey.pilot.schema import Pilot
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not PYTHON,
-        reason="set OSPREY_SGLANG_PYTHON to the python of an environment built by "
-        "python -m pytest_osprey.engines.sglang_cpu.build_env VENV",
-    ),
+    NEEDS_SGLANG,
     pytest.mark.skipif(
         not (MODELS / "tiny-target").is_dir() or not (MODELS / "tiny-drafter").is_dir(),
         reason=f"tiny models not found under {MODELS} (set OSPREY_TINY_MODELS)",

@@ -5,25 +5,20 @@ under --osprey-dry-run. Slow. Needs ``OSPREY_SGLANG_PYTHON`` (.ci/run builds it)
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from servers.pilot_run import servers_left
+from servers.sglang_cpu import NEEDS_SGLANG
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_PILOT = ROOT / "examples" / "pilot-sglang-cpu.yaml"
 GPU_PILOT = ROOT / "examples" / "pilot-sglang-eagle3.yaml"
-PYTHON = os.environ.get("OSPREY_SGLANG_PYTHON")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not PYTHON,
-        reason="set OSPREY_SGLANG_PYTHON to the python of an environment built by "
-        "python -m pytest_osprey.engines.sglang_cpu.build_env VENV",
-    ),
+    NEEDS_SGLANG,
 ]
 
 
@@ -38,10 +33,7 @@ def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
     res = pytester.path / "res"
     meta = json.loads((res / "campaign.json").read_text())
     conditions = meta["conditions"]
-    # Every server is gone, whatever the outcome (checked by pid, not by name).
-    pids = [p for c in conditions.values() for p in c["fingerprint"].get("pids", [])]
-    alive = [p for p in pids if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    pids, alive = servers_left(conditions)
     assert pids and not alive, f"server processes left: {alive}"
     assert set(conditions) == {"baseline", "standalone", "ngram"}
     assert all(c["error"] is None for c in conditions.values()), conditions

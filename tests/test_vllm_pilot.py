@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-import psutil
 import pytest
+from servers.pilot_run import servers_left
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
@@ -74,10 +74,7 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
     res = pytester.path / "res"
     meta = json.loads((res / "campaign.json").read_text())
     conditions = meta["conditions"]
-    # Every server is gone, whatever the outcome (checked by pid, not by name).
-    pids = [p for c in conditions.values() for p in c["fingerprint"].get("pids", [])]
-    alive = [p for p in pids if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    pids, alive = servers_left(conditions)
     assert pids and not alive, f"server processes left: {alive}"
     assert all(c["error"] is None for c in conditions.values()), conditions
     assert all(c["boot_s"] for c in conditions.values()), "each condition boots exactly once"

@@ -142,6 +142,13 @@ def gone(pid: int) -> bool:
         return True
 
 
+def servers_left(conditions: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+    """(every server pid campaign.json's fingerprints name, those still alive): whatever a
+    pilot's outcome, its servers must be gone (checked by pid, never by name)."""
+    pids = [p for c in conditions.values() for p in c["fingerprint"].get("pids", [])]
+    return pids, [p for p in pids if not gone(p)]
+
+
 MARK = "OSPREY_FAKE_RUN"
 
 

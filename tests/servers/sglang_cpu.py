@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
 from pytest_osprey.engines.base import BootSpec
 from pytest_osprey.engines.sglang import SGLangEngine
@@ -23,6 +24,12 @@ from pytest_osprey.pilot.schema import Pilot
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = os.environ.get("OSPREY_SGLANG_PYTHON")
+# The tests that boot real SGLang servers run where an environment is built (CI builds one).
+NEEDS_SGLANG = pytest.mark.skipif(
+    not PYTHON,
+    reason="set OSPREY_SGLANG_PYTHON to the python of an environment built by "
+    "python -m pytest_osprey.engines.sglang_cpu.build_env VENV",
+)
 MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")
 EAGLE3 = Path(os.environ.get("OSPREY_TINY_EAGLE3") or MODELS / "tiny-eagle3")
 
