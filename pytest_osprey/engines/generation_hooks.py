@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
 
-class _OpenAIPenalties:
+class OpenAIPenalties:
     """Frequency/presence penalties with the OpenAI semantics (as SGLang and vLLM apply them):
     over the *generated* tokens only, logit -= frequency x count + presence x (count > 0)."""
 
@@ -30,7 +30,7 @@ class _OpenAIPenalties:
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
 
-class _LogitBias:
+class LogitBias:
     """Adds a bias to given token ids' logits (OpenAI logit_bias)."""
 
     def __init__(self, bias: dict[int, float]) -> None:
@@ -44,7 +44,7 @@ class _LogitBias:
         return out
 
 
-class _TokenClock:
+class StreamerClock:
     """A transformers streamer that timestamps every batch of tokens the model emits (with
     assisted generation: one batch per verify step, the accepted drafts plus one)."""
 
@@ -94,7 +94,7 @@ class _TokenClock:
         return steps, accepted
 
 
-class _Cancel:
+class CancelCriterion:
     """A stopping criterion that ends ``generate`` after the current step once the request
     is cancelled or the engine stopped (checked by transformers after every step)."""
 

@@ -31,13 +31,13 @@ from .process import (
     mask_argv,
 )
 from .sglang_stream import (
-    _abort_message,
-    _finish_reason,
-    _margins,
-    _max_running,
-    _Stream,
-    _top2_ids,
-    _verification,
+    SGLangStream,
+    abort_message,
+    finish_reason_of,
+    margins_of,
+    max_running_of,
+    top2_ids_of,
+    verification_of,
 )
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ class SGLangClient:
         return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
 
     async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
-        stream = _Stream()
+        stream = SGLangStream()
         async for now, chunk in stream_json(self.pool.get(), "/generate", self.body(req)):
             added, content = stream.take(chunk)
             if added:
@@ -219,10 +219,10 @@ class SGLangClient:
         e2e = clock.elapsed()
         meta, count, ids, tops = stream.meta, stream.count, stream.ids, stream.tops
         finish = meta.get("finish_reason")
-        if _finish_reason(finish) == "abort":
+        if finish_reason_of(finish) == "abort":
             # An abort (out of memory, a full queue, an admin's /abort_request) ends the stream
             # like a finish: the request did not complete.
-            return GenerationResult.failure(_abort_message(finish), ttft_s=clock.ttft_s,
+            return GenerationResult.failure(abort_message(finish), ttft_s=clock.ttft_s,
                                             e2e_s=e2e, itl_s=list(clock.itl_s))
         verify = meta.get("spec_verify_ct")
         verify = verify if isinstance(verify, int) and verify > 0 else None
@@ -231,10 +231,10 @@ class SGLangClient:
             accept = count / verify  # bonus token included, as SGLang defines it
         elif isinstance(meta.get("spec_accept_length"), int | float):
             accept = float(meta["spec_accept_length"])
-        margins = _margins(tops) if req.want_margins else None
+        margins = margins_of(tops) if req.want_margins else None
         if margins is not None and len(margins) != count:
             margins = None
-        top2 = _top2_ids(tops) if margins is not None else None
+        top2 = top2_ids_of(tops) if margins is not None else None
         accepted = acceptance_from_histogram(meta.get("spec_correct_drafts_histogram"))
         prompt_tokens = meta.get("prompt_tokens")
         return GenerationResult(
@@ -251,7 +251,7 @@ class SGLangClient:
             accept_length=accept,
             spec_drafts=accepted[0] if accepted else None,
             spec_accepted_per_position=accepted[1] if accepted else None,
-            finish_reason=_finish_reason(finish),
+            finish_reason=finish_reason_of(finish),
         )
 
     def server_info(self) -> dict[str, Any]:
@@ -309,8 +309,8 @@ class SGLangClient:
             else None,
             "context_length": context,
             "kv_capacity_tokens": kv_tokens,
-            "max_running_requests": _max_running(info, first),
-            "verification": _verification(info),
+            "max_running_requests": max_running_of(info, first),
+            "verification": verification_of(info),
             "streaming": streaming,
             "sampling_seed": seed,
             "args": args,

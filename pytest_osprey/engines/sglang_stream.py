@@ -8,20 +8,20 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def _finish_reason(value: Any) -> str | None:
+def finish_reason_of(value: Any) -> str | None:
     if isinstance(value, Mapping):
         kind = value.get("type")
         return str(kind) if kind is not None else None
     return str(value) if value is not None else None
 
 
-def _abort_message(value: Any) -> str:
+def abort_message(value: Any) -> str:
     """Why SGLang aborted a request (finish_reason {"type": "abort", "message": ...})."""
     message = value.get("message") if isinstance(value, Mapping) else None
     return f"aborted by the server: {message}" if message else "aborted by the server"
 
 
-def _margins(tops: Any) -> list[float] | None:
+def margins_of(tops: Any) -> list[float] | None:
     """Top-1 minus top-2 logprob per position from [[logprob, id, text], ...] rows."""
     if not isinstance(tops, list):
         return None
@@ -34,7 +34,7 @@ def _margins(tops: Any) -> list[float] | None:
     return out
 
 
-def _verification(info: Mapping[str, Any]) -> str | None:
+def verification_of(info: Mapping[str, Any]) -> str | None:
     """How drafts are verified: None without speculation; "greedy" where SGLang always
     commits the target's argmax (on CPU, whatever the request's temperature); "sampled"
     where temperature > 0 verifies by speculative sampling (greedy at temperature 0)."""
@@ -43,7 +43,7 @@ def _verification(info: Mapping[str, Any]) -> str | None:
     return "greedy" if str(info.get("device")) == "cpu" else "sampled"
 
 
-def _top2_ids(tops: Any) -> list[list[int]] | None:
+def top2_ids_of(tops: Any) -> list[list[int]] | None:
     """Top-1 and top-2 token ids per position from the same rows."""
     if not isinstance(tops, list):
         return None
@@ -53,7 +53,7 @@ def _top2_ids(tops: Any) -> list[list[int]] | None:
         return None
 
 
-def _max_running(info: Mapping[str, Any], state: Mapping[str, Any]) -> int | None:
+def max_running_of(info: Mapping[str, Any], state: Mapping[str, Any]) -> int | None:
     """The most requests the server runs at once, as resolved at boot: SGLang 0.5.23 caps
     speculative servers at 48 unless --max-running-requests says otherwise, and leaves a
     plain one at its pool's size; requests beyond the cap queue."""
@@ -65,7 +65,7 @@ def _max_running(info: Mapping[str, Any], state: Mapping[str, Any]) -> int | Non
     return value if isinstance(value, int) else None
 
 
-class _Stream:
+class SGLangStream:
     """One /generate stream read chunk by chunk, in either of SGLang's streaming modes.
 
     Incremental chunks (``--incremental-streaming-output``, how booted servers run) carry

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
 from .chat_template import template_digest
-from .generation_hooks import _Cancel, _LogitBias, _OpenAIPenalties, _TokenClock
+from .generation_hooks import CancelCriterion, LogitBias, OpenAIPenalties, StreamerClock
 from .quantize import round_weights
 
 if TYPE_CHECKING:
@@ -254,14 +254,14 @@ class TransformersEngine:
         if refused:
             return GenerationResult.failure(
                 f"unsupported by the transformers engine: {', '.join(refused)}")
-        clock = _TokenClock(start)
+        clock = StreamerClock(start)
         kwargs: dict[str, Any] = {
             "max_new_tokens": request.max_new_tokens,
             "streamer": clock,
             "return_dict_in_generate": True,
             "output_logits": request.want_margins,
             "pad_token_id": self._tokenizer.pad_token_id,
-            "stopping_criteria": StoppingCriteriaList([_Cancel(cancel, self._stopping)]),
+            "stopping_criteria": StoppingCriteriaList([CancelCriterion(cancel, self._stopping)]),
         }
         if request.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -337,10 +337,10 @@ class TransformersEngine:
 
         processors: list[Any] = []
         if request.frequency_penalty or request.presence_penalty:
-            processors.append(_OpenAIPenalties(n_prompt, request.frequency_penalty,
+            processors.append(OpenAIPenalties(n_prompt, request.frequency_penalty,
                                                request.presence_penalty))
         if request.logit_bias:
-            processors.append(_LogitBias({int(k): float(v)
+            processors.append(LogitBias({int(k): float(v)
                                           for k, v in request.logit_bias.items()}))
         if processors:
             kwargs["logits_processor"] = LogitsProcessorList(processors)

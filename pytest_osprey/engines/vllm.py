@@ -23,15 +23,13 @@ from .base import (
 from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import ServerProcess, api_key_from, choose_port, engine_env, engine_python
-from .vllm_metrics import (  # noqa: F401
-    COUNTERS,
-    PER_POSITION,
-    _margins,
-    _top2_ids,
+from .vllm_metrics import (
     accept_from,
     acceptance_from,
     counters_from,
     kv_capacity_from,
+    margins_of,
+    top2_ids_of,
 )
 
 if TYPE_CHECKING:
@@ -244,10 +242,10 @@ class OpenAIClient:
                                             itl_s=list(clock.itl_s))
         completion = usage.get("completion_tokens")
         count = completion if isinstance(completion, int) else clock.tokens
-        margins = _margins(tops) if req.want_margins else None
+        margins = margins_of(tops) if req.want_margins else None
         if margins is not None and len(margins) != count:
             margins = None
-        top2 = _top2_ids(tops) if margins is not None else None
+        top2 = top2_ids_of(tops) if margins is not None else None
         steps = spec.get("num_spec_steps")
         # Per-request summary (vLLM >= 0.32): the same histogram as SGLang's.
         accepted = acceptance_from_histogram(spec.get("acceptance_histogram"))

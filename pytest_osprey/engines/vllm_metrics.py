@@ -16,7 +16,7 @@ COUNTERS = {
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label: position
 
 
-def _margins(top: Any) -> list[float] | None:
+def margins_of(top: Any) -> list[float] | None:
     """Top-1 minus top-2 logprob per position from OpenAI ``top_logprobs`` dicts."""
     if not isinstance(top, list):
         return None
@@ -29,7 +29,7 @@ def _margins(top: Any) -> list[float] | None:
     return out
 
 
-def _top2_ids(top: Any) -> list[list[int]] | None:
+def top2_ids_of(top: Any) -> list[list[int]] | None:
     """Top-1 and top-2 token ids per position from ``top_logprobs`` dicts keyed
     ``token_id:N`` (``return_tokens_as_token_ids``); None when the keys are not ids."""
     if not isinstance(top, list):
