@@ -8,20 +8,16 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .figures import accept_lengths
+from .sheet import Sheet
 
 BOOTSTRAP = 2000
 
 
-class _Sheet(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
-
-
-class DomainRow(_Sheet):
+class DomainRow(Sheet):
     """One candidate on one domain of the trace, against one reference (`domains[]`)."""
 
     candidate: str

@@ -21,21 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict
-
 from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
+from .sheet import Sheet
 
 SECONDS_PER_HOUR = 3600.0
 NO_SAVINGS = "no break-even: savings <= 0"
 
 
-class _Sheet(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
-
-
-class ConditionCost(_Sheet):
+class ConditionCost(Sheet):
     """Serving cost of one condition at one load level (`cost.table[]`)."""
 
     condition: str
@@ -66,7 +61,7 @@ class ConditionCost(_Sheet):
     """As in figures: `x4` (closed loop) or `Poisson 2/s` (open loop)."""
 
 
-class BreakEven(_Sheet):
+class BreakEven(Sheet):
     """When a candidate's setup cost is paid back by its savings per request
     (`cost.break_even[]`), at the primary load level."""
 
@@ -94,7 +89,7 @@ class BreakEven(_Sheet):
     """Why there is no break-even, or why days are unknown; null when `days` is set."""
 
 
-class CostLimitsEntry(_Sheet):
+class CostLimitsEntry(Sheet):
     """The pilot's cost limits (`cost.limits`)."""
 
     max_cost_per_request: float | None
@@ -103,7 +98,7 @@ class CostLimitsEntry(_Sheet):
     """`limits.cost.max_break_even_days` (days); null: none."""
 
 
-class CostSection(_Sheet):
+class CostSection(Sheet):
     """Cost inputs and what they imply (`cost`)."""
 
     currency: str

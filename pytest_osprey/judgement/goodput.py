@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict
 from scipy import stats as sps
 
 from ..pilot.limits import GoodputTargets
@@ -32,14 +31,11 @@ from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .noninferiority import mcnemar_noninferiority
+from .sheet import Sheet
 from .stats import Outcome
 
 
-class _Sheet(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
-
-
-class GoodputRow(_Sheet):
+class GoodputRow(Sheet):
     """Goodput of one condition at one load level (`goodput.table[]`), greedy pass."""
 
     condition: str
@@ -60,7 +56,7 @@ class GoodputRow(_Sheet):
     """Share meeting the completion-latency target alone (0-1); null without that target."""
 
 
-class GoodputSection(_Sheet):
+class GoodputSection(Sheet):
     """The targets and every condition's goodput (`goodput`); null when the pilot sets no
     `limits.goodput`."""
 

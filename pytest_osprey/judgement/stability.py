@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict
-
 from ..results.folder import SavedCampaign
+from .sheet import Sheet
 
 DRIFT_WARN = 0.10
 """A pass-to-pass change of the baseline's latency above this (10%) is flagged."""
 
 
-class _Sheet(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
-
-
-class BlockDrift(_Sheet):
+class BlockDrift(Sheet):
     """The baseline's latency in one pass against its first (`stability.drift[]`)."""
 
     load: str
@@ -36,7 +31,7 @@ class BlockDrift(_Sheet):
     """Prompts paired (count)."""
 
 
-class BlockLoad(_Sheet):
+class BlockLoad(Sheet):
     """The host's load while one stretch ran (`stability.load[]`)."""
 
     block: int
@@ -53,7 +48,7 @@ class BlockLoad(_Sheet):
     """Wall-clock end (Unix seconds)."""
 
 
-class Stability(_Sheet):
+class Stability(Sheet):
     """Environment stability (`stability`)."""
 
     baseline: str | None
