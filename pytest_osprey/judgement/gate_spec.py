@@ -1,5 +1,5 @@
 """What each test asserts: the gates of a pilot, planned from the pilot alone (so pytest can
-collect one test per gate before anything runs), and the shape of a judged gate."""
+collect one test per gate before anything runs). A gate's shape is in gate_result.py."""
 
 from __future__ import annotations
 
