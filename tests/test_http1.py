@@ -11,6 +11,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
+import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -410,3 +414,54 @@ def test_proxy_in_the_environment_goes_through_httpx(monkeypatch: pytest.MonkeyP
 
 def test_https_goes_through_httpx() -> None:
     assert http1.lean_origin(httpx.AsyncClient(base_url="https://127.0.0.1:8000")) is None
+
+
+# ------------------------------------------------------------------ kernel receive times
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+def test_arrival_is_the_kernels_receive_time_not_when_the_loop_read_it() -> None:
+    """The server (a thread) sends an event while the client's event loop is blocked; the
+    event's arrival is when it reached the socket, not when the loop got to it 150 ms on."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    sent: list[float] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += conn.recv(65536)
+            head, _, body = buf.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Connection: close\r\n\r\n")
+            time.sleep(0.05)
+            sent.append(time.perf_counter())
+            conn.sendall(b'data: {"n": 1}\n\n')
+            time.sleep(0.3)
+            conn.sendall(b"data: [DONE]\n\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    async def client() -> list[tuple[float, str]]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+            origin = http1.lean_origin(c)
+            assert origin is not None
+            async with http1.post_json(origin, c, URL, BODY, None) as response:
+                time.sleep(0.2)  # the loop is busy elsewhere while the event arrives
+                return [e async for e in response.events()]
+
+    try:
+        events = asyncio.run(client())
+    finally:
+        thread.join(5)
+        listener.close()
+    assert [d for _, d in events] == ['{"n": 1}']
+    lag = events[0][0] - sent[0]
+    assert -0.005 < lag < 0.02, f"stamped {lag * 1e3:.1f} ms after the server's send"

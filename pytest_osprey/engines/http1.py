@@ -12,7 +12,10 @@ proxy in the environment applies. It handles:
 - 1xx interim answers (``100 Continue``...) before the final one;
 - an idle kept-alive connection the server dropped unseen: when it answers nothing at all,
   the request is sent once more, on a new connection;
-- arrival times stamped as the protocol is fed the bytes, not when their reader next runs.
+- arrival times from the kernel: on Linux each connection asks for receive timestamps
+  (SO_TIMESTAMPNS) and its bytes carry the time the kernel received their packet, not the
+  time the event loop got round to reading them; elsewhere, the time the protocol is fed
+  the bytes (not when their reader next runs).
 
 Why not httpx here: httpcore's connection pool does work on every request that grows with
 the number of connections it holds (encode/httpcore#1035), and httpx spends several times
@@ -29,6 +32,9 @@ import asyncio
 import collections
 import contextlib
 import json
+import socket
+import struct
+import sys
 import time
 import urllib.request
 import weakref
@@ -47,6 +53,57 @@ _OWN_HEADERS = frozenset(
 )  # fmt: skip
 
 
+# Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); the socket module does not name it.
+_SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@qq")
+
+
+class _KernelStampedSocket(socket.socket):
+    """A socket whose ``recv`` (what asyncio's transport calls) also keeps the kernel's
+    receive time of the data, converted to ``time.perf_counter``'s clock.
+
+    For TCP the kernel reports the newest packet read by the call; when the client keeps up
+    that is the only one, and when it lags the time is still no later than the read.
+    """
+
+    stamp: float | None = None
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, ancillary, _, _ = self.recvmsg(bufsize, 64, flags)
+        now_ns, perf_ns = time.time_ns(), time.perf_counter_ns()
+        self.stamp = None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= 16:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                # Realtime -> perf_counter: both clocks read together just above.
+                self.stamp = (sec * 1_000_000_000 + nsec - now_ns + perf_ns) / 1e9
+        return data
+
+
+async def _kernel_stamped_socket(host: str, port: int) -> _KernelStampedSocket | None:
+    """A connected non-blocking socket asking for receive timestamps; None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    loop = asyncio.get_running_loop()
+    error: OSError | None = None
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        sock = _KernelStampedSocket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            await loop.sock_connect(sock, address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+        except BaseException:  # cancelled (the connect timeout): no socket left open
+            sock.close()
+            raise
+    raise error or OSError(f"cannot resolve {host}")
+
+
 class _StampedReader(asyncio.StreamReader):
     """A StreamReader that notes when its bytes arrived.
 
@@ -60,10 +117,12 @@ class _StampedReader(asyncio.StreamReader):
         self.fed = 0  # bytes fed so far
         self.used = 0  # bytes taken by the reading side so far
         self._stamps: collections.deque[tuple[int, float]] = collections.deque()
+        self.sock: _KernelStampedSocket | None = None  # where kernel times come from
 
     def feed_data(self, data: Iterable[SupportsIndex]) -> None:
         self.fed += len(data) if isinstance(data, bytes | bytearray) else len(bytes(data))
-        self._stamps.append((self.fed, time.perf_counter()))
+        stamp = self.sock.stamp if self.sock is not None else None
+        self._stamps.append((self.fed, stamp if stamp is not None else time.perf_counter()))
         super().feed_data(data)
 
     def arrival(self, offset: int) -> float:
@@ -93,9 +152,15 @@ class Origin:
         reader = _StampedReader()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                transport, protocol = await loop.create_connection(
-                    lambda: asyncio.StreamReaderProtocol(reader, loop=loop), self.host, self.port
-                )
+                sock = await _kernel_stamped_socket(self.host, self.port)
+                if sock is None:
+                    transport, protocol = await loop.create_connection(
+                        lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                        self.host, self.port)
+                else:
+                    reader.sock = sock
+                    transport, protocol = await loop.create_connection(
+                        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), sock=sock)
         except (OSError, TimeoutError) as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
         return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
