@@ -36,6 +36,10 @@ from .requests import (
 )
 from .schedule import ReplayPlan, Stretch, plan_replay
 
+# How long a server whose requests failed may take to be seen exited (the kernel reaps it
+# after its sockets already refuse connections).
+_EXIT_WAIT_S = 5.0
+
 
 @dataclass
 class _ConditionState:
@@ -283,8 +287,10 @@ class Campaign:
                 try:
                     await asyncio.to_thread(state.engine.flush)
                 except EngineError as exc:
+                    # A refused flush usually means the server has just died: say so.
+                    died = await self._server_exit(state.engine, wait_s=_EXIT_WAIT_S)
                     self._fail(s.condition, state,
-                               f"cache flush before pass {s.pass_index + 1}: {exc}")
+                               died or f"cache flush before pass {s.pass_index + 1}: {exc}")
                     return
             state.pass_index = s.pass_index
         prompts = self.trace.by_id()
@@ -359,6 +365,7 @@ class Campaign:
                               stretch=stretch_id, loadavg=host_load())
 
         margins = mode == "greedy" and state.boot == 0 and pass_index == 0
+        failures: list[str] = []
 
         async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
             lag: float | None = None
@@ -399,6 +406,8 @@ class Campaign:
             )
             writer.write(record)
             self._records.append(record)
+            if not record.ok:
+                failures.append(record.prompt_id)
             self._tick(name, mode, level, pass_index)
 
         # Open-loop arrival times count from t_start.
@@ -410,11 +419,27 @@ class Campaign:
         entry.ended = time.time()
         entry.loadavg_end = host_load()
         self.schedule.append(entry)
+        # A dying server refuses connections before the kernel reports its exit: after failed
+        # requests, give it a moment, so the condition's error names the exit, not a symptom.
+        died = await self._server_exit(engine, wait_s=_EXIT_WAIT_S if failures else 0.0,
+                                       where=f" during pass {pass_index + 1} ({mode}, load "
+                                             f"{level})")
+        if died:
+            self._fail(name, state, died)
+
+    @staticmethod
+    async def _server_exit(engine: Engine, wait_s: float, where: str = "") -> str | None:
+        """"server exited with code N" if the engine's server process has ended (waiting up
+        to ``wait_s`` for it to be reaped), else None; None for in-process engines."""
         server = getattr(engine, "server", None)
-        code = server.returncode if server is not None else None
-        if server is not None and code is not None:
-            self._fail(name, state, f"server exited with code {code} during pass "
-                       f"{pass_index + 1} ({mode}, load {level}); log: {server.log_path}")
+        if server is None:
+            return None
+        deadline = time.monotonic() + wait_s
+        while (code := server.returncode) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if code is None:
+            return None
+        return f"server exited with code {code}{where}; log: {server.log_path}"
 
     def _tick(self, name: str, mode: str, level: str, pass_index: int) -> None:
         """Progress: requests done in this pass (greedy, every condition) or sampled pass."""
