@@ -40,6 +40,6 @@ def test_log_per_condition(tmp_path: Path) -> None:
     log = (tmp_path / "logs" / "baseline.log").read_text("utf-8").splitlines()
     assert "loading target" in log[0] and "float32 on cpu" in log[0]
     assert "speculation off" in log[0]
-    assert any("ready after" in line and "1 threads" in line for line in log)
+    assert any("ready after" in line and "1 thread(s)" in line for line in log)
     assert any("request long failed: prompt" in line for line in log)
     assert "stopped: served 2 request(s), 1 failed" in log[-1]

@@ -129,7 +129,10 @@ def test_setup_block_says_what_ran_and_what_load_means() -> None:
         started_at=1_767_225_600.0,
         conditions={"baseline": {"role": "baseline", "fingerprint": FP},
                     "cand": {"role": "candidate", "fingerprint": {
-                        **FP, "drafter": "models/d", "num_draft_tokens": 4}}}))
+                        **FP, "drafter": "models/d", "num_draft_tokens": 4}},
+                    "looped": {"role": "candidate", "fingerprint": {
+                        **FP, "drafter": "models/e", "num_draft_tokens": 3,
+                        "draft_loop": "engine"}}}))
     rows = dict(setup_rows(m))
     assert rows["engine"] == "transformers 4.57.1 (torch 2.13.0)"
     assert rows["hardware"] == "x86_64 (2 CPUs)" == hardware(m)
@@ -138,6 +141,8 @@ def test_setup_block_says_what_ran_and_what_load_means() -> None:
     assert rows["warm-up"].startswith("3 request(s)")
     assert "one request at a time" in rows["load levels"] and "queueing" in rows["load levels"]
     assert rows["drafter of cand"] == "models/d, 4 tokens drafted per step"
+    assert rows["drafter of looped"] == ("models/e, 3 tokens drafted per step "
+                                         "(the engine's draft loop)")
     assert rows["started"] == "2026-01-01 00:00 UTC"
     label, short, _ = memory_basis(m)
     assert label == "weights MiB" and "not a peak" in short and "weights MiB" in rows

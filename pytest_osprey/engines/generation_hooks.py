@@ -94,6 +94,28 @@ class StreamerClock:
         return steps, accepted
 
 
+class StopStrings:
+    """A stopping criterion that ends ``generate`` once the generated text contains one of
+    ``stops``. transformers' own ``stop_strings`` cannot be used with a drafter of the same
+    tokenizer (assisted generation then asks for a tokenizer it does not pass on), and one
+    rule for every condition keeps their outputs comparable. The engine cuts the text at the
+    first stop string afterwards, as the OpenAI/SGLang convention has it."""
+
+    def __init__(self, tokenizer: Any, prompt_len: int, stops: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_len = prompt_len
+        self.stops = stops
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor,
+                 **kwargs: Any) -> torch.Tensor:
+        import torch
+
+        text = self.tokenizer.decode(input_ids[0, self.prompt_len:], skip_special_tokens=True)
+        stop = any(s in text for s in self.stops)
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool,
+                          device=input_ids.device)
+
+
 class CancelCriterion:
     """A stopping criterion that ends ``generate`` after the current step once the request
     is cancelled or the engine stopped (checked by transformers after every step)."""

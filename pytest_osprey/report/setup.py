@@ -128,7 +128,7 @@ def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
         parts.append(dtype)
     threads = _common(meta, "threads")
     if threads:
-        parts.append(f"{threads} threads")
+        parts.append(f"{threads} thread{'' if str(threads) == '1' else 's'}")
     order = meta.order or (pilot.load.order if pilot else None)
     parts.append(_design(meta, order))
     warm = meta.warmup_requests if meta.warmup_requests is not None else (
@@ -154,8 +154,12 @@ def setup_rows(meta: CampaignFile, pilot: Pilot | None = None) -> list[tuple[str
         fp = info.fingerprint
         if fp.get("drafter"):
             k = fp.get("num_draft_tokens")
+            loop = {"engine": "the engine's draft loop",
+                    "transformers": "transformers' assisted generation",
+                    }.get(str(fp.get("draft_loop")))
             rows.append((f"drafter of {name}", str(fp["drafter"])
-                         + (f", {k} tokens drafted per step" if k else "")))
+                         + (f", {k} tokens drafted per step" if k else "")
+                         + (f" ({loop})" if loop else "")))
     order = meta.order or (pilot.load.order if pilot else None)
     rows.append(("replay", _design(meta, order, long=True)))
     warm = meta.warmup_requests if meta.warmup_requests is not None else (
