@@ -1,15 +1,21 @@
-"""Accept length and wall-clock speedup of the tiny drafters on the shipped trace (greedy, k=4).
+"""Accept length and wall-clock speedup of the tiny drafters on the shipped trace (greedy, k=4),
+pooled and per domain and slice.
 
 Targets on a 2-core CPU: tiny-drafter accept length >= 2.5 and speedup >= 1.3x over
-speculation off; tiny-drafter-weak accept length <= 1.5 and speedup < 1.0.
+speculation off; tiny-drafter-weak accept length <= 1.5 and speedup < 1.0. Accept length is
+the embedded engine's: output tokens per target forward (the prefill verifies the first
+drafts). Speedup is the ratio of summed completion times (baseline / condition); conditions are
+interleaved per prompt so that drift on a shared machine hits all alike.
 
-    python benchmarks/embedded_speedup.py [--tokens 64] [--prompts 50] [--models fixtures/models]
+    python benchmarks/embedded_speedup.py [--tokens 48] [--prompts 50] [--models fixtures/models]
+        [--threads 1] [--drafter NAME=DIR ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from pathlib import Path
@@ -27,23 +33,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=ROOT / "fixtures" / "models")
     ap.add_argument("--trace", type=Path, default=ROOT / "prompts" / "pilot.jsonl")
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--drafter", action="append", default=[], metavar="NAME=DIR",
+                    help="a further drafter, interleaved with the shipped ones (repeatable)")
     args = ap.parse_args()
     spec = Speculation(algorithm="assisted", num_draft_tokens=args.k)
+    conditions = {
+        "baseline": Condition(role="baseline"),
+        "tiny-drafter": Condition(role="candidate", drafter=args.models / "tiny-drafter",
+                                  speculation=spec),
+        "tiny-drafter-weak": Condition(role="candidate", drafter=args.models / "tiny-drafter-weak",
+                                       speculation=spec),
+    }
+    for item in args.drafter:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_dir():
+            ap.error(f"--drafter {item}: expected NAME=DIR, DIR a model directory")
+        if name in conditions:
+            ap.error(f"--drafter {item}: the name {name} is taken")
+        conditions[name] = Condition(role="candidate", drafter=Path(path), speculation=spec)
     pilot = Pilot(
         target=Target(model=str(args.models / "tiny-target"), context_length=1024,
                       threads=args.threads),
-        conditions={
-            "baseline": Condition(role="baseline"),
-            "tiny-drafter": Condition(role="candidate", drafter=args.models / "tiny-drafter",
-                                      speculation=spec),
-            "tiny-drafter-weak": Condition(role="candidate",
-                                           drafter=args.models / "tiny-drafter-weak",
-                                           speculation=spec),
-        },
+        conditions=conditions,
         trace=TraceSpec(files=[args.trace]),
     )
     prompts = load_trace([args.trace]).prompts[: args.prompts]
@@ -60,6 +75,7 @@ def main() -> None:
     for eng in engines.values():
         asyncio.run(eng.generate(GenerationRequest("w", "def main():", 8, want_margins=False)))
     t0 = time.perf_counter()
+    load0 = os.getloadavg()
     for p in prompts:
         for name, eng in engines.items():
             text = render_prompt(p, eng._tokenizer)
@@ -76,7 +92,10 @@ def main() -> None:
 
     print(f"{len(prompts)} prompts x {args.tokens} tokens, k={args.k}, "
           f"{torch.get_num_threads()} threads, "
-          f"{time.perf_counter() - t0:.0f}s total")
+          f"{time.perf_counter() - t0:.0f}s total, load average {load0[0]:.2f} -> "
+          f"{os.getloadavg()[0]:.2f}; drafting: "
+          + ", ".join(f"{n} {e.fingerprint()['draft_loop']}" for n, e in engines.items()
+                      if n != "baseline"))
     print(f"{'condition':<20}{'ms/token':>10}{'speedup':>10}{'accept(pooled)':>16}"
           f"{'accept(mean)':>14}{'identical':>11}")
     for name in engines:
@@ -86,6 +105,22 @@ def main() -> None:
         same = sum(a == b for a, b in zip(outputs[name], outputs["baseline"], strict=True))
         print(f"{name:<20}{ms:>10.2f}{base_ms / ms:>9.2f}x{pooled:>16.2f}{mean:>14.2f}"
               f"{same:>8}/{len(prompts)}")
+    groups: dict[str, list[int]] = {f"{p.slice}/{p.domain}": [] for p in prompts}
+    for i, p in enumerate(prompts):
+        groups[f"{p.slice}/{p.domain}"].append(i)
+    for sl in sorted({p.slice for p in prompts}):
+        groups[f"{sl} (all)"] = [i for i, p in enumerate(prompts) if p.slice == sl]
+    groups["pooled"] = list(range(len(prompts)))
+    drafted = [n for n in engines if n != "baseline"]
+    print(f"\n{'domain':<24}{'n':>4}" + "".join(f"{n + ' accept':>26}{'speedup':>9}"
+                                                  for n in drafted))
+    for group, idx in groups.items():
+        row = f"{group:<24}{len(idx):>4}"
+        base = sum(per["baseline"][i] for i in idx)
+        for n in drafted:
+            acc = sum(tokens[n][i] for i in idx) / max(1, sum(verify[n][i] for i in idx))
+            row += f"{acc:>26.2f}{base / sum(per[n][i] for i in idx):>8.2f}x"
+        print(row)
 
 
 if __name__ == "__main__":

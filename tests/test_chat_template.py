@@ -39,7 +39,7 @@ TRACE = Trace.from_prompts([prompt("chat", messages=CHAT), prompt("plain", PLAIN
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny target with a chat template in its tokenizer_config.json."""
+    """The tiny target with this test's chat template (it ships one of its own)."""
     if not (TINY_TARGET / "config.json").is_file():
         pytest.skip(f"no tiny target at {TINY_TARGET}")
     folder = tmp_path_factory.mktemp("chat-target")
@@ -51,6 +51,8 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    # transformers reads chat_template.jinja first where a tokenizer folder has one.
+    (folder / "chat_template.jinja").write_text(TEMPLATE)
     return folder
 
 
@@ -107,7 +109,17 @@ def test_the_embedded_engine_is_sent_the_chat_template(
 
 
 def test_without_a_template_chats_use_the_plain_layout_and_say_so(tmp_path: Path) -> None:
-    tokenizer, said = load_chat_tokenizer(str(TINY_TARGET))
+    if not (TINY_TARGET / "config.json").is_file():
+        pytest.skip(f"no tiny target at {TINY_TARGET}")
+    bare = tmp_path / "no-template"  # the tiny target ships a template: a copy without it
+    bare.mkdir()
+    for item in TINY_TARGET.iterdir():
+        if item.name != "chat_template.jinja":
+            shutil.copy(item, bare / item.name)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer, said = load_chat_tokenizer(str(bare))
     assert tokenizer is None and "no chat template" in said
     assert template_digest(tokenizer) == "none"
     assert render_prompt(TRACE.prompts[0], tokenizer) == (

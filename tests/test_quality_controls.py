@@ -7,11 +7,11 @@ What the shipped tiny models actually show (24 new tokens, the 50 pilot prompts)
   outputs change, most at positions where the float32 reference was confident (margins up to
   ~0.2 nats, above the near-tie epsilon): *genuine* divergences, so greedy identity fails, and
   the fairness gate names the quantization. fp8 weights change 3 of 50 (one genuine).
-* **Precision change, bfloat16 compute**: a few outputs (3-4 of 50) flip, every time at a
-  near-tie (margin < 0.01); float16 changes nothing. The control proves the classification:
-  flips found, margins and the baseline's top-2 ids recorded, each flip onto the baseline's
-  runner-up (a near-tie), and a strict pilot (``max_near_tie_rate: 0``, no identical-condition
-  control in this one-block run) fails the condition.
+* **Precision change, bfloat16 compute**: some outputs flip (near-ties onto the baseline's
+  runner-up and, on the current tiny target, genuine ones too). The control proves the
+  classification: flips found, margins and the baseline's top-2 ids recorded, each flip
+  classified by the near-tie rule, and a strict pilot (``max_near_tie_rate: 0``, no
+  identical-condition control in this one-block run) fails the condition.
 * **Assisted greedy decoding with the real tiny drafter** (transformers ``assistant_model``,
   k=4, constant schedule): token-for-token identical on every prompt (16 of 16 tried; the weak
   drafter too), with a real speculation effect (accept length > 1): the gate passes.
@@ -19,8 +19,9 @@ What the shipped tiny models actually show (24 new tokens, the 50 pilot prompts)
   sampled-distribution gate at the default budget (16 prompts x 32 samples x 8 positions);
   the same engine passes it. Each condition draws with its own seeds, as the campaign does.
   A sampler only slightly off (temperature 1.0 served for 0.8) is found on some draws, not
-  all, on this very flat target (entropy ~6.5 nats): 2 of 3 independent realizations, p=0.003,
-  0.003, 0.19 (benchmarks/distribution_power.py measures it, slowly, on real trajectories);
+  all, on a flat target (the earlier tiny target, entropy ~6.5 nats): 2 of 3 independent
+  realizations, p=0.003, 0.003, 0.19 (benchmarks/distribution_power.py measures it, slowly,
+  on real trajectories);
   with seeds shared across conditions it went undetected (p=0.05: coupled samples).
 """
 
@@ -134,12 +135,13 @@ def test_precision_change_fails_greedy_identity(campaign: tuple[Pilot, SavedCamp
     assert res.compared == PROMPTS and res.control is None  # one block, one level
     assert divergences, "bf16 changed no greedy output: the control shows nothing"
     assert all(d.margin is not None and d.runner_up is not None for d in divergences)
-    # Measured on the shipped tiny models: every bf16 flip lands on the baseline's runner-up
-    # at a near-tie (margin < 0.01).
-    assert all(d.near_tie and d.candidate_token == d.runner_up for d in divergences), divergences
-    assert res.test.method == "fixed" and res.test.outcome == "fail", res.test
+    # Each flip is classified by the rule: a near-tie only onto the baseline's runner-up at a
+    # margin within epsilon; anything else is genuine.
+    eps = q.near_tie_epsilon
+    assert all(d.near_tie == (d.margin <= eps and d.candidate_token == d.runner_up)
+               for d in divergences if d.margin is not None), divergences
     outcome, summary = _gate(pilot, data, "bf16")
-    assert outcome == "fail", summary
+    assert outcome == "fail", summary  # genuine flips, or near-ties beyond a zero rate
 
 
 def test_int4_weights_fail_greedy_identity_with_genuine_divergences(

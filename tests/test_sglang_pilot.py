@@ -1,6 +1,7 @@
-"""The SGLang examples through the plugin: examples/pilot-sglang-cpu.yaml end to end (three
-real SGLang 0.5.23 boots on CPU), and examples/pilot-sglang-eagle3.yaml (a GPU deployment)
-under --osprey-dry-run. Slow. Needs ``OSPREY_SGLANG_PYTHON`` (.ci/run builds it)."""
+"""The SGLang examples through the plugin: examples/pilot-sglang-cpu.yaml end to end (four
+real SGLang 0.5.23 boots on CPU: plain, STANDALONE, EAGLE3, NGRAM), and
+examples/pilot-sglang-eagle3.yaml (a GPU deployment) under --osprey-dry-run. Slow. Needs
+``OSPREY_SGLANG_PYTHON`` (.ci/run builds it)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
     conditions = meta["conditions"]
     pids, alive = servers_left(conditions)
     assert pids and not alive, f"server processes left: {alive}"
-    assert set(conditions) == {"baseline", "standalone", "ngram"}
+    assert set(conditions) == {"baseline", "standalone", "eagle3", "ngram"}
     assert all(c["error"] is None for c in conditions.values()), conditions
     assert all(c["boot_s"] for c in conditions.values()), "each condition boots exactly once"
     assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out
@@ -43,10 +44,11 @@ def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
     fps = {n: c["fingerprint"] for n, c in conditions.items()}
     assert {fp["version"] for fp in fps.values()} == {"0.5.23"}
     assert {fp["streaming"] for fp in fps.values()} == {"incremental"}
-    assert fps["standalone"]["verification"] == "greedy"  # SGLang on CPU verifies greedily
+    for cand in ("standalone", "eagle3"):  # SGLang on CPU verifies greedily
+        assert fps[cand]["verification"] == "greedy", fps[cand]
     summary = json.loads((res / "summary.json").read_text())
     outcomes = {(g["kind"], g["id"]): g["outcome"] for g in summary["gates"]}
-    for cand in ("standalone", "ngram"):
+    for cand in ("standalone", "eagle3", "ngram"):
         # Greedy output is the plain server's, whatever the speed: the verdict is SGLang's.
         assert outcomes[("greedy_identity", f"{cand}-vs-baseline")] == "pass", outcomes
         assert outcomes[("fairness", f"{cand}-vs-baseline")] == "pass", outcomes
@@ -57,14 +59,17 @@ def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
     assert records and all(r["ok"] for r in records), [r["error"] for r in records]
     drafted = [r for r in records if r["condition"] == "standalone"]
     assert all(r["spec_verify_ct"] and r["accept_length"] >= 1.0 for r in drafted)
+    headed = [r for r in records if r["condition"] == "eagle3"]
+    assert all(r["spec_verify_ct"] and r["accept_length"] >= 1.0 for r in headed)
     # Logprobs only where greedy identity reads them: the first pass.
     assert all((r["top2_margin"] is not None) == (r["repetition"] == 0) for r in records)
     tokens = sum(r["output_tokens"] for r in drafted)
     accept = tokens / sum(r["spec_verify_ct"] for r in drafted)
     verdicts = {v["candidate"]: v["verdict"] for v in summary["verdicts"]}
     boots = {n: round(c["boot_s"], 1) for n, c in conditions.items()}
-    print(f"\nSGLang CPU pilot: {wall:.0f} s; boots {boots}; STANDALONE pooled accept length "
-          f"{accept:.2f}; verdicts {verdicts}")
+    accept3 = sum(r["output_tokens"] for r in headed) / sum(r["spec_verify_ct"] for r in headed)
+    print(f"\nSGLang CPU pilot: {wall:.0f} s; boots {boots}; pooled accept length STANDALONE "
+          f"{accept:.2f}, EAGLE3 {accept3:.2f}; verdicts {verdicts}")
 
 
 def test_sglang_eagle3_example_passes_the_dry_run(pytester: pytest.Pytester) -> None:
