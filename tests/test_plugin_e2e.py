@@ -24,6 +24,7 @@ target:
   engine: transformers
   model: {MODELS / "tiny-target"}
   context_length: 1024
+  threads: 1  # two threads on two shared cores wait on each other's stragglers: noisy
 conditions:
   baseline: {{role: baseline}}
   cand:
@@ -189,7 +190,7 @@ def _check_benchmark_json(pytester: pytest.Pytester) -> None:
 
 @pytest.mark.slow
 def test_weak_drafter_pilot_fails_on_speed(pytester: pytest.Pytester) -> None:
-    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter-weak", speedup_min=1.1, prompts=8))
+    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter-weak", speedup_min=1.1, prompts=12))
     result = pytester.runpytest_subprocess(
         "--osprey-config=pilot.yaml", "--osprey-results=res", "-p", "no:cacheprovider",
         timeout=600,
