@@ -17,7 +17,8 @@ The stub sends its chunks back to back. Spaced chunks cost each a wake-up of the
 same per step for both streams by construction, and on a shared 2-core VM the CPU time of
 those wake-ups swung one round's cost between 37 and 103 ms (1 ms gaps): medians of 7 pairs
 missed the 10% either way. Back to back, what is measured is the work on each chunk's
-content, where the two streams can differ: medians over 21 pairs 1.00-1.07 in six runs.
+content, where the two streams can differ: per-step medians 1.02-1.07 in six runs, 1.06-1.08
+beside two busy loops.
 Both sides of a pair run the same number of requests, so the per-request cost cancels.
 """
 
@@ -40,6 +41,7 @@ STUB = Path(__file__).resolve().parents[1] / "benchmarks" / "stub_server.py"
 SHORT, LONG = 48, 384
 PAIRS = 21
 REQUESTS = 3  # per round on each side: about 30 ms of client CPU
+TOKENS = REQUESTS * LONG  # decoding steps (1-token chunks) or tokens per round
 
 
 class Stub:
@@ -113,10 +115,9 @@ def test_a_baseline_and_a_drafter_stream_cost_the_client_alike(
     # Both rounds stream REQUESTS x LONG decoding steps: 1-token chunks, or 4-token ones.
     per_step, one, four = cost_ratio((stubs[1, False].url, LONG, REQUESTS, False),
                                      (stubs[4, False].url, 4 * LONG, REQUESTS, False))
-    steps = REQUESTS * LONG
-    print(f"\nclient CPU per step: 1-token chunks {one / steps * 1e6:.1f} us, 4-token chunks "
-          f"{four / steps * 1e6:.1f} us (median ratio {per_step:.3f}); per token "
-          f"{one / steps * 1e6:.1f} vs {four / (4 * steps) * 1e6:.1f} us")
+    print(f"\nclient CPU per step: 1-token chunks {one / TOKENS * 1e6:.1f} us, 4-token chunks "
+          f"{four / TOKENS * 1e6:.1f} us (median ratio {per_step:.3f}); per token "
+          f"{one / TOKENS * 1e6:.1f} vs {four / (4 * TOKENS) * 1e6:.1f} us")
     assert 1 / 1.10 <= per_step <= 1.10
 
 
@@ -126,12 +127,11 @@ def test_the_client_cost_per_token_does_not_grow_with_the_output(
 ) -> None:
     for chunk in (1, 4):
         url = stubs[chunk, False].url
-        # The same tokens per round: LONG // SHORT short requests, or one long one.
-        growth, short, long = cost_ratio((url, SHORT, REQUESTS * LONG // SHORT, margins),
+        # The same tokens per round: TOKENS // SHORT short requests, or REQUESTS long ones.
+        growth, short, long = cost_ratio((url, SHORT, TOKENS // SHORT, margins),
                                          (url, LONG, REQUESTS, margins))
-        tokens = REQUESTS * LONG
-        print(f"\n{chunk}-token chunks, logprobs {margins}: {short / tokens * 1e6:.1f} us/token "
-              f"at {SHORT} tokens, {long / tokens * 1e6:.1f} at {LONG} (median ratio "
+        print(f"\n{chunk}-token chunks, logprobs {margins}: {short / TOKENS * 1e6:.1f} us/token "
+              f"at {SHORT} tokens, {long / TOKENS * 1e6:.1f} at {LONG} (median ratio "
               f"{growth:.3f})")
         assert growth <= 1.10
 
@@ -140,9 +140,8 @@ def test_cumulative_chunks_with_logprobs_grow_and_the_check_sees_it(
     stubs: dict[tuple[int, bool], Stub],
 ) -> None:
     url = stubs[1, True].url
-    growth, short, long = cost_ratio((url, SHORT, REQUESTS * LONG // SHORT, True),
+    growth, short, long = cost_ratio((url, SHORT, TOKENS // SHORT, True),
                                      (url, LONG, REQUESTS, True))
-    tokens = REQUESTS * LONG
-    print(f"\ncumulative, logprobs: {short / tokens * 1e6:.1f} us/token at {SHORT} tokens, "
-          f"{long / tokens * 1e6:.1f} at {LONG} (median ratio {growth:.3f})")
+    print(f"\ncumulative, logprobs: {short / TOKENS * 1e6:.1f} us/token at {SHORT} tokens, "
+          f"{long / TOKENS * 1e6:.1f} at {LONG} (median ratio {growth:.3f})")
     assert growth > 2
