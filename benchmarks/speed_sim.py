@@ -59,6 +59,7 @@ class Noise:
     slow_factor: float = 3.0
     switch_penalty: float = 0.0
     pass_slowdown: tuple[float, float] = (0.0, 0.0)  # one pass slowed by U(lo, hi)
+    slowdown_reference_only: bool = False  # that pass slowed for the reference alone (a bias)
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,8 @@ def simulate(
     if hi > 0:
         which = rng.integers(0, design.boots * design.passes, n_sims)[:, None]
         slowed = (boot * design.passes + pas) == which
+        if noise.slowdown_reference_only:
+            slowed &= cond == 0
         noise_log += np.log1p(rng.uniform(lo, hi, (n_sims, 1))) * slowed
 
     latency = np.exp(log_lat + noise_log)
@@ -331,7 +334,7 @@ def looks_of(design: Design) -> int:
 
 
 def z_scores(
-    c: Campaigns, level: str, metric: Metric, log_values: list[float], look: int = 0
+    c: Campaigns, level: str, metric: Metric, log_values: list[float | FloatArray], look: int = 0
 ) -> tuple[list[FloatArray], FloatArray]:
     """Per log value v: z of the deciding test of log speedup vs v (normal scale), and the
     number of clusters, at ``look`` (0: all data)."""
@@ -349,18 +352,35 @@ def z_scores(
     return out, np.zeros(0)
 
 
-def unstable(c: Campaigns, look: int = 0) -> npt.NDArray[np.bool_]:
-    """The drift check's verdict per campaign (every series: each condition at each level
-    against itself), on the data of ``look`` (0: all)."""
+def drift_state(c: Campaigns, look: int = 0) -> tuple[npt.NDArray[np.bool_], FloatArray]:
+    """The drift check per campaign as the gate runs it (the reference and the candidate at
+    every level, each against itself; the bias bound from the pairs at each level), on the
+    data of ``look`` (0: all): (unstable, log bias bound)."""
     from pytest_osprey.judgement.speed_drift import drift_batch
 
     n_looks = looks_of(c.design)
-    series = []
-    for side in (c.reference, c.candidate):
-        for level, lat in side.items():
-            series.append((_upto(lat, c.design, look, n_looks) if look else lat,
-                           c.blocks[level]))
-    return drift_batch(series)[0]
+    names = c.design.level_names()
+    series = [(_upto(side[name], c.design, look, n_looks) if look else side[name],
+               c.blocks[name]) for side in (c.reference, c.candidate) for name in names]
+    n = len(names)
+    batch = drift_batch(series, pairs=[(i, i + n) for i in range(n)])
+    return batch.unstable, batch.log_bias_bound
+
+
+def unstable(c: Campaigns, look: int = 0) -> npt.NDArray[np.bool_]:
+    """The drift check's verdict per campaign (see ``drift_state``)."""
+    return drift_state(c, look)[0]
+
+
+def _drift_vetoed(
+    c: Campaigns, keep: npt.NDArray[np.bool_], threshold: float, metric: Metric, crit: float,
+    look: int = 0,
+) -> npt.NDArray[np.bool_]:
+    """Keeps the gate withholds: unstable and not kept against the threshold raised by the
+    bias bound (the same event as CI low / threshold <= bias bound, ``Drift.vetoes``)."""
+    shaky, bias = drift_state(c, look)
+    (z,), _ = z_scores(c, c.design.primary, metric, [math.log(threshold) + bias], look)
+    return keep & shaky & (z < crit)
 
 
 def fixed_outcomes(
@@ -368,14 +388,15 @@ def fixed_outcomes(
     level: str | None = None, drift: bool = True,
 ) -> IntArray:
     """KEEP / INCONCLUSIVE / DROP codes of the fixed design (all data, one test); with
-    ``drift`` an unstable environment turns KEEP into INCONCLUSIVE, as the gate does."""
+    ``drift`` an unstable environment that could account for the margin turns KEEP into
+    INCONCLUSIVE, as the gate does."""
     from scipy import stats
 
     (z,), _ = z_scores(c, level or c.design.primary, metric, [math.log(threshold)])
     crit = float(stats.norm.isf(alpha))
     code = np.where(z >= crit, KEEP, np.where(-z >= crit, DROP, INCONCLUSIVE))
     if drift:
-        code[(code == KEEP) & unstable(c)] = INCONCLUSIVE
+        code[_drift_vetoed(c, code == KEEP, threshold, metric, crit)] = INCONCLUSIVE
     return code
 
 
@@ -384,7 +405,10 @@ def sequential_outcomes(
     futility_power: float = 0.20, rho: float = 2.0, drift: bool = True,
 ) -> tuple[IntArray, IntArray]:
     """(decision code, looks used) of the group-sequential design per campaign; an unstable
-    environment turns a keep into "continue" (inconclusive at the last look)."""
+    environment that could account for the margin turns a keep into "continue" (inconclusive
+    at the last look)."""
+    from scipy import stats
+
     from pytest_osprey.judgement.speed_sequential import decide, sequential_plan
 
     looks = looks_of(c.design)
@@ -396,7 +420,8 @@ def sequential_outcomes(
         (z,), _ = z_scores(c, c.design.primary, metric, [math.log(threshold)], look)
         now = decide(z, plan, look)
         if drift:
-            vetoed = (now == KEEP) & unstable(c, look)
+            vetoed = _drift_vetoed(c, now == KEEP, threshold, metric,
+                                   float(stats.norm.isf(alpha)), look)
             now[vetoed] = INCONCLUSIVE if look == looks else -1
         fresh = (code == -1) & (now != -1)
         code[fresh] = now[fresh]

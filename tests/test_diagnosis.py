@@ -178,6 +178,19 @@ def test_inconclusive_reason_keeps_the_advice_and_drops_p_values() -> None:
                            "paired prompts would settle it)")
 
 
+def test_a_keep_held_back_by_an_unstable_machine_says_so_not_straddles() -> None:
+    p = make_pilot()
+    gate = speed("cand", "concurrent", 1.3, 1.2, 1.4, reason=(
+        "unstable environment: baseline ran +60% in boot 1 pass 2 against the other passes "
+        "(p=0.001; tolerance 20%); a change that size could move the speedup by 1.60x"))
+    gate.outcome = "inconclusive"
+    d = run(p, [gate, identity("cand")], 2.5)
+    assert d.verdict == "INCONCLUSIVE"
+    (reason,) = d.reasons
+    assert reason.text == ("1.30x [1.20, 1.40], clears the 1.10x needed, but the machine's "
+                           "speed changed by enough to account for the margin")
+
+
 def test_other_reasons_are_short_and_named() -> None:
     p = make_pilot()
     failing = GateResult(GateSpec("latency", "cand", load="low", index=0), "fail",

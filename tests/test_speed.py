@@ -19,7 +19,7 @@ from pytest_osprey.judgement.speed import (
     speed_test,
 )
 from pytest_osprey.judgement.speed_advice import advise
-from pytest_osprey.judgement.speed_drift import drift_check
+from pytest_osprey.judgement.speed_drift import Drift, drift_check
 from pytest_osprey.judgement.speed_sequential import (
     _bounds,
     decide,
@@ -173,21 +173,62 @@ def test_too_few_prompts_or_bad_arguments_are_refused() -> None:
 # --------------------------------------------------------------------------- drift
 
 
-def test_a_pass_slowed_for_everyone_is_caught_and_vetoes_keep() -> None:
-    data = campaign(1.5, noise=0.05, passes=2, seed=7)
-    slow = np.array([1.0, 1.4])[None, :, None]
-    shifted = PairedLatencies(data.reference * slow, data.candidate * slow, BLOCKS, IDS)
-    drift = drift_check([(shifted.reference, BLOCKS), (shifted.candidate, BLOCKS)])
-    assert drift is not None and drift.unstable
+def slowed(data: PairedLatencies, factor: float, everyone: bool = True) -> PairedLatencies:
+    """``data`` with its second pass slowed by ``factor`` (for the reference alone: a bias)."""
+    slow = np.array([1.0, factor])[None, :, None]
+    return PairedLatencies(data.reference * slow, data.candidate * (slow if everyone else 1.0),
+                           BLOCKS, IDS)
+
+
+def drift_of(data: PairedLatencies) -> Drift:
+    drift = drift_check([(data.reference, BLOCKS), (data.candidate, BLOCKS)])
+    assert drift is not None
+    return drift
+
+
+def test_a_pass_slowed_for_everyone_is_caught_noted_and_cancels() -> None:
+    data = campaign(1.2, noise=0.05, passes=2, seed=7)
+    shifted = slowed(data, 1.4)
+    drift = drift_of(shifted)
+    assert drift.unstable and drift.series == ""  # every condition: the pooled test names none
     assert drift.estimate == pytest.approx(1.4, rel=0.1) or drift.estimate == pytest.approx(
         1 / 1.4, rel=0.1)
     assert drift.ci_low <= drift.estimate <= drift.ci_high
+    assert drift.bias_bound < 1.1  # both conditions slowed alike: the ratio is untouched
     res = speed_test(shifted, drift=drift)
-    assert res.gating.outcome == "pass"  # the ratio itself is fine: the slowdown cancels
-    assert res.outcome == "inconclusive" and "unstable" in res.reason
-    calm = drift_check([(data.reference, BLOCKS), (data.candidate, BLOCKS)])
-    assert calm is not None and not calm.unstable
-    assert speed_test(data, drift=calm).outcome == "pass"
+    assert res.outcome == "pass" and not res.reason
+    assert any(n.startswith("unstable environment: every condition ran")
+               and "keep holds" in n for n in res.notes)
+    calm = drift_of(data)
+    assert not calm.unstable and speed_test(data, drift=calm).outcome == "pass"
+
+
+def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep() -> None:
+    """Only the baseline slowed in one pass: the speedup is biased upward, by half the change
+    with two passes. No real speedup: the interval clears 1.0 on the bias alone, and the drift
+    check must hold it back, naming the condition."""
+    biased = slowed(campaign(1.0, noise=0.05, passes=2, seed=8), 1.6, everyone=False)
+    drift = drift_check([(biased.reference, BLOCKS), (biased.candidate, BLOCKS)],
+                        names=("base", "cand"))
+    assert drift is not None and drift.unstable and drift.series == "base"
+    assert drift.bias_bound == pytest.approx(1.6, rel=0.15)
+    res = speed_test(biased, drift=drift)
+    assert res.gating.outcome == "pass"  # the bias alone clears the threshold
+    assert res.outcome == "inconclusive"
+    assert res.reason.startswith("unstable environment: base ran +6")  # +60% in pass 2
+    assert "more than its margin" in res.reason
+
+
+def test_a_keep_whose_margin_dwarfs_the_bias_stands_with_a_note() -> None:
+    shifted = slowed(campaign(2.0, noise=0.05, passes=2, seed=7), 1.3, everyone=False)
+    drift = drift_of(shifted)
+    assert drift.unstable and drift.bias_bound == pytest.approx(1.3, rel=0.1)
+    res = speed_test(shifted, drift=drift)
+    assert res.gating.ci_low > drift.bias_bound
+    assert res.outcome == "pass" and not res.reason
+    assert any("keep holds" in n for n in res.notes)
+    # The same campaign against a minimum the bias could reach is held back.
+    assert speed_test(shifted, threshold=1.8, drift=drift).outcome == "inconclusive"
 
 
 def test_drift_needs_two_pass_instances() -> None:

@@ -111,6 +111,34 @@ def test_drift_check_catches_a_pass_slowed_30_to_70_percent(model: str) -> None:
     assert_rate_at_least(int(np.sum(unstable(c))), n, 0.95, f"drift caught on {model}")
 
 
+@pytest.mark.parametrize(("model", "passes"), [
+    ("independent", 2), ("independent", 4), ("reference", 4), ("mixed", 4),
+])
+def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep(model: str, passes: int) -> None:
+    """A bias, not noise: one pass of the reference alone runs 30-70% slower, so the speedup
+    of a drafter that gains nothing is inflated. Unchecked, that buys false keeps far above
+    alpha; the drift check must hold them back (the fixed design: a group-sequential look
+    taken before the second pass has nothing to compare that pass with)."""
+    n = 600
+    noise = replace(MODELS[model], pass_slowdown=(0.3, 0.7), slowdown_reference_only=True)
+    c = simulate(replace(SHIPPED, passes=passes), noise, 1.0, n, seed=passes + len(model))
+    assert np.mean(fixed_outcomes(c, 1.0, drift=False) == KEEP) > 4 * ALPHA  # the fault bites
+    keeps = int(np.sum(fixed_outcomes(c, 1.0) == KEEP))
+    assert_rate_at_most(keeps, n, ALPHA, f"reference-only slow pass, {model}, {passes} passes")
+
+
+@pytest.mark.parametrize("model", ["independent", "reference", "mixed"])
+def test_a_pass_slowed_for_everyone_does_not_cost_a_clear_keep(model: str) -> None:
+    """Every condition 20-40% slower in one pass: the drift check fires, but the change
+    cancels in the speedup, so a 1.5x drafter against a 0.6x minimum is still kept."""
+    n = 400
+    noise = replace(MODELS[model], pass_slowdown=(0.2, 0.4))
+    c = simulate(SHIPPED, noise, 1.5, n, seed=81 + len(model))
+    assert np.mean(unstable(c)) > 0.5  # the check does fire
+    keeps = int(np.sum(fixed_outcomes(c, 0.6) == KEEP))
+    assert_rate_at_least(keeps, n, 0.9, f"clear keep under a common slow pass, {model}")
+
+
 def test_advice_is_right_on_average_at_1_2x() -> None:
     """True need: the fewest prompts giving the fixed design >= 80% power (simulated). The
     median central advice over inconclusive campaigns must be within 2x of it."""

@@ -154,6 +154,11 @@ def _short_text(g: GateResult) -> str:
         text = f"{g.estimate:.2f}x [{g.ci_low:.2f}, {g.ci_high or 0:.2f}]"
         text += {"fail": f", below the {thr:.2f}x needed",
                  "inconclusive": f", straddles the {thr:.2f}x needed"}.get(g.outcome, "")
+        if g.outcome == "inconclusive" and g.ci_low > thr:  # clear of it, held back by a reason
+            why = str(d.get("reason", ""))
+            text = text.replace(", straddles", ", clears")
+            text += (", but the machine's speed changed by enough to account for the margin"
+                     if why.startswith("unstable environment") else f", but {why}")
         advice = re.search(r"about \d[\d,]* more [^;]*", g.summary)
         if g.outcome == "inconclusive" and advice:
             text += f" ({advice.group(0)})"

@@ -413,7 +413,8 @@ def speed_test(
 
     Both metrics are computed; ``metric`` gates. "pass" (KEEP) when the gating metric's
     lower confidence bound exceeds ``threshold`` - unless ``drift`` says the environment was
-    unstable, which turns it into "inconclusive" with that reason. "fail" (DROP) when its upper
+    unstable by enough to account for that margin (``Drift.vetoes``), which turns it into
+    "inconclusive" with that reason; a smaller instability is a note. "fail" (DROP) when its upper
     bound is below ``threshold``: the candidate is confidently slower than required.
     """
     if not (threshold > 0 and math.isfinite(threshold)):
@@ -439,7 +440,15 @@ def speed_test(
     if n_clusters < 2:
         outcome, reason = "inconclusive", "one block: no between-block variance to judge by"
     elif outcome == "pass" and drift is not None and drift.unstable:
-        outcome, reason = "inconclusive", f"unstable environment: {drift.reason}"
+        margin = f"{gate.ci_low:.2f}x against {threshold:.2f}x needed"
+        if drift.vetoes(gate.ci_low, threshold):
+            outcome = "inconclusive"
+            reason = (f"unstable environment: {drift.reason}; a change that size could "
+                      f"move the speedup by {drift.bias_bound:.2f}x, more than its margin "
+                      f"(lower bound {margin})")
+        else:
+            notes.append(f"unstable environment: {drift.reason}; the keep holds even if that "
+                         f"moved the speedup by {drift.bias_bound:.2f}x (lower bound {margin})")
     if boots == 1:
         notes.append(CONFOUNDED)
     return SpeedResult(

@@ -17,7 +17,17 @@ from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .gate_spec import GateResult, GateSpec, Outcome
 from .latency_bound import BoundError, latency_bound
-from .speed import PairedLatencies, Request, SpeedError, SpeedResult, collect, speed_test
+from .speed import (
+    CONFOUNDED,
+    FloatArray,
+    IntArray,
+    PairedLatencies,
+    Request,
+    SpeedError,
+    SpeedResult,
+    collect,
+    speed_test,
+)
 from .speed_advice import advise
 from .speed_drift import Drift, drift_check
 from .speed_sequential import Look, sequential_look, sequential_plan
@@ -74,20 +84,33 @@ def paired(data: SavedCampaign, reference: str, candidate: str, level: str,
 
 def drift(pilot: Pilot, data: SavedCampaign, reference: str, candidate: str, level: str,
           upto_look: int | None = None) -> Drift | None:
-    """Each of the two conditions against itself between passes and boots."""
-    series = []
-    for cond in (reference, candidate):
-        try:
-            one = collect(_requests(data, level, (cond,), None, upto_look), cond, cond)
-        except SpeedError:
-            continue
-        series.append((one.reference, one.blocks))
-    if not series or len({s[0].shape[:2] for s in series}) != 1:
-        return None
-    try:
-        return drift_check(series, tolerance=pilot.decision.drift_tolerance)
-    except (SpeedError, ValueError):
-        return None
+    """Each of the two conditions against itself between passes and boots, at every load level
+    (a pass covers them all: more data to see it by); the bias bound pairs the two conditions
+    at each level. ``level`` alone when the levels' pass layouts differ."""
+    levels = [lv for lv in pilot.load.levels if lv != level]
+    for attempt in ([level, *levels], [level]):
+        series: list[tuple[FloatArray, IntArray]] = []
+        names: list[str] = []
+        pairs: list[tuple[int, int]] = []
+        for lv in attempt:
+            got = []
+            for cond in (reference, candidate):
+                try:
+                    one = collect(_requests(data, lv, (cond,), None, upto_look), cond, cond)
+                except SpeedError:
+                    continue
+                got.append(len(series))
+                series.append((one.reference, one.blocks))
+                names.append(cond if len(attempt) == 1 else f"{cond} at {lv}")
+            if len(got) == 2:
+                pairs.append((got[0], got[1]))
+        if series and len({s[0].shape[:2] for s in series}) == 1:
+            try:
+                return drift_check(series, tolerance=pilot.decision.drift_tolerance,
+                                   names=names, pairs=pairs)
+            except (SpeedError, ValueError):
+                return None
+    return None
 
 
 def threshold_for(pilot: Pilot, reference: str) -> float:
@@ -151,7 +174,7 @@ def _details(res: SpeedResult) -> dict[str, Any]:
         out["drift"] = {"estimate": d.estimate, "ci": [d.ci_low, d.ci_high],
                         "p_value": d.p_value, "boot": d.instance[0] + 1,
                         "pass": d.instance[1] + 1, "unstable": d.unstable,
-                        "tolerance": d.tolerance}
+                        "tolerance": d.tolerance, "bias_bound": d.bias_bound}
     if res.reason:
         out["reason"] = res.reason
     return out
@@ -196,6 +219,7 @@ def speedup_gate(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResul
     )
     if res.reason:
         summary += f"; {res.reason}"
+    summary += "".join(f"; {note}" for note in res.notes if note != CONFOUNDED)
     summary += sequential
     if outcome == "inconclusive":
         advice = advise(res, levels=len(pilot.load.levels))

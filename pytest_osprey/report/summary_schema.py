@@ -309,7 +309,8 @@ GATE_KINDS: dict[str, GateKind] = {
         "with the positions)"),
     "speedup": GateKind(
         "CI low > threshold (the deciding test's one-sided p <= alpha) and the environment "
-        "stable; fail when CI high < threshold; else inconclusive. The primary gate with "
+        "stable enough (no pass changed by as much as that margin); fail when CI high < "
+        "threshold; else inconclusive. The primary gate with "
         "`decision.early_stop`: the group-sequential decision at the campaign's last look",
         "completion-latency speedup, reference / candidate, by `decision.speedup_metric`: "
         "per_prompt (geometric mean of per-prompt ratios) or total_time (ratio of summed "
@@ -321,7 +322,10 @@ GATE_KINDS: dict[str, GateKind] = {
         "`time_share` and `boot_share` (shares of the estimate's variance due to pass-to-pass "
         "and boot-to-boot variation), `boot_confounded` (one boot per condition: a boot "
         "offset cannot be told from the drafter), `drift` (each condition against itself: "
-        "`estimate` ratio, `ci`, `p_value`, `boot`, `pass`, `unstable`, `tolerance`), "
+        "`estimate` ratio, `ci`, `p_value`, `boot`, `pass`, `unstable`, `tolerance`, "
+        "`bias_bound`: the largest change of one pass of the reference against the same pass "
+        "of the candidate, ratio; an unstable environment vetoes a KEEP only when CI low / "
+        "threshold <= `bias_bound`), "
         "`reason` (why not KEEP despite the interval), `sequential` (`look`, `looks`, `z`, "
         "`keep_boundary`, `drop_boundary`, `decision`), `advice` (`more_prompts`, "
         "`more_passes`: (smallest, central, largest), `better`)"),
