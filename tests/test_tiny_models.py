@@ -19,9 +19,42 @@ pytest.importorskip("transformers")
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 
+import corpus  # noqa: E402
 import eagle3  # noqa: E402
 import lm_training as lm  # noqa: E402
 import model_eval as ev  # noqa: E402
+
+
+def _mo(entries: list[tuple[bytes, bytes]], order: str = "<") -> bytes:
+    """A GNU .mo file: magic, revision, count, the two offset tables, then the strings."""
+    import struct
+
+    n = len(entries)
+    originals, translations = 28, 28 + 8 * n
+    data = 28 + 16 * n
+    table_o, table_t, blob = b"", b"", b""
+    for msgid, _ in entries:
+        table_o += struct.pack(f"{order}2I", len(msgid), data + len(blob))
+        blob += msgid + b"\0"
+    for _, msgstr in entries:
+        table_t += struct.pack(f"{order}2I", len(msgstr), data + len(blob))
+        blob += msgstr + b"\0"
+    head = struct.pack(f"{order}7I", 0x950412DE, 0, n, originals, translations, 0, 0)
+    return head + table_o + table_t + blob
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_catalog_strings_reads_translations_of_a_mo_file(tmp_path: Path, order: str) -> None:
+    path = tmp_path / "x.mo"
+    path.write_bytes(_mo([
+        (b"", b"Content-Type: text/plain; charset=UTF-8\n"),  # the header: left out
+        (b"File not found", b"Datei nicht gefunden"),
+        (b"%d file\0%d files", "%d Datei wurde gelöscht\0%d Dateien".encode()),
+        (b"OK", b"Gut"),  # too short to teach anything
+    ], order))
+    assert corpus.catalog_strings(path) == ["Datei nicht gefunden", "%d Datei wurde gelöscht"]
+    (tmp_path / "bad.mo").write_bytes(b"not a catalog at all")
+    assert corpus.catalog_strings(tmp_path / "bad.mo") == []
 
 
 def test_grown_model_computes_what_the_small_one_did() -> None:
@@ -213,7 +246,9 @@ def test_shipped_models_match_their_manifest_and_budget() -> None:
     figures = manifest["figures"]
     greedy = figures["target"]["greedy_48"]
     assert greedy["distinct2_mean"] >= 0.5 and greedy["dominated_share"] <= 0.1
-    assert figures["tiny-drafter"]["accept"]["pooled"] >= 2.5
+    drafter = figures["tiny-drafter"]["accept"]
+    assert drafter["pooled"] >= 2.5
+    assert drafter["by_slice"]["unusual"] <= 0.9 * drafter["by_domain"]["code"], drafter
     assert figures["tiny-drafter-weak"]["accept"]["pooled"] <= 1.5
     # The EAGLE-3 head reads the target's hidden states: the unusual slice drafts worse.
     eagle = figures["tiny-eagle3"]["accept_sglang_counting"]["steps_3"]
@@ -237,3 +272,22 @@ def test_shipped_target_continues_every_trace_prompt_differently() -> None:
     assert fig["distinct2_mean"] >= 0.5, fig
     assert fig["dominated_share"] <= 0.1, fig
     assert fig["distinct_outputs"] >= 45, fig
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (MODELS / "tiny-drafter" / "config.json").is_file(),
+                    reason="tiny models not built")
+def test_shipped_drafter_drafts_the_unusual_slice_worse_than_code() -> None:
+    """Measured live on the shipped (bf16) weights: the target was taught text its drafter
+    never saw (license texts, German, Spanish, Japanese), as a deployment's unusual slice is
+    text a drafter adapted on everyday traffic has rarely seen."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(MODELS / "tiny-target")
+    target, drafter = (LlamaForCausalLM.from_pretrained(MODELS / name, dtype=torch.float32).eval()
+                       for name in ("tiny-target", "tiny-drafter"))
+    prompts = ev.load_prompts(FIXTURES.parent / "prompts" / "pilot.jsonl", tok)
+    accept = ev.assisted(target, drafter, tok, prompts, 4, 48).report(prompts)
+    assert accept["pooled"] >= 2.5, accept
+    assert accept["by_slice"]["unusual"] <= 0.9 * accept["by_domain"]["code"], accept
+    assert accept["by_slice"]["unusual"] <= 0.9 * accept["by_slice"]["core"], accept
