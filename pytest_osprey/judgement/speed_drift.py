@@ -160,8 +160,13 @@ def drift_batch(
     series is tested once (the pool is that series). ``pairs``: (reference, candidate) series
     indices of a comparison, for the bias bound; by default the first two series.
     """
-    n = levels[0][0].shape[0]
-    every = _series(levels)
+    return _batch(_series(levels), levels[0][0].shape[0], tolerance, alpha, pairs)
+
+
+def _batch(
+    every: list[_Series | None], n: int, tolerance: float, alpha: float,
+    pairs: Sequence[tuple[int, int]] | None,
+) -> DriftBatch:
     parts = [s for s in every if s is not None]
     if not parts:  # fewer than two instances anywhere: nothing to compare
         return DriftBatch(np.zeros(n, dtype=bool), np.full((1, n, 1), np.nan),
@@ -204,18 +209,14 @@ def drift_check(
     n_inst = levels[0][0].shape[0] * levels[0][0].shape[1]
     if n_inst < 2:
         return None
-    kept = [i for i, (lat, _) in enumerate(levels)
-            if np.isfinite(lat).any(axis=2).sum() >= 2]
-    batched = [(levels[i][0][None], levels[i][1]) for i in kept]
-    if not batched:
+    every = _series([(lat[None], blocks) for lat, blocks in levels])
+    present = [i for i, one in enumerate(every) if one is not None]  # the tested series
+    if not present:
         return None
-    index = {old: new for new, old in enumerate(kept)}
-    wanted = [(0, 1)] if pairs is None else list(pairs)
-    kept_pairs = [(index[i], index[j]) for i, j in wanted if i in index and j in index]
-    b = drift_batch(batched, tolerance, alpha, kept_pairs)
+    b = _batch(every, 1, tolerance, alpha, pairs)
     # Report one condition when it alone changed (the largest of those that fired), else
     # the pool: all of them changed, or none.
-    size = np.nanmax(np.abs(np.nan_to_num(b.log_change[:, 0])), axis=1)
+    size = np.abs(np.nan_to_num(b.log_change[:, 0])).max(axis=1)
     singles = b.fired[1:, 0]
     f = 0
     if b.unstable[0] and singles.any() and not (singles.all() and b.fired[0, 0]):
@@ -225,12 +226,11 @@ def drift_check(
     e = float(b.log_change[f, 0, r])
     if not math.isfinite(e):
         return None
-    used = list(range(len(kept))) if f == 0 else [f - 1]
-    single = kept[f - 1] if f > 0 else (kept[0] if len(kept) == 1 else None)
+    used = present if f == 0 else [present[f - 1]]
+    single = used[0] if len(used) == 1 else None
     who = names[single] if single is not None and single < len(names) else ""
-    parts = [s for s in _series([batched[i] for i in used]) if s is not None]
-    values = np.concatenate([s.contrasts[0, r] for s in parts])
-    low, high = _cluster_bootstrap_median(values, [levels[kept[i]] for i in used], confidence,
+    values = np.concatenate([one.contrasts[0, r] for i in used if (one := every[i])])
+    low, high = _cluster_bootstrap_median(values, [levels[i] for i in used], confidence,
                                           resamples, seed)
     passes = levels[0][0].shape[1]
     boot, pass_index = divmod(r, passes)
