@@ -1,5 +1,7 @@
-"""The package's shape, checked from the source (ast): no import cycles, judgement pure,
-engines free of pytest, saved results below judgement, a free entry point, small modules."""
+"""The package's shape, checked from the source (ast): no import cycles (type-only ones
+included), judgement pure, engines free of pytest, saved results below judgement, a free entry
+point, no private name imported across modules, modules of a reviewable size, and the test
+support package below both tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "pytest_osprey"
 MAX_LINES = 500
+# Modules kept whole past MAX_LINES because they hold one concern; each says why. The cap is a
+# prompt for review, not a reason to cut a concern in two: a new entry needs its reason.
+LONG_MODULES: dict[str, str] = {}
 
 # layer -> in-package layers and outside packages it must never reach, even indirectly.
 FORBIDDEN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -59,12 +64,14 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _runtime_imports(tree: ast.Module, top_level_only: bool = False) -> Iterator[ast.stmt]:
-    """Import statements that run (not under ``if TYPE_CHECKING``)."""
+def _runtime_imports(tree: ast.Module, top_level_only: bool = False,
+                     type_only: bool = False) -> Iterator[ast.stmt]:
+    """Import statements that run (not under ``if TYPE_CHECKING``), or with ``type_only``
+    every import statement, those under ``if TYPE_CHECKING`` too."""
     stack: list[ast.AST] = list(tree.body)
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_only:
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -86,12 +93,14 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imports_of(module: str, top_level_only: bool = False) -> tuple[set[str], set[str]]:
-    """(in-package modules, outside top-level packages) that ``module`` imports at run time."""
+def imports_of(module: str, top_level_only: bool = False,
+               type_only: bool = False) -> tuple[set[str], set[str]]:
+    """(in-package modules, outside top-level packages) that ``module`` imports at run time
+    (with ``type_only``: for type checking too)."""
     tree = ast.parse(MODULES[module].read_text("utf-8"))
     inside: set[str] = set()
     outside: set[str] = set()
-    for node in _runtime_imports(tree, top_level_only):
+    for node in _runtime_imports(tree, top_level_only, type_only):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         else:
@@ -111,8 +120,8 @@ def imports_of(module: str, top_level_only: bool = False) -> tuple[set[str], set
     return inside, outside
 
 
-def graph() -> dict[str, set[str]]:
-    return {m: imports_of(m)[0] for m in MODULES}
+def graph(type_only: bool = False) -> dict[str, set[str]]:
+    return {m: imports_of(m, type_only=type_only)[0] for m in MODULES}
 
 
 def _parents(module: str) -> set[str]:
@@ -133,8 +142,7 @@ def reach(start: str, edges: dict[str, set[str]]) -> set[str]:
     return seen
 
 
-def test_no_import_cycles() -> None:
-    edges = graph()
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -165,7 +173,83 @@ def test_no_import_cycles() -> None:
     for v in sorted(edges):
         if v not in index:
             visit(v)
-    assert not cycles, f"import cycles: {cycles}"
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    assert not _cycles(graph()), f"import cycles: {_cycles(graph())}"
+
+
+def test_no_type_only_import_cycles() -> None:
+    """A cycle hidden under ``if TYPE_CHECKING`` is still two modules that need each other."""
+    cycles = _cycles(graph(type_only=True))
+    assert not cycles, f"import cycles (type-only imports included): {cycles}"
+
+
+def _private_imports(path: Path, module: str | None) -> Iterator[str]:
+    """``from X import _name`` lines: a private name used outside the module that owns it."""
+    tree = ast.parse(path.read_text("utf-8"))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+            continue
+        target = _resolve(module, node) if module is not None else (node.module or "")
+        if target.split(".")[0] != "pytest_osprey" and module is not None:
+            continue
+        for alias in node.names:
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                yield f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name} from {target}"
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    problems = [line for m, p in MODULES.items() for line in _private_imports(p, m)]
+    assert not problems, "private names imported across modules (make them public where " \
+        "they live):\n" + "\n".join(problems)
+
+
+def test_tests_and_benchmarks_use_no_private_name_of_the_package() -> None:
+    problems = []
+    for folder in ("tests", "benchmarks", "testkit", "suites"):
+        for path in (ROOT / folder).rglob("*.py"):
+            problems += [line for line in _private_imports(path, None)
+                         if " from pytest_osprey" in line]
+    assert not problems, "\n".join(problems)
+
+
+def _top_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text("utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _local_modules(folder: Path) -> set[str]:
+    """Names a script in ``folder`` could import by being beside it."""
+    return {p.stem for p in folder.glob("*.py")} | {
+        p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
+
+def test_the_test_support_package_sits_below_tests_and_benchmarks() -> None:
+    """tests/ and benchmarks/ share testkit/ and never import each other; testkit imports
+    neither."""
+    tests, benches, kit = ROOT / "tests", ROOT / "benchmarks", ROOT / "testkit"
+    assert (kit / "__init__.py").is_file(), "testkit/ is the shared test-support package"
+    from_tests = _local_modules(tests) - _local_modules(benches)
+    from_benches = _local_modules(benches) - _local_modules(tests)
+    problems = []
+    for path in kit.rglob("*.py"):
+        bad = _top_imports(path) & ({"tests", "benchmarks"} | from_tests | from_benches)
+        problems += [f"{path.relative_to(ROOT)} imports {sorted(bad)}"] if bad else []
+    for path in tests.rglob("*.py"):
+        bad = _top_imports(path) & ({"benchmarks"} | from_benches)
+        problems += [f"{path.relative_to(ROOT)} imports {sorted(bad)}"] if bad else []
+    for path in benches.rglob("*.py"):
+        bad = _top_imports(path) & ({"tests"} | from_tests)
+        problems += [f"{path.relative_to(ROOT)} imports {sorted(bad)}"] if bad else []
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
@@ -209,6 +293,17 @@ def test_importing_the_entry_point_loads_no_heavy_library() -> None:
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_modules_stay_small(module: str) -> None:
+def test_modules_stay_reviewable(module: str) -> None:
     lines = len(MODULES[module].read_text("utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[module]}: {lines} lines (split it by what it holds)"
+    if module in LONG_MODULES:
+        return
+    assert lines <= MAX_LINES, (
+        f"{MODULES[module]}: {lines} lines: split it where it holds more than one concern, or "
+        "list it in LONG_MODULES with the reason it is one")
+
+
+def test_long_modules_are_still_long() -> None:
+    """An allowance nobody needs any more is removed, so the list stays a list of reasons."""
+    stale = [m for m in LONG_MODULES
+             if m not in MODULES or len(MODULES[m].read_text("utf-8").splitlines()) <= MAX_LINES]
+    assert not stale, f"no longer over {MAX_LINES} lines (or gone): {stale}"
