@@ -354,7 +354,7 @@ def _expect(value: Any) -> dict[str, Any] | None:
     kind = value.get("type")
     if kind is None:
         raise _LineError(f"'expect' has no 'type' (one of {', '.join(forms)})")
-    if kind not in EXPECT_FORMS:
+    if not isinstance(kind, str) or kind not in EXPECT_FORMS:  # a list or mapping: unhashable
         hint = _did_you_mean(kind, forms) if isinstance(kind, str) else ""
         raise _LineError(f"expect.type {kind!r} is not one of {', '.join(forms)}{hint}")
     required, optional = EXPECT_FORMS[kind]
