@@ -23,8 +23,7 @@ from pathlib import Path
 from pytest_osprey.engines import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.pilot.schema import Condition, Pilot, Speculation, Target, TraceSpec
-from pytest_osprey.pilot.trace import render_prompt
-from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.pilot.trace import load_trace, render_prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 

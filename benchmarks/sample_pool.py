@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pytest_osprey.pilot.loading import load_pilot  # noqa: E402
-from pytest_osprey.pilot.trace import render_prompt  # noqa: E402
-from pytest_osprey.pilot.trace_file import load_trace  # noqa: E402
+from pytest_osprey.pilot.trace import load_trace, render_prompt  # noqa: E402
 
 PAD = -2  # after the end of a sequence (EOS itself is kept)
 

@@ -20,7 +20,7 @@ import yaml
 from factories import ROOT, fake_model, pilot_layout
 from pydantic import ValidationError
 
-from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.loading import load_pilot, load_pilot_text
 from pytest_osprey.pilot.schema import ConfigError, Pilot, json_schema
 
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")
@@ -263,7 +263,7 @@ def test_missing_top_level_sections(tmp_path: Path) -> None:
         ("greedy", "maybe", "sampling.greedy", "expected true or false"),
         ("files", "prompts/pilot.jsonl", "trace.files", "valid list"),
         (LEVELS[0], "one", f"load.levels.{LEVELS[0]}", "expected an integer"),
-        ("order", "random", "load.order", "'interleaved', 'sequential' or 'abba'"),
+        ("order", "random", "load.order", "'interleaved' or 'sequential'"),
         ("engine", "tensorrt", "target.engine", "'transformers'"),
         ("speedup_min", "[1.1]", "limits.speedup_min", "expected a number, got a list"),
         ("title", "{a: 1}", "report.title", "expected a string, got a mapping"),
@@ -649,5 +649,18 @@ def test_blocks_is_the_former_name_of_passes(tmp_path: Path) -> None:
     both = PILOT_TEXT.replace("  passes: 4", "  passes: 4\n  blocks: 2")
     with pytest.raises(ConfigError, match="passes or its former name blocks"):
         load_pilot(project(tmp_path, both))
-    abba = load_pilot(project(tmp_path, set_value("order", "abba")))
-    assert abba.load.interleaved
+
+
+def test_abba_is_the_former_name_of_interleaved(tmp_path: Path) -> None:
+    """A pilot file is told the new name; a campaign's saved pilot is read as it was meant."""
+    text = set_value("order", "abba")
+    assert_error(text, tmp_path, line_of(text, "order: abba"), "load.order",
+                 "order 'abba' is now called 'interleaved'")
+    assert load_pilot_text(text, "saved").load.order == "interleaved"
+
+
+def test_primary_slice_is_no_key_but_a_saved_pilot_may_have_it(tmp_path: Path) -> None:
+    text = PILOT_TEXT.replace("\ndecision:\n", "\ndecision:\n  primary_slice: core\n")
+    assert_error(text, tmp_path, line_of(text, "primary_slice:"), "decision.primary_slice",
+                 "unknown key")
+    assert load_pilot_text(text, "saved").decision == load_pilot_text(PILOT_TEXT, "s").decision

@@ -29,7 +29,7 @@ from servers.pilot_run import MARK, PilotRun, fake_sglang, gone, kill_marked, le
 from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.results.files import write_json_atomic, write_text_atomic
 from pytest_osprey.results.folder import load_campaign
 from pytest_osprey.results.records import RecordWriter, read_records

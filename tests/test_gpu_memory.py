@@ -344,7 +344,7 @@ def test_sglang_kv_capacity_from_a_scheduler_state(monkeypatch: pytest.MonkeyPat
 # --------------------------------------------------------------------------- embedded engine
 
 
-def _pilot(order: str = "abba") -> Pilot:
+def _pilot(order: str = "interleaved") -> Pilot:
     return make_pilot(
         {"baseline": {"role": "baseline"},
          "cand": {"role": "candidate", "drafter": str(TINY_DRAFTER),
@@ -377,13 +377,13 @@ def _loaded(order: str, condition: str = "cand") -> TransformersEngine:
     return engine
 
 
-def test_embedded_abba_gives_each_condition_its_share(
+def test_embedded_interleaved_gives_each_condition_its_share(
     nvml: Any, fake_cuda: dict[str, int]
 ) -> None:
     # Both conditions' models live in this process: NVML's 2000 MiB are all of them.
     nvml([FakeGPU(used=2100 * MIB, procs=[(os.getpid(), 2000 * MIB)])])
     fake_cuda.update(reserved=1500 * MIB, max_reserved=1600 * MIB)
-    engine = _loaded("abba")
+    engine = _loaded("interleaved")
     # 500 MiB outside torch's pool (context) + 300 weights + 50 working memory.
     assert engine.memory_mb() == pytest.approx(850)
     facts = engine.memory_facts()
@@ -407,7 +407,7 @@ def test_embedded_without_nvml_uses_the_allocator(nvml: Any, fake_cuda: dict[str
     nvml([FakeGPU()], init_error=FakeNVMLError("Driver Not Loaded"))
     fake_cuda.update(reserved=1500 * MIB, max_reserved=1600 * MIB)
     assert _loaded("sequential").memory_mb() == pytest.approx(1600)
-    engine = _loaded("abba")
+    engine = _loaded("interleaved")
     assert engine.memory_mb() == pytest.approx(350)
     facts = engine.memory_facts()
     assert facts["basis"] == "allocator" and "Driver Not Loaded" in facts["nvml"]
@@ -450,16 +450,16 @@ def test_gpu_check_pilot_variant() -> None:
 
 def test_gpu_check_dry_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The script's CPU mode end to end: a tiny pilot through pytest, its checks passing."""
-    argv = ["--device", "cpu", "--out", str(tmp_path), "--orders", "abba", "--prompts", "2",
+    argv = ["--device", "cpu", "--out", str(tmp_path), "--orders", "interleaved", "--prompts", "2",
             "--passes", "1", "--tokens", "8", "--timeout", "300"]  # fmt: skip
     code = _gpu_check().main(argv)
     out = capsys.readouterr().out
     assert code == 0, out
     report = json.loads((tmp_path / "checks.json").read_text())
     names = {c["check"]: c["status"] for c in report["checks"]}
-    assert names["abba: tiny-drafter peak >= baseline peak"] == "PASS"
-    assert names["abba: baseline measured as host/condition"] == "PASS"
+    assert names["interleaved: tiny-drafter peak >= baseline peak"] == "PASS"
+    assert names["interleaved: baseline measured as host/condition"] == "PASS"
     assert all(s == "PASS" for s in names.values()), names
-    assert "speed (abba)" in out and report["environment"]["torch"]
-    assert (tmp_path / "abba" / "results" / "campaign.json").is_file()
+    assert "speed (interleaved)" in out and report["environment"]["torch"]
+    assert (tmp_path / "interleaved" / "results" / "campaign.json").is_file()
 

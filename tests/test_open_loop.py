@@ -19,7 +19,7 @@ from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.judgement.figures import all_figures
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot, level_label
-from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.pilot.trace import load_trace
 
 
 def test_arrivals_are_a_poisson_process_of_the_given_rate() -> None:

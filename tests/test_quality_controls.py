@@ -43,8 +43,7 @@ from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.gates import GateSpec, evaluate
 from pytest_osprey.judgement.identity import greedy_identity
 from pytest_osprey.pilot.schema import Pilot
-from pytest_osprey.pilot.trace import render_prompt
-from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.pilot.trace import load_trace, render_prompt
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord

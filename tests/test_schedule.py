@@ -130,11 +130,6 @@ def test_looks_after_each_pass_or_each_boot() -> None:
     assert plan(order="sequential", boots_per_condition=1).looks == 1
 
 
-def test_request_count() -> None:
-    p = plan(conditions=["base", "cand"], passes=2)
-    assert p.requests_per_condition() == 2 * len(IDS) * 2
-
-
 @pytest.mark.parametrize("kw", [{"prompt_ids": []}, {"conditions": []},
                                 {"conditions": ["a", "a"]}, {"passes": 0},
                                 {"boots_per_condition": 0}, {"block_prompts": {}},

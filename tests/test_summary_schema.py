@@ -26,7 +26,7 @@ from pytest_osprey.judgement.cost import BreakEven, ConditionCost
 from pytest_osprey.judgement.figures import Figures
 from pytest_osprey.judgement.gates import plan_gates
 from pytest_osprey.pilot.loading import load_pilot
-from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.report.summary import write_reports
 from pytest_osprey.report.summary_schema import (
     GATE_KINDS,

@@ -14,10 +14,10 @@ from pytest_osprey.pilot.trace import (
     Prompt,
     Trace,
     TraceError,
+    load_trace,
     render_prompt,
     trace_hash,
 )
-from pytest_osprey.pilot.trace_file import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 PILOT = ROOT / "prompts" / "pilot.jsonl"

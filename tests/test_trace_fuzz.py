@@ -11,8 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_osprey.pilot.trace import TraceError
-from pytest_osprey.pilot.trace_file import load_trace
+from pytest_osprey.pilot.trace import TraceError, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [json.loads(line) for line in (ROOT / "prompts" / "pilot.jsonl").read_text().splitlines()

@@ -74,9 +74,6 @@ class ReplayPlan:
         """Prompt id -> block index at ``level``."""
         return {pid: k for k, ids in enumerate(self.blocks[level]) for pid in ids}
 
-    def requests_per_condition(self) -> int:
-        return sum(len(s.prompt_ids) for s in self.stretches if s.condition == self.conditions[0])
-
 
 def split_blocks(
     prompt_ids: Sequence[str],

@@ -20,16 +20,9 @@ from .base import (
     acceptance_from_histogram,
     unsupported,
 )
-from .chat_template import load_chat_tokenizer, template_digest
+from .booted import BootedServer
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
-from .process import (
-    ServerProcess,
-    api_key_from,
-    choose_port,
-    engine_env,
-    engine_python,
-    mask_argv,
-)
+from .process import engine_python
 from .sglang_stream import (
     SGLangStream,
     abort_message,
@@ -164,18 +157,6 @@ def speculation_args(pilot: Pilot, condition: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- client
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class SGLangClient:
@@ -342,91 +323,29 @@ class SGLangClient:
 # --------------------------------------------------------------------------- engine
 
 
-class SGLangEngine:
+class SGLangEngine(BootedServer[SGLangClient]):
     """A booted SGLang server serving one condition."""
 
+    ENGINE = "sglang"
+    HEALTH_PATH = "/health_generate"
+
     def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
-        self.pilot = pilot
-        self.condition = condition
-        self.boot = boot
-        self.server: ServerProcess | None = None
-        self.client: SGLangClient | None = None
-        self.argv: list[str] = []
+        super().__init__(pilot, condition, boot)
         self.key_file: KeyFile | None = None
-        self.tokenizer: Any = None  # the target's, when it has a chat template
-        self.prompt_format: str | None = None
 
-    def start(self) -> None:
-        target = self.pilot.target
-        env = engine_env(self.pilot, self.condition, self.boot)
-        key = api_key_from(env, target.api_key_env, "target.api_key_env")
-        port = choose_port(target.host, target.port, self.condition)
+    def command(self, env: dict[str, str], key: str | None, port: int) -> list[str]:
         self.key_file = KeyFile(key) if key else None
-        try:
-            argv = sglang_argv(self.pilot, self.condition, port,
-                               key_file=self.key_file.path if self.key_file else None)
-        except EngineError:
-            self._forget_key()
-            raise
-        self.argv = mask_argv(argv, [key] if key else [])
-        base = f"http://{_url_host(target.host)}:{port}"
-        self.server = ServerProcess(
-            self.condition,
-            argv,
-            env=env,
-            log_path=self.boot.log_dir / f"{self.condition}.log",
-            health_url=f"{base}/health_generate",
-            boot_timeout_s=target.boot_timeout_s,
-            secrets=[key] if key else [],
-            health_headers=bearer(key),
-        )
-        self.client = SGLangClient(base, self.condition, key)
-        try:
-            self.server.start()
-        finally:
-            self._forget_key()  # healthy: SGLang has read it; failed: not needed any more
-        # After the boot: a model id the server downloaded is in the local cache by now.
-        self.tokenizer, self.prompt_format = load_chat_tokenizer(target.model)
+        return sglang_argv(self.pilot, self.condition, port,
+                           key_file=self.key_file.path if self.key_file else None)
 
-    def _forget_key(self) -> None:
+    def connect(self, base_url: str, key: str | None) -> SGLangClient:
+        return SGLangClient(base_url, self.condition, key)
+
+    def release_boot_secrets(self) -> None:
         if self.key_file is not None:
             self.key_file.remove()
             self.key_file = None
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if self.client is None:
-            return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
-        return await self.client.generate(request)
-
-    def fingerprint(self) -> dict[str, Any]:
-        fp: dict[str, Any] = {"engine": "sglang"}
-        if self.client is not None:
-            fp = self.client.fingerprint()
-        fp["chat_template"] = template_digest(self.tokenizer)
-        fp["prompt_format"] = self.prompt_format
-        fp["argv"] = self.argv
-        if self.server is not None:
-            fp["boot_s"] = self.server.boot_s
-            fp["pids"] = sorted(self.server.pids())  # lets a test prove the tree is gone
-            fp["memory"] = self.server.memory_facts()
-            fp["memory_method"] = fp["memory"]["note"]
-        return fp
-
-    def memory_mb(self) -> float | None:
-        """GPU memory of the server's process tree where NVML sees it, else resident memory."""
-        return self.server.memory_mb() if self.server is not None else None
-
     def flush(self) -> None:
         if self.client is not None:
             self.client.flush()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-        self._forget_key()
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host

@@ -20,9 +20,9 @@ from .base import (
     acceptance_from_histogram,
     unsupported,
 )
-from .chat_template import load_chat_tokenizer, template_digest
+from .booted import BootedServer
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
-from .process import ServerProcess, api_key_from, choose_port, engine_env, engine_python
+from .process import engine_python
 from .vllm_metrics import (
     accept_from,
     acceptance_from,
@@ -140,18 +140,6 @@ def speculative_config(pilot: Pilot, condition: str) -> dict[str, Any]:
         longest = (spec.num_steps if spec else None) or k
         config.update(prompt_lookup_max=longest, prompt_lookup_min=min(NGRAM_MIN, longest))
     return config
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class OpenAIClient:
@@ -311,55 +299,37 @@ class OpenAIClient:
         }
 
 
-class VLLMEngine:
+class VLLMEngine(BootedServer[OpenAIClient]):
     """A booted vLLM OpenAI-compatible server serving one condition."""
 
+    ENGINE = "vllm"
+    HEALTH_PATH = "/health"
+
     def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
-        self.pilot = pilot
-        self.condition = condition
-        self.boot = boot
-        self.server: ServerProcess | None = None
-        self.client: OpenAIClient | None = None
-        self.argv: list[str] = []
+        super().__init__(pilot, condition, boot)
         self.speculates = pilot.conditions[condition].speculates
         self._in_flight = 0
         self._started = 0  # requests started so far: tells whether one ran alone
         self._per_request_seen = False
         self._at_start: dict[str, float] = {}
         self.dev_mode = loopback(pilot.target.host)
-        self.tokenizer: Any = None  # the target's, when it has a chat template
-        self.prompt_format: str | None = None
 
-    def start(self) -> None:
-        target = self.pilot.target
-        env = engine_env(self.pilot, self.condition, self.boot)
-        key = api_key_from(env, target.api_key_env, "target.api_key_env")
+    def command(self, env: dict[str, str], key: str | None, port: int) -> list[str]:
         if key:
             env["VLLM_API_KEY"] = key  # never on the command line
         if self.dev_mode:
             env[DEV_MODE] = "1"  # for /reset_prefix_cache (see FLUSHED)
-        port = choose_port(target.host, target.port, self.condition)
-        version = installed_version(engine_python(target), env) if self.speculates else None
+        python = engine_python(self.pilot.target)
+        version = installed_version(python, env) if self.speculates else None
         per_request = version is not None and version >= PER_REQUEST_METRICS_SINCE
-        self.argv = vllm_argv(self.pilot, self.condition, port, per_request_metrics=per_request)
-        host = "127.0.0.1" if target.host in ("0.0.0.0", "::", "") else target.host
-        base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        self.server = ServerProcess(
-            self.condition,
-            self.argv,
-            env=env,
-            log_path=self.boot.log_dir / f"{self.condition}.log",
-            health_url=f"{base}/health",
-            boot_timeout_s=target.boot_timeout_s,
-            secrets=[key] if key else [],
-            health_headers=bearer(key),
-        )
-        self.client = OpenAIClient(base, self.condition, SERVED_NAME, key)
-        self.server.start()
-        if self.speculates:
+        return vllm_argv(self.pilot, self.condition, port, per_request_metrics=per_request)
+
+    def connect(self, base_url: str, key: str | None) -> OpenAIClient:
+        return OpenAIClient(base_url, self.condition, SERVED_NAME, key)
+
+    def booted(self) -> None:
+        if self.speculates and self.client is not None:
             self._at_start = self.client.counters_sync()
-        # After the boot: a model id the server downloaded is in the local cache by now.
-        self.tokenizer, self.prompt_format = load_chat_tokenizer(target.model)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         client = self.client
@@ -393,29 +363,16 @@ class VLLMEngine:
             return None
         return accept_from(self._at_start, self.client.counters_sync())
 
-    def fingerprint(self) -> dict[str, Any]:
-        fp: dict[str, Any] = {"engine": "vllm"}
-        if self.client is not None:
-            fp = self.client.fingerprint()
+    def served_facts(self) -> dict[str, Any]:
         cond = self.pilot.conditions[self.condition]
-        fp["dtype"] = cond.dtype or self.pilot.target.dtype
-        fp["chat_template"] = template_digest(self.tokenizer)
-        fp["prompt_format"] = self.prompt_format
-        fp["prefix_cache"] = FLUSHED if self.dev_mode else PREFIX_OFF
-        fp["argv"] = self.argv
+        facts: dict[str, Any] = {
+            "dtype": cond.dtype or self.pilot.target.dtype,
+            "prefix_cache": FLUSHED if self.dev_mode else PREFIX_OFF,
+        }
         if self.speculates:
             # Acceptance is in each request's record (a pooled figure read at boot is empty).
-            fp["speculative_config"] = speculative_config(self.pilot, self.condition)
-        if self.server is not None:
-            fp["boot_s"] = self.server.boot_s
-            fp["pids"] = sorted(self.server.pids())  # lets a test prove the tree is gone
-            fp["memory"] = self.server.memory_facts()
-            fp["memory_method"] = fp["memory"]["note"]
-        return fp
-
-    def memory_mb(self) -> float | None:
-        """GPU memory of the server's process tree where NVML sees it, else resident memory."""
-        return self.server.memory_mb() if self.server is not None else None
+            facts["speculative_config"] = speculative_config(self.pilot, self.condition)
+        return facts
 
     def flush(self) -> None:
         """Empty the prefix cache, so that a pass does not reuse the prompts of earlier ones.
@@ -444,7 +401,3 @@ class VLLMEngine:
                         + (f" for {FLUSH_RETRY_S:g} s" if success is False else "")
                         + ": passes would share the prefix cache")
                 time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()

@@ -3,8 +3,7 @@ else happens."""
 
 from .loading import load_pilot, load_pilot_unchecked
 from .schema import ConfigError, Pilot, json_schema, level_label
-from .trace import Prompt, Trace, TraceError, render_prompt
-from .trace_file import load_trace
+from .trace import Prompt, Trace, TraceError, load_trace, render_prompt
 
 __all__ = [
     "ConfigError",

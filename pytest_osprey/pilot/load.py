@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from .base import MAX_COUNT, MAX_ITEMS, Seconds, Strict
 
@@ -33,7 +33,11 @@ LoadLevel = Annotated[
     Annotated[Concurrency, Tag("concurrency")] | Annotated[OpenLoop, Tag("open-loop")],
     Discriminator(_level_kind),
 ]
-_UNION_TAGS = frozenset({"concurrency", "open-loop"})
+UNION_TAGS = frozenset({"concurrency", "open-loop"})
+
+# Orders by a name they no longer have -> that name: a pilot file using one is told the new
+# name; a campaign's saved pilot, re-judged, is read as it was meant (see pilot.loading).
+FORMER_ORDERS = {"abba": "interleaved"}
 
 
 def _default_levels() -> dict[str, LoadLevel]:
@@ -62,11 +66,10 @@ class Load(Strict):
     """Boots of each condition; the boots of all conditions alternate in time. With 1, a
     persistent per-boot offset cannot be told from the drafter's effect (the report says
     so); with 2 or more it is estimated and counted in the speed gates' variance."""
-    order: Literal["interleaved", "sequential", "abba"] = "interleaved"
+    order: Literal["interleaved", "sequential"] = "interleaved"
     """interleaved: every condition up at once, blocks alternating between conditions;
     sequential: one engine at a time (one GPU), each condition's boot one contiguous stretch
-    (then boots_per_condition >= 2 is needed to judge speed honestly); abba: the former name
-    of interleaved."""
+    (then boots_per_condition >= 2 is needed to judge speed honestly)."""
     request_timeout_s: Seconds = 300.0
     """Per-request timeout; a timed-out request is recorded as failed."""
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
@@ -82,6 +85,13 @@ class Load(Strict):
             data = {**data, "passes": data["blocks"]}
             del data["blocks"]
         return data
+
+    @field_validator("order", mode="before")
+    @classmethod
+    def _former_order(cls, value: Any) -> Any:
+        if isinstance(value, str) and value in FORMER_ORDERS:
+            raise ValueError(f"order {value!r} is now called {FORMER_ORDERS[value]!r}")
+        return value
 
     @property
     def interleaved(self) -> bool:

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from .schema import _UNION_TAGS, ConfigError, Pilot, _cross_field_problems
+from .load import FORMER_ORDERS, UNION_TAGS
+from .schema import ConfigError, Pilot, cross_field_problems
 from .yaml_text import Lines, parse, read_pilot_text
 
 
@@ -99,7 +100,7 @@ def _format_errors(err: ValidationError, source: str, lines: Lines) -> str:
     out = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (
-            p.startswith("function-") or p in _UNION_TAGS)))
+            p.startswith("function-") or p in UNION_TAGS)))
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         where = _where(source, lines, loc)
         msg = e["msg"].removeprefix("Value error, ")
@@ -177,8 +178,10 @@ def _resolve_paths(
 
 def load_pilot_unchecked(path: str | os.PathLike[str]) -> Pilot:
     """A pilot whose limits are all that matter (re-judging a saved campaign): validated like
-    :func:`load_pilot`, but its paths are neither resolved nor required to exist."""
-    return load_pilot(path, check_paths=False)
+    :func:`load_pilot`, but its paths are neither resolved nor required to exist, and names
+    it may have been saved with are read as they were meant (see :func:`_as_saved`)."""
+    source = str(path)
+    return _validate(read_pilot_text(Path(path), source), source, saved=True)[0]
 
 
 def load_pilot(
@@ -199,8 +202,9 @@ def load_pilot(
 
 def load_pilot_text(text: str, source: str) -> Pilot:
     """A pilot from its saved text (campaign.json keeps the text a campaign ran with):
-    validated, paths neither resolved nor required; problems name ``source``."""
-    return _validate(text, source)[0]
+    validated, paths neither resolved nor required, names it may have been saved with read
+    as they were meant (see :func:`_as_saved`); problems name ``source``."""
+    return _validate(text, source, saved=True)[0]
 
 
 def pilot_lines(path: str | os.PathLike[str]) -> Lines:
@@ -216,15 +220,33 @@ def where_in_pilot(path: str | os.PathLike[str], loc: tuple[str | int, ...]) -> 
     return f"{_where(str(path), pilot_lines(path), loc)}: {'.'.join(map(str, loc))}"
 
 
-def _validate(text: str, source: str) -> tuple[Pilot, Lines]:
+def _as_saved(data: dict[str, Any]) -> dict[str, Any]:
+    """A pilot a campaign was run with, in today's terms: an order by its former name is read
+    as the order it names, and decision.primary_slice (never read by any judgement) is
+    dropped, so that an old campaign re-judges as it was judged. A pilot file to run is held
+    to today's names instead (its error names the new one)."""
+    load = data.get("load")
+    if isinstance(load, dict):
+        order = load.get("order")
+        if isinstance(order, str) and order in FORMER_ORDERS:
+            data = {**data, "load": {**load, "order": FORMER_ORDERS[order]}}
+    decision = data.get("decision")
+    if isinstance(decision, dict) and "primary_slice" in decision:
+        data = {**data, "decision": {k: v for k, v in decision.items() if k != "primary_slice"}}
+    return data
+
+
+def _validate(text: str, source: str, *, saved: bool = False) -> tuple[Pilot, Lines]:
     data, lines = parse(text, source)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the pilot file must be a mapping (key: value) at top level")
+    if saved:
+        data = _as_saved(data)
     try:
         pilot = Pilot.model_validate(data, context={"defer_cross_checks": True})
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source, lines)) from None
-    problems = _cross_field_problems(pilot)
+    problems = cross_field_problems(pilot)
     if problems:
         raise ConfigError(
             "\n".join(

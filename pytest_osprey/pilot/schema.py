@@ -30,14 +30,15 @@ from .base import (
 )
 from .endpoint_url import check_url
 from .limits import Limits
-from .load import _UNION_TAGS, Load, LoadLevel, OpenLoop, level_label
+from .load import Load, LoadLevel, OpenLoop, level_label
 
 # The schema's public names, those defined in its parts included.
-__all__ = ["_UNION_TAGS", "ConfigError", "Load", "LoadLevel", "OpenLoop", "Pilot", "Strict",
-           "json_schema", "level_label"]
+__all__ = ["ConfigError", "Load", "LoadLevel", "OpenLoop", "Pilot", "Strict",
+           "cross_field_problems", "json_schema", "level_label"]
 
 Engine = Literal["transformers", "sglang", "vllm", "endpoint"]
 Role = Literal["baseline", "current", "candidate"]
+
 
 class Speculation(Strict):
     """How a drafter condition speculates; names follow the engine's own flags."""
@@ -217,25 +218,12 @@ class Sampling(Strict):
     sample index (distinct for each, so every sample is drawn independently)."""
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 class Decision(Strict):
     primary_load: Text | None = Field(
         None,
         description="The load level that must improve (default: the highest closed-loop "
         "concurrency, else the highest open-loop rate)",
     )
-    primary_slice: Text | None = Field(None, description="Slice that must improve (default: all)")
     gate_unusual_slice: bool = False
     """Gate (not just report) the unusual slice's speedup."""
     confidence: Annotated[float, Field(gt=0.5, lt=1, allow_inf_nan=False)] = 0.95
@@ -350,7 +338,7 @@ class Pilot(Strict):
     def _roles(self, info: ValidationInfo) -> Pilot:
         # load_pilot runs these itself, to point at the offending field's line.
         if not (info.context or {}).get("defer_cross_checks"):
-            for loc, msg in _cross_field_problems(self):
+            for loc, msg in cross_field_problems(self):
                 raise ValueError(f"{'.'.join(map(str, loc))}: {msg}")
         return self
 
@@ -382,7 +370,7 @@ class Pilot(Strict):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str]]:
+def cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str]]:
     """Checks spanning several sections, each with the location of the field at fault."""
     out: list[tuple[tuple[str | int, ...], str]] = []
     baselines = [n for n, c in pilot.conditions.items() if c.role == "baseline"]

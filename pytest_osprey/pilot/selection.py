@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from .base import ConfigError
 from .loading import where_in_pilot
 from .schema import Pilot
-from .trace import Trace, TraceError
-from .trace_file import load_trace
+from .trace import Trace, TraceError, load_trace
 
 
 def _hint(name: str, known: Sequence[str]) -> str:

@@ -70,10 +70,6 @@ def load_meaning(meta: CampaignFile, pilot: Pilot | None = None) -> str:
     return f"{levels}: {text}"
 
 
-def _order(order: str) -> str:
-    return "interleaved" if order == "abba" else order
-
-
 def _when(ts: float | None) -> str | None:
     if ts is None:
         return None
@@ -103,11 +99,11 @@ def _design(meta: CampaignFile, order: str | None, long: bool = False) -> str:
     """Passes, boots and order in words (the replay plan's shape)."""
     plan = meta.plan
     if plan is None:  # recorded before replay plans
-        return f"{meta.blocks} block(s)" + (f" {_order(order)}" if order else "")
+        return f"{meta.blocks} block(s)" + (f" {order}" if order else "")
     text = f"{plan.passes} pass(es)"
     if plan.boots_per_condition > 1:
         text += f" x {plan.boots_per_condition} boots per condition"
-    text += f" {_order(plan.order)}"
+    text += f" {plan.order}"
     if long:
         sizes = ", ".join(f"{lvl}: {len(bs)} blocks of ~{max(len(b) for b in bs)} prompts"
                           for lvl, bs in plan.blocks.items() if bs)

@@ -10,15 +10,24 @@ from __future__ import annotations
 import json
 import platform
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .files import write_json_atomic
 
 CAMPAIGN_SCHEMA: Final = 1
 Status = Literal["running", "complete", "interrupted"]
+
+
+def _order_now(value: Any) -> Any:
+    # Campaigns recorded before the interleaved order had its name call it abba.
+    return "interleaved" if value == "abba" else value
+
+
+Order = Annotated[str, BeforeValidator(_order_now)]
+"""interleaved or sequential (as the pilot's load.order)."""
 
 
 class CampaignFileError(ValueError):
@@ -65,7 +74,7 @@ class PlanFacts(_Facts):
 
     passes: int
     boots_per_condition: int = 1
-    order: str = "interleaved"
+    order: Order = "interleaved"
     looks: int = 1
     seed: str = "0"
     blocks: dict[str, list[list[str]]] = Field(default_factory=dict)
@@ -96,8 +105,8 @@ class CampaignFile(_Facts):
     blocks: int = 1
     warmup_requests: int | None = None
     """Warm-up requests per condition after boot (not recorded)."""
-    order: str | None = None
-    """Block order: abba (interleaved, all conditions up at once) or sequential."""
+    order: Order | None = None
+    """Block order: interleaved (all conditions up at once) or sequential."""
     block_order: list[list[str]] = Field(default_factory=list)
     sampling: dict[str, Any] = Field(default_factory=dict)
     conditions: dict[str, ConditionRun] = Field(default_factory=dict)

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..pilot.trace import Prompt, TraceError
-from ..pilot.trace_file import load_trace
+from ..pilot.trace import Prompt, TraceError, load_trace
 from .campaign_file import CampaignFile, read_campaign_file
 from .records import RequestRecord, read_records
 

@@ -57,12 +57,6 @@ def reset() -> None:
         _FORMS = ()
 
 
-def registered() -> tuple[str, ...]:
-    """The raw secret values registered so far."""
-    with _LOCK:
-        return tuple(_VALUES)
-
-
 def scrub(text: str) -> str:
     """``text`` with every registered secret (in any written form) replaced by ``***``."""
     forms = _FORMS
