@@ -9,16 +9,14 @@ running) is said first and gets no verdict.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
-from .judgement import plan_gates
-from .judgement.history import HistoryError, open_previous
 from .pilot import ConfigError, Pilot
 from .pilot.loading import load_pilot_text, load_pilot_unchecked
 from .results import Preflight, SavedCampaign, read_preflight
-from .run import PilotRun, RunOptions, UsageError, open_saved
+from .run import PilotRun
 from .run_folders import FolderError, writable
+from .run_inputs import ReusedCampaign, UsageError, open_saved
 
 
 def _saved_pilot(directory: Path, data: SavedCampaign, config: Path | None) -> tuple[Pilot, str]:
@@ -54,38 +52,5 @@ def rejudge(directory: Path, config: Path | None = None,
         preflight = read_preflight(directory / "preflight.json") or Preflight()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return _SavedRun(directory, pilot, source, data, partial, preflight, compare_with)
-
-
-class _SavedRun(PilotRun):
-    """A run whose campaign is already saved: limits from any pilot, paths not required."""
-
-    def __init__(self, directory: Path, pilot: Pilot, source: str, data: SavedCampaign,
-                 partial: str | None, preflight: Preflight,
-                 compare_with: Path | None) -> None:
-        self.options = RunOptions(reuse=directory)
-        self.cwd = Path.cwd()
-        self.progress = None
-        self.pilot_path = directory / "campaign.json"
-        self.pilot = pilot
-        self.pilot_text = data.meta.pilot_text or ""
-        self.notes = [f"{directory}: INTERRUPTED: {partial}; judged as measured, no "
-                      "verdict"] if partial else []
-        self.reuse = directory
-        self.saved = data
-        self.partial = partial
-        self.incomplete = partial is not None
-        self.rejudged = {"at": datetime.now(UTC).isoformat(timespec="seconds"),
-                         "pilot": source, "source": str(directory)}
-        self._results = None
-        self.conditions = [c for c in self.pilot.conditions if c in data.meta.conditions]
-        self.gates = plan_gates(self.pilot, self.conditions)
-        self._preflight = preflight
-        self._init_steps()
-        self._campaign = data
-        self.previous = None
-        if compare_with is not None:
-            try:
-                self.previous = open_previous(compare_with, str(data.meta.trace_hash))
-            except HistoryError as exc:
-                raise UsageError(f"--compare: {exc}") from None
+    return PilotRun.from_saved(ReusedCampaign(directory, data, partial, preflight, source),
+                               pilot, compare_with)

@@ -37,7 +37,7 @@ from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
 from .pilot.selection import selected_trace
 from .preflight import run_preflight
 from .report.summary import write_reports
-from .results import Preflight, SavedCampaign, load_campaign, read_preflight
+from .results import Preflight, SavedCampaign, load_campaign
 from .results.campaign_file import (
     CampaignFile,
     CampaignFileError,
@@ -46,9 +46,16 @@ from .results.campaign_file import (
     stopped_conditions,
     stopped_note,
 )
-from .results.records import RecordsError, RequestRecord
-from .results.redact import register
+from .results.records import RequestRecord
 from .run_folders import FolderError, default_results, fresh_results, one_line, writable
+from .run_inputs import (
+    ReusedCampaign,
+    UsageError,
+    bind_warning,
+    register_secrets,
+    reuse_saved,
+    select_conditions,
+)
 from .signals import sigterm_interrupts
 
 EXIT_OK = 0
@@ -59,13 +66,8 @@ EXIT_USAGE = 4  # pytest's ExitCode.USAGE_ERROR
 Progress = Callable[[ProgressEvent], None]
 
 __all__ = ["EXIT_GATE_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "CampaignError",
-           "PilotRun", "RunOptions", "RunOutcome", "UsageError", "sigterm_interrupts",
-           "stop_servers"]
-
-
-class UsageError(ValueError):
-    """Input the run cannot start from (pilot, trace, options, folders); one line naming the
-    source."""
+           "PilotRun", "ReusedCampaign", "RunOptions", "RunOutcome", "UsageError",
+           "sigterm_interrupts", "stop_servers"]
 
 
 class CampaignError(RuntimeError):
@@ -111,49 +113,26 @@ def _under(base: Path, path: str | os.PathLike[str]) -> Path:
     return p if p.is_absolute() else base / p
 
 
-def register_secrets(pilot: Pilot) -> None:
-    """The values of the secrets the pilot names, scrubbed from everything written or shown."""
-    names = {pilot.target.api_key_env, *(c.endpoint.api_key_env for c in
-                                         pilot.conditions.values() if c.endpoint)}
-    env = {**os.environ, **pilot.target.env}
-    for cond in pilot.conditions.values():
-        for name in names:
-            if name:
-                register(cond.env.get(name) or env.get(name))
-
-
-def bind_warning(pilot: Pilot) -> str | None:
-    """A server engine bound to anything but loopback is reachable from the network."""
-    import ipaddress
-
-    host = pilot.target.host
-    if pilot.target.engine not in ("sglang", "vllm") or host == "localhost":
+def _previous(option: str | os.PathLike[str] | None, cwd: Path, results: Path | None,
+              trace_hash: str) -> Previous | None:
+    """--osprey-compare: the earlier campaign, refused before anything boots if it cannot
+    compare."""
+    if not option:
         return None
+    where = _under(cwd, option)
+    if results is not None and where.resolve() == results.resolve():
+        raise UsageError(f"--osprey-compare: {where} is this run's own results folder; "
+                         "name an earlier campaign's folder")
     try:
-        if ipaddress.ip_address(host.strip("[]")).is_loopback:
-            return None
-    except ValueError:
-        pass
-    keyed = "an API key" if pilot.target.api_key_env else "no API key (anyone can use them)"
-    return (f"target.host is {host}: the engine servers will accept connections from the "
-            f"network, with {keyed}; 127.0.0.1 keeps them on this machine")
-
-
-def open_saved(directory: Path) -> tuple[SavedCampaign, str | None]:
-    """A saved campaign and, when it is partial, why (UsageError when it cannot be read)."""
-    try:
-        data = load_campaign(directory)
-    except (CampaignFileError, RecordsError) as exc:
-        raise UsageError(f"{exc}; not a results folder this version can judge") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(one_line(exc, f"{directory}: cannot read the saved campaign")) from None
-    measured = sum(1 for r in data.records if r.mode == "greedy")
-    return data, incomplete_note(data.meta, measured)
+        return open_previous(where, trace_hash)
+    except HistoryError as exc:
+        raise UsageError(f"--osprey-compare: {exc}") from None
 
 
 class PilotRun:
     """A pilot run: built from a pilot file and options (usage problems raise
-    :class:`UsageError` before anything runs), then each step on demand."""
+    :class:`UsageError` before anything runs), or from a saved campaign
+    (:meth:`from_saved`); then each step on demand."""
 
     def __init__(
         self,
@@ -163,55 +142,93 @@ class PilotRun:
         cwd: str | os.PathLike[str] | None = None,
         progress: Progress | None = None,
     ) -> None:
-        self.options = options or RunOptions()
-        self.cwd = Path(cwd) if cwd is not None else Path.cwd()
-        self.progress = progress
-        self.pilot_path = _under(self.cwd, pilot_path)
-        self.notes: list[str] = []
+        options = options or RunOptions()
+        here = Path(cwd) if cwd is not None else Path.cwd()
+        path = _under(here, pilot_path)
         try:
             # A dry run checks the command lines where the drafters may not be (a CI machine
             # for a GPU deployment): their absence is the artifact check's finding.
-            self.pilot: Pilot = load_pilot(self.pilot_path, absent_drafters=self.options.dry_run)
-            self.pilot_text = self.pilot_path.read_text("utf-8-sig")
-            self.trace: Trace = selected_trace(self.pilot, self.pilot_path)
+            pilot = load_pilot(path, absent_drafters=options.dry_run)
+            pilot_text = path.read_text("utf-8-sig")
+            trace = selected_trace(pilot, path)
         except (ConfigError, TraceError) as exc:
             raise UsageError(str(exc)) from None
         except (OSError, ValueError) as exc:
             raise UsageError(one_line(exc, f"{pilot_path}: cannot read")) from None
-        register_secrets(self.pilot)
+        register_secrets(pilot)
         # A gate that could never fail is refused before anything runs, never passed.
-        budget = sampling_budget_problem(self.pilot, len(self.trace.prompts))
+        budget = sampling_budget_problem(pilot, len(trace.prompts))
         if budget:
             raise UsageError(f"{pilot_path}: {budget}")
-        self.conditions = self._select(self.options.conditions, str(pilot_path))
-        warning = bind_warning(self.pilot)
-        if warning:
-            self.notes.append(warning)
-        self.reuse = _under(self.cwd, self.options.reuse) if self.options.reuse else None
-        self.saved: SavedCampaign | None = None
-        self.partial: str | None = None  # why the campaign (or a condition) is incomplete
-        self.incomplete = False  # the campaign itself: interrupted, killed or still running
-        self.rejudged: dict[str, Any] | None = None
-        self._preflight: Preflight | None = None
-        if self.reuse is not None:
-            self._open_reuse(self.reuse)
-        self._results: Path | None = None
+        conditions = select_conditions(pilot, options.conditions, str(pilot_path))
+        warning = bind_warning(pilot)
+        reuse = (reuse_saved(_under(here, options.reuse), str(path)) if options.reuse
+                 else None)
+        results: Path | None = None
         try:
-            if self.options.results:
-                self._results = fresh_results(_under(self.cwd, self.options.results),
-                                              self.options.reuse_hint)
-            elif self.reuse is not None:
-                writable(self.reuse)  # the re-judged copy goes inside it, made when judged
-            elif not self.dry_run:  # a dry run's folder is made only if something needs it
-                self._results = default_results(self.cwd, self.pilot.name)
+            if options.results:
+                results = fresh_results(_under(here, options.results), options.reuse_hint)
+            elif reuse is not None:
+                writable(reuse.directory)  # the re-judged copy goes inside it, made when judged
+            elif not options.dry_run:  # a dry run's folder is made only if something needs it
+                results = default_results(here, pilot.name)
         except FolderError as exc:
             raise UsageError(str(exc)) from None
-        self.gates: list[GateSpec] = plan_gates(self.pilot, self.conditions,
-                                                dry_run=self.options.dry_run)
-        self.previous = self._previous(self.options.compare)
-        self._init_steps()
+        self._begin(options=options, cwd=here, progress=progress, pilot_path=path, pilot=pilot,
+                    pilot_text=pilot_text, trace=trace, conditions=conditions,
+                    notes=[warning] if warning else [], reuse=reuse, results=results,
+                    previous=_previous(options.compare, here, results, trace.sha256))
 
-    def _init_steps(self) -> None:
+    @classmethod
+    def from_saved(cls, saved: ReusedCampaign, pilot: Pilot,
+                   compare_with: Path | None = None) -> PilotRun:
+        """A run judging ``saved`` under ``pilot``'s limits (any pilot: its paths need not
+        exist, nothing is measured); its conditions are those the campaign ran."""
+        previous = None
+        if compare_with is not None:
+            try:
+                previous = open_previous(compare_with, str(saved.data.meta.trace_hash))
+            except HistoryError as exc:
+                raise UsageError(f"--compare: {exc}") from None
+        run = cls.__new__(cls)
+        run._begin(options=RunOptions(reuse=saved.directory), cwd=Path.cwd(), progress=None,
+                   pilot_path=saved.directory / "campaign.json", pilot=pilot,
+                   pilot_text=saved.data.meta.pilot_text or "", trace=None,
+                   conditions=[c for c in pilot.conditions if c in saved.data.meta.conditions],
+                   notes=[], reuse=saved, results=None, previous=previous)
+        return run
+
+    def _begin(self, *, options: RunOptions, cwd: Path, progress: Progress | None,
+               pilot_path: Path, pilot: Pilot, pilot_text: str, trace: Trace | None,
+               conditions: list[str], notes: list[str], reuse: ReusedCampaign | None,
+               results: Path | None, previous: Previous | None) -> None:
+        """Every attribute of a run, however it was built; no step has run yet."""
+        self.options = options
+        self.cwd = cwd
+        self.progress = progress
+        self.pilot_path = pilot_path
+        self.pilot = pilot
+        self.pilot_text = pilot_text
+        self.trace = trace  # None: built from a saved campaign, the run never measures
+        self.conditions = conditions
+        self.notes = notes
+        self.reuse = reuse.directory if reuse is not None else None
+        self.saved = reuse.data if reuse is not None else None
+        # Why the campaign (or a condition) is incomplete; ``incomplete``: the campaign itself
+        # (interrupted, killed or still running).
+        self.partial = reuse.partial if reuse is not None else None
+        self.incomplete = self.partial is not None
+        self.rejudged: dict[str, Any] | None = None
+        if reuse is not None:
+            if reuse.partial:
+                self.notes.insert(0, f"{reuse.directory}: INTERRUPTED: {reuse.partial}; judged "
+                                     "as measured, no verdict")
+            self.rejudged = {"at": datetime.now(UTC).isoformat(timespec="seconds"),
+                             "pilot": reuse.limits_from, "source": str(reuse.directory)}
+        self._preflight = reuse.preflight if reuse is not None else None
+        self._results = results
+        self.gates: list[GateSpec] = plan_gates(pilot, conditions, dry_run=options.dry_run)
+        self.previous = previous
         self._campaign: SavedCampaign | None = None
         self.judged_data: SavedCampaign | None = None
         """What the judgement was made from (also a partial campaign's records)."""
@@ -220,50 +237,6 @@ class PilotRun:
         self.reports: list[Path] = []
         self.campaign_error: str | None = None
         self.write_error: str | None = None
-
-    def _open_reuse(self, reuse: Path) -> None:
-        """The saved campaign (and its preflight) read now: a folder that cannot be judged is
-        a usage error before anything runs; a partial one is said first."""
-        if not (reuse / "campaign.json").is_file():
-            raise UsageError(f"{reuse}: no campaign.json there (not a results folder)")
-        self.saved, self.partial = open_saved(reuse)
-        self.incomplete = self.partial is not None
-        if self.partial:
-            self.notes.insert(0, f"{reuse}: INTERRUPTED: {self.partial}; judged as measured, "
-                                 "no verdict")
-        try:
-            self._preflight = read_preflight(reuse / "preflight.json")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        self.rejudged = {"at": datetime.now(UTC).isoformat(timespec="seconds"),
-                         "pilot": str(self.pilot_path), "source": str(reuse)}
-
-    # -- set-up -----------------------------------------------------------------------------
-    def _select(self, wanted: Sequence[str] | None, source: str) -> list[str]:
-        names = list(self.pilot.conditions)
-        if not wanted:
-            return names
-        wanted = [w.strip() for w in wanted if w.strip()]
-        unknown = [w for w in wanted if w not in self.pilot.conditions]
-        if unknown:
-            raise UsageError(f"--osprey-conditions: unknown condition(s) {', '.join(unknown)}; "
-                             f"{source} defines: {', '.join(names)}")
-        keep = {self.pilot.baseline, *wanted}
-        return [n for n in names if n in keep]
-
-    def _previous(self, option: str | os.PathLike[str] | None) -> Previous | None:
-        """--osprey-compare: the earlier campaign, refused before anything boots if it cannot
-        compare."""
-        if not option:
-            return None
-        where = _under(self.cwd, option)
-        if self._results is not None and where.resolve() == self._results.resolve():
-            raise UsageError(f"--osprey-compare: {where} is this run's own results folder; "
-                             "name an earlier campaign's folder")
-        try:
-            return open_previous(where, self.trace.sha256)
-        except HistoryError as exc:
-            raise UsageError(f"--osprey-compare: {exc}") from None
 
     @property
     def results_dir(self) -> Path:
@@ -315,19 +288,21 @@ class PilotRun:
         if self.saved is not None:
             self._campaign = self.saved
             return self._campaign
+        trace = self.trace
+        assert trace is not None, "a run built from a saved campaign never measures"
         preflight = self.preflight()
         campaign = Campaign(
-            self.pilot, self.trace, self.results_dir, self.conditions, preflight.failed(),
+            self.pilot, trace, self.results_dir, self.conditions, preflight.failed(),
             progress=self.progress, config_text=self.pilot_text, stop_rule=self._stop_rule(),
         )
         try:
             self._campaign = campaign.run()
         except KeyboardInterrupt as exc:
-            self._partial_reports(campaign, exc)
+            self._partial_reports(campaign, trace, exc)
             raise
         except Exception as exc:  # an error ends the campaign: what it measured is reported
             self.campaign_error = one_line(exc, "campaign stopped")
-            self._partial_reports(campaign, exc)
+            self._partial_reports(campaign, trace, exc)
             raise CampaignError(self.campaign_error) from None
         try:
             shutil.copyfile(self.pilot_path, self.results_dir / "pilot.yaml")
@@ -335,11 +310,11 @@ class PilotRun:
             self._write_failed(exc, "pilot.yaml copy not written")
         return self._campaign
 
-    def _partial_reports(self, campaign: Campaign, exc: BaseException) -> None:
+    def _partial_reports(self, campaign: Campaign, trace: Trace, exc: BaseException) -> None:
         """summary.json and both reports of an interrupted campaign, marked INTERRUPTED, with
         no verdict (never raises: the interrupt or error that stopped it goes on)."""
         meta = CampaignFile(status="interrupted", stop_reason=stop_reason(exc),
-                            prompt_ids=[p.id for p in self.trace.prompts],
+                            prompt_ids=[p.id for p in trace.prompts],
                             load_levels=dict.fromkeys(self.pilot.load.levels, 0),
                             blocks=self.pilot.load.passes,
                             conditions={c: {} for c in self.conditions})
@@ -348,7 +323,7 @@ class PilotRun:
         self.incomplete = True
         try:
             data = load_campaign(self.results_dir)
-            data.prompts = self.trace.by_id()
+            data.prompts = trace.by_id()
             # Said as it is, even where campaign.json could not be saved (a full disk).
             data.meta.status, data.meta.stop_reason = "interrupted", meta.stop_reason
             self._judge(data, plots=False)

@@ -41,7 +41,7 @@ from pytest_osprey.report.summary import summary_dict
 from pytest_osprey.results import load_campaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.redact import MASK, register, reset, scrub, scrub_obj
-from pytest_osprey.run import bind_warning
+from pytest_osprey.run_inputs import bind_warning
 
 FUZZ = settings(deadline=None, database=None, max_examples=50,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -1,7 +1,8 @@
 """The campaign: boot each condition, warm up, replay the trace as the replay plan says.
 
 Measurement only: every request becomes a record in records.jsonl (flushed as it goes) and
-the run's facts go to campaign.json. Judging reads those files and nothing else.
+the run's facts go to campaign.json (:meth:`Campaign.meta`), rewritten as they change.
+Judging reads those files and nothing else.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import secrets
 import time
 from collections.abc import Sequence
@@ -17,24 +19,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
-from ..results.campaign_file import ScheduleEntry
+from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
 from .events import Progress, ProgressEvent, StopRule
-from .meta import campaign_meta
 from .probing import run_probes
 from .requests import (
+    host_facts,
     host_load,
     max_new_tokens,
     poisson_arrivals,
     sample_seed,
     stop_reason,
 )
-from .schedule import ReplayPlan, Stretch, plan_replay
+from .schedule import ReplayPlan, Stretch, plan_facts, plan_replay
 
 # How long a server whose requests failed may take to be seen exited (the kernel reaps it
 # after its sockets already refuse connections).
@@ -492,5 +495,46 @@ class Campaign:
                 state.engine = None
 
     # -- campaign.json ------------------------------------------------------------------
+    def meta(self) -> CampaignFile:
+        """campaign.json as the campaign stands: the pilot, the plan, each condition's boots,
+        the schedule and the status."""
+        pilot = self.pilot
+        return CampaignFile(
+            run_id=self.run_id,
+            tool_version=__version__,
+            pilot_name=pilot.name,
+            config_hash=pilot.digest(),
+            pilot_text=self.config_text,
+            trace_hash=self.trace.sha256,
+            trace_files=[str(f) for f in self.trace.files],
+            prompt_ids=[p.id for p in self.trace.prompts],
+            baseline=pilot.baseline,
+            current=pilot.current,
+            candidates=[n for n in pilot.candidates if n in self.conditions],
+            load_levels={k: v if isinstance(v, int) else v.model_dump(mode="json")
+                         for k, v in pilot.load.levels.items()},
+            blocks=self.plan.passes,
+            plan=plan_facts(self.plan),
+            warmup_requests=pilot.load.warmup_requests,
+            order=pilot.load.order,
+            sampling=pilot.sampling.model_dump(mode="json"),
+            conditions={
+                name: ConditionRun(role=pilot.conditions[name].role, error=st.error,
+                                   boot_s=st.boot_s, peak_memory_mb=st.peak_memory_mb,
+                                   fingerprint=st.fingerprint)
+                for name, st in self.states.items()
+            },
+            schedule=self.schedule,
+            early_stop=self.stop_rule is not None,
+            sequential=self.sequential,
+            stopped_after_block=self.stopped_after_block,
+            status=self.status,
+            stop_reason=self.stop_reason,
+            writer_pid=os.getpid(),
+            started_at=self.started_at,
+            ended_at=time.time() if self.status != "running" else None,
+            host=host_facts(),
+        )
+
     def _save_meta(self) -> None:
-        campaign_meta(self).save(self.directory)
+        self.meta().save(self.directory)

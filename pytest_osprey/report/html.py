@@ -1,12 +1,18 @@
 """report.html: one self-contained page (inline CSS, plots as PNG data URIs, no external URL).
 
-Every string that comes from records, config or the summary goes through :func:`_e`
-(``html.escape``): model outputs are untrusted text.
+Every string that comes from records, config or the summary goes through :func:`esc`
+(``html.escape``): model outputs are untrusted text. The page's parts, top to bottom: the
+banner (partial, re-judged), header, verdicts, set-up, stability, gates, figures, analyses,
+cost, history, plots, outputs, failed requests.
 """
 
 from __future__ import annotations
 
+import base64
+import html
+import math
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +20,6 @@ from ..judgement.figures import Figures, all_figures
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
-from .html_sections import PLOT_CAPTIONS, analyses, setup_section, stability_section
-from .htmlkit import badge as _badge
-from .htmlkit import esc as _e
-from .htmlkit import figure as _figure
-from .htmlkit import money as _money
-from .htmlkit import num as _num
-from .htmlkit import table as _table
 from .setup import memory_basis
 from .terminal import Columns, header, legend, speedup_cells, table_rows
 
@@ -75,6 +74,107 @@ mark{background:#ffd8b5}.ws{color:#8c959f;font-size:11px}
 """
 
 
+# --------------------------------------------------------------------------- HTML primitives
+# Every string is escaped; cells and bodies handed in are already HTML.
+
+
+def esc(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def num(value: object, fmt: str = "{:.4g}") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return esc(value)
+    return esc(fmt.format(value))
+
+
+def money(value: object) -> str:
+    """Currency amounts in plain decimals (no exponent), 3 significant digits when small."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return num(value)
+    if not math.isfinite(value):
+        return esc(f"{value:g}")
+    if value == 0:
+        return "0.00"
+    decimals = max(2, 2 - math.floor(math.log10(abs(value))))
+    return esc(f"{value:,.{decimals}f}")
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = (),
+          classes: dict[int, str] | None = None) -> str:
+    """Cells in ``rows`` are already HTML; ``columns`` are plain text. ``numeric`` columns
+    are right-aligned; ``classes`` gives other columns a CSS class."""
+    cls = {i: "num" for i in numeric} | (classes or {})
+    head = "".join(f"<th>{esc(h)}</th>" for h in columns)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="{cls[i]}">{c}</td>' if i in cls else f"<td>{c}</td>"
+            for i, c in enumerate(row)
+        ) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def badge(outcome: object, evidence: object = "tested") -> str:
+    cls = outcome if outcome in ("pass", "fail", "inconclusive", "skip") else "skip"
+    # A pass that could not have failed must not look like one that could: no green badge.
+    if cls == "pass" and evidence not in (None, "tested"):
+        cls = "inconclusive"
+    return f'<span class="badge {cls}">{esc(outcome)}</span>'
+
+
+def figure(key: str, png: bytes, caption: str) -> str:
+    uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return (f'<figure><img src="{uri}" alt="{esc(key)}">'
+            f"<figcaption><b>{esc(key)}</b>: {esc(caption)}</figcaption></figure>")
+
+
+# --------------------------------------------------------------------------- plots
+
+
+PLOT_CAPTIONS = {
+    "latency_cdf": "Completion latency CDF per condition, one panel per load level.",
+    "ttft_throughput": "Time to first token and per-request output tokens/s, per condition "
+    "and load level (boxes: quartiles; whiskers: 1.5 IQR).",
+    "accept_length": "Distribution of per-request accept length for drafter conditions, on "
+    "its whole range: 1 (no drafted token accepted) to the drafted tokens per step + 1.",
+    "speedup": "Per-prompt speedup (reference / candidate completion latency, geometric mean "
+    "over repetitions); bars are 95% bootstrap intervals over repetitions (paired by block) "
+    "where a prompt has >= 2 on both sides. Solid line: no change; dashed: the KEEP threshold; "
+    "dotted: geometric mean over prompts; green band: the speed gate's overall 95% CI.",
+    "timeline": "Every greedy request's completion latency against the time it ran, per "
+    "condition and load level; alternate passes shaded; dashed: the host's load average. "
+    "A condition whose latency moves between passes with the same prompts shows a machine "
+    "changing speed.",
+    "load_speedups": "Each candidate's completion-latency speedup at every load level, with "
+    "the speed gates' 95% CIs (x: total-time speedup where judged).",
+    "domains": "Speedup over the baseline per domain of the trace (95% bootstrap CI over "
+    "that domain's prompts: descriptive, not a gate) and the candidate's pooled accept "
+    "length there, at the primary load.",
+    "distribution": "The sampled-distribution check as a picture: per output position, how "
+    "often two samples of a prompt share a token (a sharper sampler, e.g. a lower temperature "
+    "or top-p, raises it), and the distribution of output lengths.",
+    "acceptance_positions": "Share of verify steps in which the draft token at each position "
+    "was accepted (later positions are accepted only after the earlier ones).",
+    "goodput": "Share of requests meeting every goodput target, per condition and load.",
+}
+
+
+def _caption(key: str) -> str:
+    """A plot's caption; a per-level plot (``speedup_busy``) shares its kind's."""
+    return PLOT_CAPTIONS.get(key) or PLOT_CAPTIONS.get(key.split("_", 1)[0], "")
+
+
+def _take(plots: dict[str, bytes], key: str) -> str:
+    """The plot ``key`` as a figure, taken out of ``plots`` (the rest show under Plots)."""
+    png = plots.pop(key, None)
+    if png is None:
+        return ""
+    return figure(key, png, _caption(key))
+
 
 # --------------------------------------------------------------------------- sections
 
@@ -88,8 +188,8 @@ def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
     conds = summary.get("conditions") or {
         n: c.model_dump() for n, c in meta.conditions.items()}
     rows = [
-        (_e(name), _e(info.get("role")), _num(info.get("boot_s"), "{:.1f}"),
-         _num(info.get("peak_memory_mb"), "{:.0f}"), _e(info.get("error") or "-"))
+        (esc(name), esc(info.get("role")), num(info.get("boot_s"), "{:.1f}"),
+         num(info.get("peak_memory_mb"), "{:.0f}"), esc(info.get("error") or "-"))
         for name, info in conds.items()
     ]
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in (
@@ -97,12 +197,12 @@ def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
         ("gates", "Gates"), ("figures", "Figures"), ("analyses", "Analyses"), ("cost", "Cost"),
         ("plots", "Plots"), ("outputs", "Outputs")))
     return (
-        f"<h1>{_e(title)}</h1>"
-        f'<p class="meta">pilot <b>{_e(summary.get("pilot_name") or meta.pilot_name)}</b>'
-        f" &middot; run <code>{_e(run)}</code> &middot; status <b>{_e(status)}</b> &middot; "
-        f"trace <code>{_e(trace)}</code> &middot; config <code>{_e(config)}</code> &middot; "
-        f"pytest-osprey {_e(meta.tool_version or '')}</p><nav>{nav}</nav>"
-        + _table(("condition", "role", "boot s", memory_basis(meta)[0], "error"), rows, {2, 3})
+        f"<h1>{esc(title)}</h1>"
+        f'<p class="meta">pilot <b>{esc(summary.get("pilot_name") or meta.pilot_name)}</b>'
+        f" &middot; run <code>{esc(run)}</code> &middot; status <b>{esc(status)}</b> &middot; "
+        f"trace <code>{esc(trace)}</code> &middot; config <code>{esc(config)}</code> &middot; "
+        f"pytest-osprey {esc(meta.tool_version or '')}</p><nav>{nav}</nav>"
+        + table(("condition", "role", "boot s", memory_basis(meta)[0], "error"), rows, {2, 3})
     )
 
 
@@ -116,22 +216,115 @@ def _verdicts(summary: dict[str, Any]) -> str:
         rest = line[len(prefix):].strip() if line.startswith(prefix) else line
         items = []
         for b in v.get("bullets") or []:
-            word = "" if b.get("outcome") == "fail" else f" ({_e(b.get('outcome'))})"
-            diag = (f'<br><span class="diag">diagnosis: {_e(b["diagnosis"])}</span>'
+            word = "" if b.get("outcome") == "fail" else f" ({esc(b.get('outcome'))})"
+            diag = (f'<br><span class="diag">diagnosis: {esc(b["diagnosis"])}</span>'
                     if b.get("diagnosis") else "")
-            items.append(f"<li><b>{_e(b.get('name'))}</b>{word}: {_e(b.get('text'))}{diag}"
+            items.append(f"<li><b>{esc(b.get('name'))}</b>{word}: {esc(b.get('text'))}{diag}"
                          "</li>")
         if not items:
-            items = [f"<li>{_e(r)}</li>" for r in v.get("reasons") or []]
-        items += [f'<li class="diag">note: {_e(n)}</li>' for n in v.get("notes") or []]
-        items += [f"<li>could not have failed: {_e(u)}</li>" for u in v.get("unproven") or []]
+            items = [f"<li>{esc(r)}</li>" for r in v.get("reasons") or []]
+        items += [f'<li class="diag">note: {esc(n)}</li>' for n in v.get("notes") or []]
+        items += [f"<li>could not have failed: {esc(u)}</li>" for u in v.get("unproven") or []]
         if not items and verdict == "KEEP":
             items = ["<li>every gating gate passed</li>"]
-        out.append(f'<div class="verdict {cls}"><span class="label">{_e(verdict)}</span>'
-                   f'<b>{_e(v.get("candidate"))}</b> <span class="head">{_e(rest)}</span>'
+        out.append(f'<div class="verdict {cls}"><span class="label">{esc(verdict)}</span>'
+                   f'<b>{esc(v.get("candidate"))}</b> <span class="head">{esc(rest)}</span>'
                    f"<ul>{''.join(items)}</ul></div>")
     if len(out) == 1:
         out.append('<p class="note">No candidate was judged.</p>')
+    return "".join(out)
+
+
+def _setup(summary: dict[str, Any]) -> str:
+    rows = [(esc(r.get("what")), esc(r.get("value"))) for r in summary.get("setup") or []]
+    if not rows:
+        return '<h2 id="setup">Set-up</h2><p class="note">Not recorded.</p>'
+    return '<h2 id="setup">Set-up</h2>' + table(("set-up", "value"), rows)
+
+
+def _stability(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+    out = ['<h2 id="stability">Environment stability</h2>']
+    st = summary.get("stability") or {}
+    for w in st.get("warnings") or []:
+        out.append(f'<div class="warning"><b>Unsteady machine:</b> {esc(w)}</div>')
+    drift = st.get("drift") or []
+    if drift:
+        out.append(f'<p class="note">The baseline ({esc(st.get("baseline"))}, speculation off) '
+                   "against its own first pass, same prompts: 1.00x means the machine ran "
+                   "at the same speed.</p>")
+        out.append(table(("load", "pass", "baseline latency vs pass 1", "prompts"), [
+            (esc(d.get("load")), num(d.get("block")), num(d.get("ratio"), "{:.2f}x"),
+             num(d.get("prompts"))) for d in drift], {1, 2, 3}))
+    elif st:
+        out.append('<p class="note">One pass: no drift between passes to measure.</p>')
+    loads = [x for x in st.get("load") or [] if x.get("loadavg_1m") is not None]
+    if loads:
+        top = max(x["loadavg_1m"] for x in loads)
+        low = min(x["loadavg_1m"] for x in loads)
+        out.append(f'<p class="note">Load average (1 min) during the replays: {low:.1f} to '
+                   f"{top:.1f} on {esc(st.get('cpus') or '?')} CPUs.</p>")
+    out.append(_take(plots, "timeline"))
+    return "".join(out)
+
+
+def _domains(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+    rows = summary.get("domains") or []
+    if not rows:
+        return ""
+
+    def ci(r: dict[str, Any]) -> str:
+        if r.get("ci_low") is None or r.get("ci_high") is None:
+            return "-"
+        return f"[{num(r['ci_low'], '{:.2f}')}, {num(r['ci_high'], '{:.2f}')}]"
+
+    body = table(("candidate", "domain", "slice", "prompts", "speedup", "95% CI", "accept len"),
+                 [(esc(r.get("candidate")), esc(r.get("domain")), esc(r.get("slice")),
+                   num(r.get("prompts")), num(r.get("speedup"), "{:.2f}x"), ci(r),
+                   num(r.get("accept_length"), "{:.2f}")) for r in rows], {3, 4, 5, 6})
+    load = rows[0].get("load")
+    return (f"<h3>Per domain (load {esc(load)})</h3>" + body + _take(plots, "domains"))
+
+
+def _goodput(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+    gp = summary.get("goodput")
+    if not gp:
+        return ""
+    targets = ", ".join(f"{name} &le; {num(gp[key] * 1000, '{:g}')} ms" for key, name in (
+        ("ttft_s", "TTFT"), ("tpot_s", "inter-token"), ("e2e_s", "completion"))
+        if gp.get(key) is not None)
+
+    def pct(v: object) -> str:
+        return "-" if not isinstance(v, int | float) else f"{v:.0%}"
+
+    body = table(("condition", "load", "good/sent", "share", "TTFT ok", "inter-token ok",
+                  "completion ok"),
+                 [(esc(r.get("condition")), esc(r.get("load")),
+                   f"{num(r.get('good'))}/{num(r.get('sent'))}", pct(r.get("share")),
+                   pct(r.get("ttft_share")), pct(r.get("tpot_share")), pct(r.get("e2e_share")))
+                  for r in gp.get("table", [])], {2, 3, 4, 5, 6})
+    return (f'<h3>Goodput</h3><p class="note">A request is good when it completed with '
+            f"{targets}. Margin against the baseline {num(gp.get('margin'), '{:.0%}')}.</p>"
+            + body + _take(plots, "goodput"))
+
+
+def _analyses(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+    out = ['<h2 id="analyses">Analyses</h2>', "<h3>Speed across load levels</h3>",
+           _take(plots, "load_speedups"), _domains(summary, plots), _goodput(summary, plots)]
+    shares = summary.get("acceptance_by_position") or {}
+    if shares:
+        out.append("<h3>Acceptance per draft position</h3>")
+        out.append(table(("condition", *[f"pos {k + 1}" for k in range(max(map(len,
+                         shares.values())))]),
+                         [(esc(c), *[num(v, "{:.0%}") for v in vs]) for c, vs in
+                          shares.items()], range(1, 1 + max(map(len, shares.values())))))
+        out.append(_take(plots, "acceptance_positions"))
+    else:
+        out.append('<h3>Acceptance per draft position</h3><p class="note">Not recorded: the '
+                   "engine reported no per-position counts for this campaign.</p>")
+    dist = [k for k in plots if k.startswith("distribution_")]
+    if dist:
+        out.append("<h3>Sampled-distribution check</h3>")
+        out += [_take(plots, k) for k in dist]
     return "".join(out)
 
 
@@ -139,14 +332,14 @@ def _gate_figures(g: dict[str, Any]) -> str:
     """Estimate [CI] vs threshold (and p), stacked in one narrow cell."""
     parts = []
     if g.get("estimate") is not None:
-        parts.append(_num(g.get("estimate")))
+        parts.append(num(g.get("estimate")))
     ci = g.get("ci")
     if isinstance(ci, list) and len(ci) == 2:
-        parts.append(f"[{_num(ci[0])}, {_num(ci[1])}]")
+        parts.append(f"[{num(ci[0])}, {num(ci[1])}]")
     if g.get("threshold") is not None:
-        parts.append(f"vs {_num(g.get('threshold'))}")
+        parts.append(f"vs {num(g.get('threshold'))}")
     if g.get("p_value") is not None:
-        parts.append(f'<span class="note">p {_num(g.get("p_value"), "{:.3g}")}</span>')
+        parts.append(f'<span class="note">p {num(g.get("p_value"), "{:.3g}")}</span>')
     return "<br>".join(parts) or "-"
 
 
@@ -154,21 +347,21 @@ def _gate_table(gates: list[dict[str, Any]]) -> str:
     rows = []
     for g in gates:
         where = " ".join(x for x in (
-            _e(g.get("condition")), f"vs {_e(g['reference'])}" if g.get("reference") else "",
-            f"at {_e(g['load'])}" if g.get("load") else "",
-            f"on {_e(g['slice'])}" if g.get("slice") else "") if x)
+            esc(g.get("condition")), f"vs {esc(g['reference'])}" if g.get("reference") else "",
+            f"at {esc(g['load'])}" if g.get("load") else "",
+            f"on {esc(g['slice'])}" if g.get("slice") else "") if x)
         evidence = g.get("evidence")
-        badge = _badge(g.get("outcome"), evidence) + (
-            f'<br><span class="note">{_e(evidence)}</span>'
+        outcome = badge(g.get("outcome"), evidence) + (
+            f'<br><span class="note">{esc(evidence)}</span>'
             if evidence and evidence != "tested" else "")
-        kind = (f'<span title="test_{_e(g.get("kind"))}[{_e(g.get("id"))}]">'
-                + _e(g.get("kind")).replace("_", "_<wbr>") + "</span>")  # wraps at "_"
-        rows.append((kind, where, badge, _gate_figures(g), _e(g.get("summary"))))
+        kind = (f'<span title="test_{esc(g.get("kind"))}[{esc(g.get("id"))}]">'
+                + esc(g.get("kind")).replace("_", "_<wbr>") + "</span>")  # wraps at "_"
+        rows.append((kind, where, outcome, _gate_figures(g), esc(g.get("summary"))))
     cols = ('<colgroup><col class="kind"><col class="judged"><col class="outcome">'
             '<col class="num"><col></colgroup>')
-    table = _table(("gate", "judged", "outcome", "estimate [CI] vs threshold", "result"),
-                   rows, {3}, {4: "summary"})
-    return table.replace("<table>", f'<table class="gates">{cols}', 1)
+    body = table(("gate", "judged", "outcome", "estimate [CI] vs threshold", "result"),
+                 rows, {3}, {4: "summary"})
+    return body.replace("<table>", f'<table class="gates">{cols}', 1)
 
 
 def _gates(summary: dict[str, Any]) -> str:
@@ -197,16 +390,16 @@ def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
                    speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
     out = ['<h2 id="figures">Figures per condition and load level</h2>',
-           f'<p class="note">{_e(legend(cols))}.</p>']
+           f'<p class="note">{esc(legend(cols))}.</p>']
     levels = list(dict.fromkeys(f.load for f in figs))
     full = header(cols, full=True)
     head = [h for i, h in enumerate(full) if i != 1]
     for level in levels:
         mine = [f for f in figs if f.load == level]
-        rows = [[_e(c) for i, c in enumerate(row) if i != 1]
+        rows = [[esc(c) for i, c in enumerate(row) if i != 1]
                 for row in table_rows(mine, cols, full=True)]
-        out.append(f"<h3>Load {_e(level)} ({_e(mine[0].load_label)})</h3>")
-        out.append(_table(head, rows, set(range(1, len(head)))))
+        out.append(f"<h3>Load {esc(level)} ({esc(mine[0].load_label)})</h3>")
+        out.append(table(head, rows, set(range(1, len(head)))))
     if not figs:
         out.append('<p class="note">No figures.</p>')
     return "".join(out)
@@ -221,48 +414,48 @@ def _cost(summary: dict[str, Any]) -> str:
         return out[0] + ('<p class="note">Cost not configured: <code>cost.device_hour_price'
                          "</code> is 0, so no cost per request and no break-even are computed. "
                          "Set it (and <code>cost.setup</code> per drafter) to see them.</p>")
-    cur = _e(cost.get("currency", ""))
+    cur = esc(cost.get("currency", ""))
     limits = cost.get("limits") or {}
     max_cost, max_days = limits.get("max_cost_per_request"), limits.get("max_break_even_days")
     per_day = cost.get("expected_requests_per_day")
     out.append(
-        f'<p class="note">Serving cost: {_money(cost.get("device_hour_price"))} {cur} per '
-        f'device-hour &times; {_num(cost.get("devices_per_server"))} device(s) per server. '
+        f'<p class="note">Serving cost: {money(cost.get("device_hour_price"))} {cur} per '
+        f'device-hour &times; {num(cost.get("devices_per_server"))} device(s) per server. '
         "Expected traffic: "
-        + (f"{_num(per_day, '{:,.0f}')} requests/day. " if per_day is not None else "not given. ")
+        + (f"{num(per_day, '{:,.0f}')} requests/day. " if per_day is not None else "not given. ")
         + "Limits: cost per request "
-        + (f"{_money(max_cost)} {cur}" if max_cost is not None else "none")
-        + ", break-even " + (f"{_num(max_days)} days" if max_days is not None else "none")
+        + (f"{money(max_cost)} {cur}" if max_cost is not None else "none")
+        + ", break-even " + (f"{num(max_days)} days" if max_days is not None else "none")
         + ". Cost per request = hourly cost / successful requests per busy hour.</p>")
 
     def over(value: object, limit: object, fmt: str | None = None) -> str:
-        text = _num(value, fmt) if fmt else _money(value)
+        text = num(value, fmt) if fmt else money(value)
         bad = isinstance(value, int | float) and isinstance(limit, int | float) and value > limit
         return f'<span class="over">{text}</span>' if bad else text
 
     rows = [
-        (_e(c.get("condition")),
-         f"{_e(c.get('load'))} ({_e(c.get('load_label') or 'x' + str(c.get('concurrency')))})",
-         f"{_e(c.get('ok'))}/{_e(c.get('total'))}", _num(c.get("busy_s"), "{:.2f}"),
-         _num(c.get("requests_per_hour"), "{:.1f}"),
-         over(c.get("cost_per_request"), max_cost), _money(_per_k(c.get("cost_per_request"))),
-         _money(c.get("setup_cost")))
+        (esc(c.get("condition")),
+         f"{esc(c.get('load'))} ({esc(c.get('load_label') or 'x' + str(c.get('concurrency')))})",
+         f"{esc(c.get('ok'))}/{esc(c.get('total'))}", num(c.get("busy_s"), "{:.2f}"),
+         num(c.get("requests_per_hour"), "{:.1f}"),
+         over(c.get("cost_per_request"), max_cost), money(_per_k(c.get("cost_per_request"))),
+         money(c.get("setup_cost")))
         for c in cost.get("table", [])
     ]
     unit = cost.get("currency", "")
-    out.append(_table(("condition", "load", "ok/total", "busy s", "ok requests/hour",
+    out.append(table(("condition", "load", "ok/total", "busy s", "ok requests/hour",
                        f"cost per ok request ({unit})", f"per 1,000 ({unit})",
                        f"setup ({unit})"), rows, {2, 3, 4, 5, 6, 7}))
     be_rows = [
-        (_e(b.get("candidate")), _e(b.get("reference")), _e(b.get("load")),
-         _money(b.get("setup_cost")), _money(b.get("savings_per_request")),
-         _num(b.get("requests"), "{:,.0f}"), over(b.get("days"), max_days, "{:,.1f}"),
-         _e(b.get("reason") or ""))
+        (esc(b.get("candidate")), esc(b.get("reference")), esc(b.get("load")),
+         money(b.get("setup_cost")), money(b.get("savings_per_request")),
+         num(b.get("requests"), "{:,.0f}"), over(b.get("days"), max_days, "{:,.1f}"),
+         esc(b.get("reason") or ""))
         for b in cost.get("break_even", [])
     ]
     if be_rows:
         out.append("<h3>Break-even (setup cost / savings per request)</h3>")
-        out.append(_table(("candidate", "vs", "load", "setup", "savings per request",
+        out.append(table(("candidate", "vs", "load", "setup", "savings per request",
                            "break-even requests", "days", "note"), be_rows, {3, 4, 5, 6}))
     return "".join(out)
 
@@ -274,8 +467,7 @@ def _per_k(value: object) -> object:
 def _plots(plots: dict[str, bytes]) -> str:
     out = ['<h2 id="plots">Plots</h2>']
     for key, png in plots.items():
-        caption = PLOT_CAPTIONS.get(key) or PLOT_CAPTIONS.get(key.split("_", 1)[0], "")
-        out.append(_figure(key, png, caption))
+        out.append(figure(key, png, _caption(key)))
     if not plots:
         out.append('<p class="note">No plots.</p>')
     return "".join(out)
@@ -301,7 +493,7 @@ def _visible(text: str) -> str:
             out.append('<span class="ws">\u21b5</span>\n' * k if k <= 2
                        else f'<span class="ws">\u21b5&times;{k}</span>\n')
         else:
-            out.append(_e(part))
+            out.append(esc(part))
     return "".join(out)
 
 
@@ -332,8 +524,8 @@ def _outputs(data: SavedCampaign) -> str:
         common = [p for p in ref if p in cand]
         divergent = [p for p in common if ref[p].output_ids != cand[p].output_ids
                      or (not ref[p].output_ids and ref[p].output_text != cand[p].output_text)]
-        out.append(f"<h3>{_e(cond)} vs {_e(baseline)}: {len(divergent)} of {len(common)} "
-                   f"prompts diverge (first repetition, load {_e(levels[0])})</h3>")
+        out.append(f"<h3>{esc(cond)} vs {esc(baseline)}: {len(divergent)} of {len(common)} "
+                   f"prompts diverge (first repetition, load {esc(levels[0])})</h3>")
         shown = divergent[:MAX_DIVERGENT]
         if not divergent:
             # Outputs with visible text first: a sample of blank outputs shows little.
@@ -345,10 +537,10 @@ def _outputs(data: SavedCampaign) -> str:
         for pid in shown:
             a, b = _diverging(ref[pid].output_text, cand[pid].output_text)
             out.append(
-                f"<div><b>{_e(pid)}</b> <span class=\"note\">slice {_e(ref[pid].slice)}, "
-                f"{_e(ref[pid].output_tokens)} vs {_e(cand[pid].output_tokens)} tokens</span>"
-                f'<div class="pair"><div><div class="who">{_e(baseline)}</div><pre>{a}</pre>'
-                f'</div><div><div class="who">{_e(cond)}</div><pre>{b}</pre></div></div></div>')
+                f"<div><b>{esc(pid)}</b> <span class=\"note\">slice {esc(ref[pid].slice)}, "
+                f"{esc(ref[pid].output_tokens)} vs {esc(cand[pid].output_tokens)} tokens</span>"
+                f'<div class="pair"><div><div class="who">{esc(baseline)}</div><pre>{a}</pre>'
+                f'</div><div><div class="who">{esc(cond)}</div><pre>{b}</pre></div></div></div>')
     return "".join(out)
 
 
@@ -364,14 +556,11 @@ def _errors(data: SavedCampaign) -> str:
     rows = []
     for cond, recs in by_cond.items():
         errors = list(dict.fromkeys((r.error or "(no message)")[:300] for r in recs))
-        rows.append((_e(cond), _e(len(recs)),
-                     "<br>".join(_e(e) for e in errors[:MAX_ERRORS])
+        rows.append((esc(cond), esc(len(recs)),
+                     "<br>".join(esc(e) for e in errors[:MAX_ERRORS])
                      + (" &hellip;" if len(errors) > MAX_ERRORS else "")))
-    return '<h2 id="errors">Failed requests</h2>' + _table(
+    return '<h2 id="errors">Failed requests</h2>' + table(
         ("condition", "failed", "errors (distinct, first few)"), rows, {1})
-
-
-# --------------------------------------------------------------------------- page
 
 
 def _history(summary: dict[str, Any]) -> str:
@@ -379,14 +568,15 @@ def _history(summary: dict[str, Any]) -> str:
     if not comp:
         return ""
     out = ['<h2 id="history">Compared with an earlier campaign</h2>',
-           f'<p class="note">{_e(comp.get("previous_dir"))} (run {_e(comp.get("previous_run_id"))})'
-           f', tolerance {_num(100 * float(comp.get("tolerance") or 0), "{:.0f}")}%.</p>']
-    rows = [(_e(f.get("candidate")), _e(f.get("check")), _e(f.get("load") or "-"),
+           f'<p class="note">{esc(comp.get("previous_dir"))} '
+           f'(run {esc(comp.get("previous_run_id"))}), tolerance '
+           f'{num(100 * float(comp.get("tolerance") or 0), "{:.0f}")}%.</p>']
+    rows = [(esc(f.get("candidate")), esc(f.get("check")), esc(f.get("load") or "-"),
              '<span class="over">REGRESSION</span>' if f.get("regression") else "ok",
-             _e(f.get("text"))) for f in comp.get("findings", [])]
+             esc(f.get("text"))) for f in comp.get("findings", [])]
     if rows:
-        out.append(_table(["drafter", "check", "load", "outcome", "finding"], rows, set()))
-    out += [f'<p class="note">{_e(n)}</p>' for n in comp.get("notes", [])]
+        out.append(table(["drafter", "check", "load", "outcome", "finding"], rows, set()))
+    out += [f'<p class="note">{esc(n)}</p>' for n in comp.get("notes", [])]
     return "".join(out)
 
 
@@ -395,12 +585,15 @@ def _banner(summary: dict[str, Any]) -> str:
     out = []
     if summary.get("partial"):
         out.append('<div class="verdict DROP"><span class="label">INTERRUPTED</span>'
-                   f"{_e(summary['partial'])}. Judged as measured: no verdict.</div>")
+                   f"{esc(summary['partial'])}. Judged as measured: no verdict.</div>")
     rejudged = summary.get("rejudged")
     if isinstance(rejudged, dict):
-        out.append(f'<p class="note"><b>Re-judged copy</b> ({_e(rejudged.get("at"))}, limits '
-                   f"from {_e(rejudged.get('pilot'))}); the original reports are untouched.</p>")
+        out.append(f'<p class="note"><b>Re-judged copy</b> ({esc(rejudged.get("at"))}, limits '
+                   f"from {esc(rejudged.get('pilot'))}); the original reports are untouched.</p>")
     return "".join(out)
+
+
+# --------------------------------------------------------------------------- page
 
 
 def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, bytes],
@@ -410,15 +603,15 @@ def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, b
     plots = dict(plots)
     body = "".join((
         _banner(summary), _header(summary, data, str(title)), _verdicts(summary),
-        setup_section(summary), stability_section(summary, plots), _gates(summary),
-        _figures(summary, data), analyses(summary, plots), _cost(summary), _history(summary),
+        _setup(summary), _stability(summary, plots), _gates(summary),
+        _figures(summary, data), _analyses(summary, plots), _cost(summary), _history(summary),
         _plots(plots), _outputs(data), _errors(data),
     ))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{CSS}</style></head>"
+        f"<title>{esc(title)}</title><style>{CSS}</style></head>"
         f"<body><main>{body}</main></body></html>\n"
     )
 
