@@ -12,8 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .judgement import plan_gates
-from .judgement.history import HistoryError, open_previous
+from .judgement import HistoryError, open_previous, plan_gates
 from .pilot import ConfigError, Pilot
 from .pilot.loading import load_pilot_text, load_pilot_unchecked
 from .results import Preflight, SavedCampaign, read_preflight
