@@ -68,10 +68,6 @@ PREFLIGHT = frozenset(k for k, v in KINDS.items() if v.family is Family.PREFLIGH
 """Kinds judged before (and without) any boot: they judge no measurement."""
 
 
-def family(kind: GateKind) -> Family:
-    return KINDS[kind].family
-
-
 def evaluate(
     spec: GateSpec, pilot: Pilot, data: SavedCampaign | None, preflight: Preflight
 ) -> GateResult:

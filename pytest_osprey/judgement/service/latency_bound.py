@@ -24,11 +24,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from ..stats.core import StatOutcome
-
-FloatArray = npt.NDArray[np.float64]
+from ..stats.core import FloatArray, StatOutcome
 
 
 class BoundError(ValueError):
