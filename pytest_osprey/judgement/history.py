@@ -11,7 +11,7 @@ itself across the two runs. For each drafter the earlier campaign kept, a regres
   before by more than the tolerance (the baseline's change is shown beside it, to tell a
   drafter regression from a changed machine or engine);
 * its pooled accept length down by more than the tolerance;
-* its per-position acceptance collapsed (:mod:`.acceptance`), named with the positions.
+* its per-position acceptance collapsed (:mod:`.quality.acceptance`), named with the positions.
 """
 
 from __future__ import annotations

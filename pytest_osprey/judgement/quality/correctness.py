@@ -3,8 +3,8 @@
 The checks are defined in prompts/README.md, section "expect"; this module implements exactly
 those semantics. The gate counts the answers a candidate newly gets wrong on the prompts the
 reference got right (paired, same prompts) and judges them by the exact binomial loss rule of
-:mod:`.losses`: gains never offset losses, and a set on which the reference got nothing right
-is not evaluable.
+:mod:`..stats.losses`: gains never offset losses, and a set on which the reference got nothing
+right is not evaluable.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Early stopping for the speed gate with three outcomes at every look.
 
 At look k (after pass k with one boot; after boot k+1 with several) the deciding test of
-:mod:`pytest_osprey.judgement.speed` is run on the data so far and its one-sided p-value mapped to
+:mod:`.speedup` is run on the data so far and its one-sided p-value mapped to
 the normal scale (``z = Phi^-1(1 - p)``, so small-sample t-tests keep their level). Then:
 
 * **keep** when z >= ``keep[k]``: boundaries from a Kim-DeMets power spending function
