@@ -29,7 +29,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_osprey.judgement.distribution import distribution_check  # noqa: E402
+from pytest_osprey.judgement.quality.distribution import distribution_check  # noqa: E402
 from pytest_osprey.pilot.loading import load_pilot  # noqa: E402
 
 PAD = -2

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pytest_osprey.campaign.schedule import Order, plan_replay
-from pytest_osprey.judgement.speed import FloatArray, IntArray, Metric
+from pytest_osprey.judgement.speed.speedup import FloatArray, IntArray, Metric
 
 CONDITIONS = ("baseline", "candidate")
 
@@ -338,8 +338,8 @@ def z_scores(
 ) -> tuple[list[FloatArray], FloatArray]:
     """Per log value v: z of the deciding test of log speedup vs v (normal scale), and the
     number of clusters, at ``look`` (0: all data)."""
-    from pytest_osprey.judgement.speed import deciding_t, p_value
-    from pytest_osprey.judgement.speed_sequential import z_from_p
+    from pytest_osprey.judgement.speed.sequential import z_from_p
+    from pytest_osprey.judgement.speed.speedup import deciding_t, p_value
 
     ref, cand = c.reference[level], c.candidate[level]
     if look:
@@ -356,7 +356,7 @@ def drift_state(c: Campaigns, look: int = 0) -> tuple[npt.NDArray[np.bool_], Flo
     """The drift check per campaign as the gate runs it (the reference and the candidate at
     every level, each against itself; the bias bound from the pairs at each level), on the
     data of ``look`` (0: all): (unstable, log bias bound)."""
-    from pytest_osprey.judgement.speed_drift import drift_batch
+    from pytest_osprey.judgement.speed.drift import drift_batch
 
     n_looks = looks_of(c.design)
     names = c.design.level_names()
@@ -409,7 +409,7 @@ def sequential_outcomes(
     at the last look)."""
     from scipy import stats
 
-    from pytest_osprey.judgement.speed_sequential import decide, sequential_plan
+    from pytest_osprey.judgement.speed.sequential import decide, sequential_plan
 
     looks = looks_of(c.design)
     plan = sequential_plan(looks, alpha, futility_power=futility_power, rho=rho)

@@ -55,6 +55,7 @@ def _styled(line: Line, color: bool) -> str:
 def _run(args: argparse.Namespace) -> int:
     from .campaign import ProgressEvent
     from .engines.stopping import INTERRUPT_GRACE_S
+    from .judgement import PREFLIGHT
     from .report.console import Line, closing_lines, dry_run_lines
     from .run import PilotRun, RunOptions, UsageError, sigterm_interrupts, stop_servers
 
@@ -97,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
         _say(f"warning: {note}", err=True)
     lines: list[Line] = []
     for result in outcome.gates:
-        if run.fails(result) and result.spec.kind in ("command_line", "artifact"):
+        if run.fails(result) and result.spec.kind in PREFLIGHT:
             lines.append(Line(f"FAILED {result.spec.kind} {result.spec.condition}: "
                               f"{result.summary.splitlines()[0] if result.summary else ''}",
                               "red"))
@@ -141,7 +142,7 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for path in run.reports:
         _say(str(path))
-    from .judgement.diagnosis import diagnose_all
+    from .judgement import diagnose_all
     from .report.headline import bullet_lines, headline
 
     for d in diagnose_all(run.pilot, judgement.verdicts, list(judgement.results.values()),

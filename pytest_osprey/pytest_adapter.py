@@ -18,8 +18,7 @@ import pytest
 
 from .campaign import ProgressEvent
 from .engines import BootSpec, Engine, EngineError, make_engine
-from .judgement import GateResult, GateSpec, Judgement
-from .judgement.gates import PREFLIGHT
+from .judgement import PREFLIGHT, GateResult, GateSpec, Judgement
 from .pilot import Pilot
 from .report.console import Line, closing_lines, dry_run_lines
 from .results import Preflight, SavedCampaign

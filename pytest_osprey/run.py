@@ -27,12 +27,23 @@ from typing import Any
 
 from .campaign import Campaign, ProgressEvent, StopLook
 from .campaign.requests import stop_reason
-from .judgement import GateResult, GateSpec, Judgement, judge, plan_gates
-from .judgement.gates import PREFLIGHT, evaluate
-from .judgement.history import Comparison, HistoryError, Previous, compare, open_previous
-from .judgement.partial import withhold
-from .judgement.quality_gates import sampling_budget_problem
-from .judgement.speed_gates import look_at
+from .judgement import (
+    PREFLIGHT,
+    Comparison,
+    GateResult,
+    GateSpec,
+    HistoryError,
+    Judgement,
+    Previous,
+    compare,
+    evaluate,
+    judge,
+    look_at,
+    open_previous,
+    plan_gates,
+    sampling_budget_problem,
+    withhold,
+)
 from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
 from .pilot.selection import selected_trace
 from .preflight import run_preflight
@@ -372,7 +383,7 @@ class PilotRun:
     def _judge(self, data: SavedCampaign, plots: bool = True) -> None:
         judgement = judge(self.pilot, self.gates, data, self.preflight())
         if self.partial:
-            withhold(judgement, self.partial)
+            judgement = withhold(judgement, self.partial)
         else:  # a server that crashed mid-campaign: what involves it is partial
             counts: dict[str, int] = {}
             for r in data.records:
@@ -380,7 +391,7 @@ class PilotRun:
                     counts[r.condition] = counts.get(r.condition, 0) + 1
             self.partial = stopped_note(data.meta, counts)
             if self.partial:
-                withhold(judgement, self.partial, stopped_conditions(data.meta))
+                judgement = withhold(judgement, self.partial, stopped_conditions(data.meta))
         if self.previous is not None:
             self.comparison = compare(self.pilot, data, judgement, self.previous,
                                       self.pilot.decision.regression_tolerance)

@@ -13,9 +13,9 @@ from servers.scripted import Reply, ScriptedServer
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines import vllm as vl
 from pytest_osprey.engines.base import GenerationRequest, acceptance_from_histogram
-from pytest_osprey.judgement.acceptance import PositionRates, collapses, pooled
-from pytest_osprey.judgement.gates import GateSpec, evaluate, plan_gates
+from pytest_osprey.judgement import GateSpec, evaluate, plan_gates
 from pytest_osprey.judgement.history import Previous, _acceptance
+from pytest_osprey.judgement.quality.acceptance import PositionRates, collapses, pooled
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight

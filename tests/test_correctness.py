@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.judgement.correctness import (
+from pytest_osprey.judgement.quality.correctness import (
     check,
     correctness_by_prompt,
     correctness_gate,
     last_number,
     strip_fence,
 )
-from pytest_osprey.judgement.losses import critical_count, loss_test
-from pytest_osprey.judgement.stats import StatsError
+from pytest_osprey.judgement.stats.core import StatsError
+from pytest_osprey.judgement.stats.losses import critical_count, loss_test
 from pytest_osprey.pilot.trace import Prompt
 from pytest_osprey.results.records import RequestRecord
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from factories import make_pilot, make_record, saved_campaign
 
-from pytest_osprey.judgement.cost import (
+from pytest_osprey.judgement.cost.pricing import (
     NO_SAVINGS,
     break_even,
     cost_summary,

@@ -5,15 +5,16 @@ ids or p-values."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_osprey.judgement.diagnosis import diagnose, quality_word, total_time
+from pytest_osprey.judgement import GateResult, GateSpec
 from pytest_osprey.judgement.figures import Figures
-from pytest_osprey.judgement.gates import GateResult, GateSpec
-from pytest_osprey.judgement.verdicts import verdicts
+from pytest_osprey.judgement.verdict.diagnosis import diagnose, quality_word, total_time
+from pytest_osprey.judgement.verdict.verdicts import verdicts
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.headline import MAX_HEADLINE, bullet_lines, headline
 from pytest_osprey.results.folder import SavedCampaign
@@ -168,8 +169,8 @@ def test_domain_gap_on_a_gated_slice_is_its_reason() -> None:
 
 def test_inconclusive_reason_keeps_the_advice_and_drops_p_values() -> None:
     p = make_pilot()
-    gate = speed("cand", "concurrent", 1.12, 1.02, 1.25)
-    gate.summary += "; about 40 more paired prompts would settle it"
+    gate = speed("cand", "concurrent", 1.12, 1.02, 1.25,
+                 advice={"settle": "about 40 more paired prompts would settle it"})
     d = run(p, [gate, identity("cand")], 2.5)
     assert d.verdict == "INCONCLUSIVE"
     (reason,) = d.reasons
@@ -180,10 +181,10 @@ def test_inconclusive_reason_keeps_the_advice_and_drops_p_values() -> None:
 
 def test_a_keep_held_back_by_an_unstable_machine_says_so_not_straddles() -> None:
     p = make_pilot()
-    gate = speed("cand", "concurrent", 1.3, 1.2, 1.4, reason=(
+    gate = replace(speed("cand", "concurrent", 1.3, 1.2, 1.4, reason=(
         "unstable environment: baseline ran +60% in boot 1 pass 2 against the other passes "
-        "(p=0.001; tolerance 20%); a change that size could move the speedup by 1.60x"))
-    gate.outcome = "inconclusive"
+        "(p=0.001; tolerance 20%); a change that size could move the speedup by 1.60x"),
+        held_back="unstable_environment"), outcome="inconclusive")
     d = run(p, [gate, identity("cand")], 2.5)
     assert d.verdict == "INCONCLUSIVE"
     (reason,) = d.reasons
@@ -195,7 +196,9 @@ def test_other_reasons_are_short_and_named() -> None:
     p = make_pilot()
     failing = GateResult(GateSpec("latency", "cand", load="low", index=0), "fail",
                          "ttft p90 = 2500.0 ms, upper 95% bound 3100.0 ms vs limit 2000.0 ms "
-                         "(n=42); p=0.001 " + "x" * 200)
+                         "(n=42); p=0.001 " + "x" * 200, estimate=2.5, ci_low=2.5,
+                         ci_high=3.1, threshold=2.0,
+                         details={"metric": "ttft", "percentile": 90.0})
     d = run(p, [speed("cand", "concurrent", 1.5, 1.4, 1.6), identity("cand", 20), failing],
             3.0)
     names = [r.name for r in d.reasons]
@@ -239,19 +242,7 @@ def test_total_time_shapes() -> None:
         1.3, 1.2, 1.4)
 
 
-def test_holm_inconclusive_is_explained() -> None:
-    p = make_pilot()
-    gate = speed("cand", "concurrent", 1.3, 1.12, 1.5)
-    gate.outcome = "inconclusive"  # as apply_holm leaves it
-    gate.summary += "; Holm-adjusted p=0.0298 over 2 claims > 0.025"
-    d = run(p, [gate, identity("cand")], 3.0)
-    (reason,) = d.reasons
-    assert "not strongly enough for all 2 of the candidate's claims at once (Holm)" in \
-        reason.text
-    assert "p=" not in reason.text
-
-
 def test_a_quality_gate_without_evidence_does_not_count() -> None:
-    untested = GateResult(GateSpec("correctness", "c", reference="baseline"), "pass", "")
-    untested.evidence = "not_evaluable"  # type: ignore[attr-defined]
+    untested = GateResult(GateSpec("correctness", "c", reference="baseline"), "pass", "",
+                          evidence="not_evaluable")
     assert quality_word([untested]) == "unchecked"

@@ -20,7 +20,7 @@ from scipy import stats
 from sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 from pytest_osprey.campaign.requests import sample_seed
-from pytest_osprey.judgement.distribution import (
+from pytest_osprey.judgement.quality.distribution import (
     KERNELS,
     _means,
     budget_problem,
@@ -29,8 +29,8 @@ from pytest_osprey.judgement.distribution import (
     records_to_samples,
     smallest_p,
 )
-from pytest_osprey.judgement.quality_gates import sampling_budget_problem
-from pytest_osprey.judgement.stats import StatsError
+from pytest_osprey.judgement.quality.gates import sampling_budget_problem
+from pytest_osprey.judgement.stats.core import StatsError
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
 from pytest_osprey.run import PilotRun, UsageError

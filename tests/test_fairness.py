@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from factories import make_record
 
-from pytest_osprey.judgement.fairness import ADVICE, fairness_check
+from pytest_osprey.judgement.service.fairness import ADVICE, fairness_check
 from pytest_osprey.results.records import RequestRecord
 
 

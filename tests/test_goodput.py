@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_osprey.judgement.gates import GateSpec, evaluate, plan_gates
-from pytest_osprey.judgement.goodput import goodput_section, meets, share_bounds
+from pytest_osprey.judgement import GateSpec, evaluate, plan_gates
+from pytest_osprey.judgement.service.goodput import goodput_section, meets, share_bounds
 from pytest_osprey.pilot.limits import GoodputTargets
 from pytest_osprey.pilot.schema import ConfigError, Pilot
 from pytest_osprey.results.folder import SavedCampaign

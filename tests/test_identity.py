@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from sim_greedy import HARMLESS, Run, campaign, chat_like
 
-from pytest_osprey.judgement.identity import (
+from pytest_osprey.judgement.quality.identity import (
     Stratum,
     classify,
     first_divergence,

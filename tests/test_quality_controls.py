@@ -40,8 +40,8 @@ import pytest
 from pytest_osprey.campaign.requests import sample_seed
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.judgement.gates import GateSpec, evaluate
-from pytest_osprey.judgement.identity import greedy_identity
+from pytest_osprey.judgement import GateSpec, evaluate
+from pytest_osprey.judgement.quality.identity import greedy_identity
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import load_trace, render_prompt
 from pytest_osprey.results.folder import SavedCampaign

@@ -13,6 +13,7 @@ import re
 import secrets
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +138,9 @@ def test_report_md_carries_no_html_whatever_the_text(
     """Title, gate summaries (server error bodies end up there), verdict reasons and the
     partial note: whatever they hold, report.md (a GitHub step summary) has no tag in it."""
     judgement, data, pilot = judged
-    for g in judgement.results.values():
-        g.summary = said
-    for v in judgement.verdicts:
-        v.reasons = [said]
+    judgement = replace(
+        judgement, results={k: replace(g, summary=said) for k, g in judgement.results.items()},
+        verdicts=[replace(v, reasons=[said]) for v in judgement.verdicts])
     summary = summary_dict(judgement, data, pilot, partial=partial)
     md = markdown(summary, data.meta, title + "<img src=x onerror=alert(1)>", "res")
     # The page's own structure (collapsed sections) is the only markup in it.

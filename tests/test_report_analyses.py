@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_osprey.judgement.analyses import domain_rows, per_position_acceptance
-from pytest_osprey.judgement.stability import DRIFT_WARN, stability
+from pytest_osprey.judgement.figures.analyses import domain_rows, per_position_acceptance
+from pytest_osprey.judgement.speed.stability import DRIFT_WARN, stability
 from pytest_osprey.report.setup import hardware, load_meaning, memory_basis, setup_rows
 from pytest_osprey.results.campaign_file import CampaignFile
 from pytest_osprey.results.folder import SavedCampaign

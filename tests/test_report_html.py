@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from factories import make_pilot, make_record, saved_campaign
 
-from pytest_osprey.judgement.cost import cost_summary
+from pytest_osprey.judgement.cost.pricing import cost_summary
 from pytest_osprey.judgement.figures import all_figures
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.html import render_html, write_html

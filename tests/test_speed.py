@@ -9,22 +9,22 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.judgement.latency_bound import BoundError, latency_bound
-from pytest_osprey.judgement.speed import (
+from pytest_osprey.judgement.service.latency_bound import BoundError, latency_bound
+from pytest_osprey.judgement.speed.advice import advise
+from pytest_osprey.judgement.speed.drift import Drift, drift_check
+from pytest_osprey.judgement.speed.sequential import (
+    _bounds,
+    decide,
+    sequential_look,
+    sequential_plan,
+)
+from pytest_osprey.judgement.speed.speedup import (
     PairedLatencies,
     Request,
     SpeedError,
     collect,
     speed_batch,
     speed_test,
-)
-from pytest_osprey.judgement.speed_advice import advise
-from pytest_osprey.judgement.speed_drift import Drift, drift_check
-from pytest_osprey.judgement.speed_sequential import (
-    _bounds,
-    decide,
-    sequential_look,
-    sequential_plan,
 )
 
 BLOCKS = np.repeat(np.arange(5), [5, 4, 4, 4, 4]).astype(np.int64)  # 21 prompts at concurrency 4

@@ -32,9 +32,9 @@ from speed_sim import (
     unstable,
 )
 
-from pytest_osprey.judgement.latency_bound import latency_bound
-from pytest_osprey.judgement.speed import PairedLatencies, speed_test
-from pytest_osprey.judgement.speed_advice import advise
+from pytest_osprey.judgement.service.latency_bound import latency_bound
+from pytest_osprey.judgement.speed.advice import advise
+from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_test
 
 SIG = 0.001
 ALPHA = 0.025

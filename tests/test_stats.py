@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
-from pytest_osprey.judgement.stats import (
-    MAX_PAIRS,
-    StatsError,
-    holm,
-    paired_speedup,
-    prompt_log_ratios,
-)
+from pytest_osprey.judgement.speed.across_runs import MAX_PAIRS, paired_speedup, prompt_log_ratios
+from pytest_osprey.judgement.stats.core import StatsError
+from pytest_osprey.judgement.stats.noninferiority import mcnemar_noninferiority
 
 # --------------------------------------------------------------------------- paired speedup
 
@@ -193,7 +188,7 @@ def test_mcnemar_clear_loss_fails() -> None:
 
 def _brute_force_p(n: int, gains: int, losses: int, margin: float) -> float:
     """Independent exact unconditional p-value: explicit loops, Wald-free Tango ordering."""
-    from pytest_osprey.judgement.noninferiority import _tango_z
+    from pytest_osprey.judgement.stats.noninferiority import _tango_z
 
     z_obs = float(_tango_z(n, gains, losses, -margin))
     cells = [(x, y) for x in range(n + 1) for y in range(n + 1 - x)]
@@ -227,7 +222,7 @@ def test_mcnemar_margin_zero_close_to_classic() -> None:
 
 
 def test_mcnemar_ci_endpoints_invert_the_score_test() -> None:
-    from pytest_osprey.judgement.noninferiority import _tango_z
+    from pytest_osprey.judgement.stats.noninferiority import _tango_z
 
     res = mcnemar_noninferiority(*_pairs(40, 3, 9, 8), margin=0.1, alpha=0.05)
     z = stats.norm.ppf(0.95)
@@ -245,29 +240,3 @@ def test_mcnemar_errors() -> None:
         mcnemar_noninferiority([True], [True], 1.0)
     with pytest.raises(StatsError, match="booleans"):
         mcnemar_noninferiority([0.5], [1], 0.1)  # type: ignore[list-item]
-
-
-# --------------------------------------------------------------------------- Holm
-
-
-@pytest.mark.parametrize(
-    ("p", "expected"),
-    [
-        ([0.01, 0.04, 0.03, 0.005], [0.03, 0.06, 0.06, 0.02]),
-        ([0.5, 0.6], [1.0, 1.0]),
-        ([0.02], [0.02]),
-        ([0.01, 0.01, 0.5], [0.03, 0.03, 0.5]),
-        # Monotonicity: the step-down maximum carries 0.04*3 over the smaller 0.045*2.
-        ([0.04, 0.045, 0.001], [0.08, 0.08, 0.003]),
-        ([], []),
-    ],
-)
-def test_holm_known_examples(p: list[float], expected: list[float]) -> None:
-    assert holm(p) == pytest.approx(expected)
-
-
-def test_holm_rejects_bad_p_values() -> None:
-    with pytest.raises(StatsError, match=r"\[0, 1\]"):
-        holm([0.1, 1.5])
-    with pytest.raises(StatsError, match="finite"):
-        holm([float("nan")])

@@ -8,13 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
-from pytest_osprey.judgement.stats import (
-    SpeedupResult,
-    StatsError,
-    holm,
-    paired_speedup,
-)
+from pytest_osprey.judgement.speed.across_runs import SpeedupResult, paired_speedup
+from pytest_osprey.judgement.stats.core import StatsError
+from pytest_osprey.judgement.stats.noninferiority import mcnemar_noninferiority
 
 FAST = settings(max_examples=30, deadline=None, derandomize=True)
 Pilot = tuple[dict[str, list[float]], dict[str, list[float]]]
@@ -146,20 +142,6 @@ def test_empty_repetitions_raise(pilot: Pilot, in_ref: bool) -> None:
 
 
 # --------------------------------------------------------------------------- other functions
-
-probabilities = st.floats(0.0, 1.0, allow_nan=False)
-
-
-@FAST
-@given(st.lists(probabilities, max_size=12))
-def test_holm_is_bounded_and_order_preserving(p: list[float]) -> None:
-    adj = holm(p)
-    assert len(adj) == len(p)
-    assert all(a >= x - 1e-15 and a <= 1.0 for a, x in zip(adj, p, strict=True))
-    for i in range(len(p)):
-        for j in range(len(p)):
-            if p[i] < p[j]:
-                assert adj[i] <= adj[j]
 
 
 @FAST

@@ -15,11 +15,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_osprey.judgement.noninferiority import mcnemar_noninferiority
-from pytest_osprey.judgement.stats import (
-    FloatArray,
-    paired_speedup,
-)
+from pytest_osprey.judgement.speed.across_runs import paired_speedup
+from pytest_osprey.judgement.stats.core import FloatArray
+from pytest_osprey.judgement.stats.noninferiority import mcnemar_noninferiority
 
 SIG = 0.001  # significance of the Monte-Carlo checks themselves
 
@@ -162,16 +160,3 @@ def test_mcnemar_size_at_the_margin(p_loss: float, n: int) -> None:
         cand = (row != 1).tolist()  # losses: reference passed, candidate failed
         passes += mcnemar_noninferiority(ref, cand, margin, alpha).outcome == "pass"
     assert_rate_at_most(passes, n_sims, alpha, "McNemar false non-inferiority")
-
-
-def test_holm_controls_familywise_error() -> None:
-    """5 true nulls among 8 tests: P(any true null rejected at 0.05) <= 0.05."""
-    n_sims = 4000
-    rng = np.random.default_rng(909)
-    from pytest_osprey.judgement.stats import holm
-
-    hits = 0
-    for _ in range(n_sims):
-        p = np.concatenate([rng.random(5), rng.random(3) * 1e-3])
-        hits += any(a <= 0.05 for a in holm(p.tolist())[:5])
-    assert_rate_at_most(hits, n_sims, 0.05, "Holm family-wise error")

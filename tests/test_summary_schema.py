@@ -20,11 +20,10 @@ from factories import make_record, sampled_records
 from pydantic import BaseModel
 
 from pytest_osprey.__main__ import main
-from pytest_osprey.judgement import gates as decision
-from pytest_osprey.judgement import judge
-from pytest_osprey.judgement.cost import BreakEven, ConditionCost
+from pytest_osprey.judgement import judge, plan_gates
+from pytest_osprey.judgement.cost.pricing import BreakEven, ConditionCost
 from pytest_osprey.judgement.figures import Figures
-from pytest_osprey.judgement.gates import plan_gates
+from pytest_osprey.judgement.gates import evaluate as decision
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.report.summary import write_reports
@@ -437,7 +436,7 @@ def test_gate_entries_match_gate_results() -> None:
 
 
 def test_every_gate_kind_is_documented(run: Run) -> None:
-    kinds = set(decision._EVALUATORS) | set(decision._PREFLIGHT)
+    kinds = set(decision.KINDS)
     assert set(GATE_KINDS) == kinds
     nested: dict[str, type[BaseModel]] = {"cost": ConditionCost, "break_even": BreakEven}
     for g in run.summary["gates"]:

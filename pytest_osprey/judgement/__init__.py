@@ -1,11 +1,51 @@
 """Judgement: saved results and the pilot's limits in, gates and verdicts out.
 
-Pure: imports neither pytest nor any engine (a test checks it from the source). The numerics
-below it (stats, sequential, distribution, correctness) know nothing of gates.
+Pure: imports neither pytest nor any engine (a test checks it from the source). Organised by
+the question each part answers: ``gates`` (what a gate is, the table of kinds), ``stats``
+(general numerics, which know nothing of gates), ``service``, ``quality``, ``speed`` and
+``cost`` (each question's statistics and gates), ``verdict`` (judge, verdicts, withheld
+verdicts, diagnosis), ``figures`` and ``history`` (a run against the previous one).
 """
 
-from .gates import GateResult, GateSpec, plan_gates
-from .judge import Judgement, judge
-from .verdicts import CandidateVerdict
+from .cost.pricing import (
+    BreakEven,
+    ConditionCost,
+    CostLimitsEntry,
+    CostSection,
+    cost_summary,
+)
+from .figures.analyses import DomainRow, all_domain_rows, per_position_acceptance
+from .figures.measured import Figures, all_figures
+from .gates.evaluate import PREFLIGHT, evaluate
+from .gates.kinds import Family, GateKind
+from .gates.plan import plan_gates
+from .gates.result import Evidence, GateResult, Outcome, Verdict
+from .gates.spec import GateSpec
+from .history import (
+    Comparison,
+    Finding,
+    HistoryError,
+    Previous,
+    compare,
+    open_previous,
+)
+from .quality.distribution import END, records_to_samples
+from .quality.gates import sampling_budget_problem
+from .service.goodput import GoodputRow, GoodputSection, goodput_section
+from .speed.gate import look_at
+from .speed.stability import BlockDrift, BlockLoad, Stability, stability
+from .verdict.diagnosis import Diagnosis, Reason, Speed, diagnose_all
+from .verdict.judge import Judgement, judge
+from .verdict.partial import withhold
+from .verdict.verdicts import CandidateVerdict
 
-__all__ = ["CandidateVerdict", "GateResult", "GateSpec", "Judgement", "judge", "plan_gates"]
+__all__ = [
+    "END", "PREFLIGHT", "BlockDrift", "BlockLoad", "BreakEven", "CandidateVerdict", "Comparison",
+    "ConditionCost", "CostLimitsEntry", "CostSection", "Diagnosis", "DomainRow", "Evidence",
+    "Family", "Figures", "Finding", "GateKind", "GateResult", "GateSpec", "GoodputRow",
+    "GoodputSection", "HistoryError", "Judgement", "Outcome", "Previous", "Reason", "Speed",
+    "Stability", "Verdict", "all_domain_rows", "all_figures", "compare", "cost_summary",
+    "diagnose_all", "evaluate", "goodput_section", "judge", "look_at", "open_previous",
+    "per_position_acceptance", "plan_gates", "records_to_samples", "sampling_budget_problem",
+    "stability", "withhold",
+]

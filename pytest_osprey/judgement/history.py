@@ -11,7 +11,7 @@ itself across the two runs. For each drafter the earlier campaign kept, a regres
   before by more than the tolerance (the baseline's change is shown beside it, to tell a
   drafter regression from a changed machine or engine);
 * its pooled accept length down by more than the tolerance;
-* its per-position acceptance collapsed (:mod:`.acceptance`), named with the positions.
+* its per-position acceptance collapsed (:mod:`.quality.acceptance`), named with the positions.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign, iter_pairs, load_campaign
 from ..results.records import RequestRecord
-from .acceptance import collapses, describe, pooled
-from .figures import figures_for
-from .judge import Judgement
-from .stats import SpeedupResult, StatsError, paired_speedup
+from .figures.measured import figures_for
+from .gates.kinds import GateKind
+from .quality.acceptance import collapses, describe, pooled
+from .speed.across_runs import SpeedupResult, paired_speedup
+from .stats.core import StatsError
+from .verdict.judge import Judgement
 
 
 class HistoryError(ValueError):
@@ -164,11 +166,12 @@ def compare(
 def _speedups(pilot: Pilot, judgement: Judgement, previous: Previous, cand: str,
               tolerance: float) -> list[Finding]:
     before = {g["id"]: g for g in previous.summary.get("gates", [])
-              if g.get("kind") == "speedup" and g.get("condition") == cand}
+              if g.get("kind") == GateKind.SPEEDUP and g.get("condition") == cand}
     out = []
     for g in judgement.results.values():
         spec = g.spec
-        if spec.kind != "speedup" or spec.condition != cand or spec.reference != pilot.baseline:
+        if spec.kind != GateKind.SPEEDUP or spec.condition != cand \
+                or spec.reference != pilot.baseline:
             continue
         old = before.get(spec.id)
         if old is None or old.get("estimate") is None or g.estimate is None:

@@ -9,10 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..judgement.diagnosis import diagnose_all
-from ..judgement.history import Comparison
-from ..judgement.judge import Judgement
-from ..judgement.stability import stability
+from ..judgement import Comparison, Judgement, diagnose_all, stability
 from ..pilot.schema import Pilot
 from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight

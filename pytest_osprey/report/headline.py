@@ -3,7 +3,7 @@ short named bullets with a diagnosis where one is known. Used by every report an
 
 from __future__ import annotations
 
-from ..judgement.diagnosis import Diagnosis, Reason, Speed
+from ..judgement import Diagnosis, Reason, Speed
 
 MAX_HEADLINE = 160
 

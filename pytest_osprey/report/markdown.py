@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..judgement.figures import Figures
+from ..judgement import Figures
 from ..results.campaign_file import CampaignFile
 from .setup import hardware, memory_basis, short_setup, started
 from .terminal import Columns, speedup_cells, speedup_text, table_rows

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ..judgement import GateKind
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .plotkit import (
@@ -285,7 +286,7 @@ def _overall(summary: dict[str, Any] | None, reference: str, candidate: str) -> 
     for g in (summary or {}).get("gates", []):
         ci = g.get("ci")
         if (g.get("kind"), g.get("condition"), g.get("reference")) == (
-                "speedup", candidate, reference) and not g.get("slice") \
+                GateKind.SPEEDUP, candidate, reference) and not g.get("slice") \
                 and g.get("estimate") is not None and ci and None not in ci:
             out[str(g.get("load"))] = (float(g["estimate"]), float(ci[0]), float(ci[1]))
     return out

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..judgement.distribution import END, records_to_samples
+from ..judgement import END, GateKind, records_to_samples
 from ..results.folder import SavedCampaign
 from .plotkit import (
     accept_axis_top,
@@ -96,7 +96,7 @@ def load_speedups(data: SavedCampaign, summary: Mapping[str, Any], threshold: fl
     series: dict[tuple[str, str], list[tuple[int, float, float, float, Any]]] = {}
     for g in summary.get("gates", []):
         ci = g.get("ci") or [None, None]
-        if g.get("kind") != "speedup" or g.get("slice") or g.get("load") not in x \
+        if g.get("kind") != GateKind.SPEEDUP or g.get("slice") or g.get("load") not in x \
                 or g.get("estimate") is None or None in ci:
             continue
         total = (g.get("details") or {}).get("total_time")
@@ -296,7 +296,7 @@ def analysis_plots(data: SavedCampaign, summary: Mapping[str, Any],
     base = data.meta.baseline
     if base and any(r.mode == "sampled" for r in data.records):
         for cand in [c for c in data.meta.conditions if c != base]:
-            gate = next((g for g in gates if g.get("kind") == "distribution"
+            gate = next((g for g in gates if g.get("kind") == GateKind.DISTRIBUTION
                          and g.get("condition") == cand), None)
             plots[f"distribution_{cand}"] = distribution_plot(data, base, cand, gate)
     if summary.get("acceptance_by_position"):

@@ -8,13 +8,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..judgement.analyses import all_domain_rows, per_position_acceptance
-from ..judgement.cost import cost_summary
-from ..judgement.diagnosis import diagnose_all
-from ..judgement.goodput import goodput_section
-from ..judgement.history import Comparison
-from ..judgement.judge import Judgement
-from ..judgement.stability import stability
+from ..judgement import (
+    Comparison,
+    Judgement,
+    all_domain_rows,
+    cost_summary,
+    diagnose_all,
+    goodput_section,
+    per_position_acceptance,
+    stability,
+)
 from ..pilot.schema import Pilot
 from ..results.campaign_file import live_status
 from ..results.files import write_json_atomic, write_text_atomic

@@ -13,13 +13,25 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..judgement.analyses import DomainRow
-from ..judgement.cost import BreakEven, ConditionCost, CostLimitsEntry, CostSection
-from ..judgement.figures import Figures
-from ..judgement.gates import Evidence, Outcome, Verdict
-from ..judgement.goodput import GoodputRow, GoodputSection
-from ..judgement.history import Comparison, Finding
-from ..judgement.stability import BlockDrift, BlockLoad, Stability
+from ..judgement import (
+    BlockDrift,
+    BlockLoad,
+    BreakEven,
+    Comparison,
+    ConditionCost,
+    CostLimitsEntry,
+    CostSection,
+    DomainRow,
+    Evidence,
+    Figures,
+    Finding,
+    GateKind,
+    GoodputRow,
+    GoodputSection,
+    Outcome,
+    Stability,
+    Verdict,
+)
 
 SUMMARY_SCHEMA: Final = 1
 """Version of the summary.json format (the ``schema`` key)."""
@@ -215,7 +227,7 @@ def json_schema() -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class GateKind:
+class KindDoc:
     """What a gate kind puts in `estimate`, `ci`, `threshold` and `details`."""
 
     passes_when: str
@@ -230,24 +242,24 @@ _DIVERGENCE = ("`prompt_id`, `load`, `position` (token index), `reference_token`
                "`runner_up` (the reference's top-2 token id there; null: not recorded), "
                "`near_tie`, `reference_text`, `candidate_text`")
 
-GATE_KINDS: dict[str, GateKind] = {
-    "command_line": GateKind(
+GATE_KINDS: dict[GateKind, KindDoc] = {
+    GateKind.COMMAND_LINE: KindDoc(
         "the condition's engine command line builds (and parses where the engine's parser is "
         "importable)", _NONE, _NONE,
         "`condition`, `ok`, `lines` (the masked command line and parser messages)"),
-    "artifact": GateKind(
+    GateKind.ARTIFACT: KindDoc(
         "every drafter check passes", _NONE, _NONE,
         "`ok`, `checks` (list of `name`, `ok`, `detail`)"),
-    "completed": GateKind(
+    GateKind.COMPLETED: KindDoc(
         "completed fraction >= threshold",
         "completed requests / requests sent at the level (fraction 0-1)",
         "`limits.min_completed_fraction` (fraction 0-1)",
         "`ok`, `total` (requests)"),
-    "fairness": GateKind(
+    GateKind.FAIRNESS: KindDoc(
         "engine, version, device, precision, context, sampling and trace identical", _NONE,
         _NONE,
         "`differences` (list of what differs), `compared` (field -> condition -> value)"),
-    "greedy_identity": GateKind(
+    GateKind.GREEDY_IDENTITY: KindDoc(
         "genuine divergences <= threshold, and the near-tie rate per compared token not above "
         "the identical-condition control's (the baseline's later blocks against its first: an "
         "exact test relabelling each prompt's runs, one-sided at (1 - `decision.confidence`)/2; "
@@ -263,7 +275,7 @@ GATE_KINDS: dict[str, GateKind] = {
         "token), `rate_test` (`control` or `fixed`), `control` (`compared`, `tokens`, "
         "`near_ties`, `genuine` of the baseline against its rerun; null without one). "
         "`p_value`: the near-tie rate test's"),
-    "correctness": GateKind(
+    GateKind.CORRECTNESS: KindDoc(
         "losses (answers the baseline got right that the candidate gets wrong) <= threshold: "
         "the exact binomial loss rule; new right answers never offset a loss. skip (evidence "
         "`not_evaluable`) when the baseline got none of the checked prompts right; evidence "
@@ -280,7 +292,7 @@ GATE_KINDS: dict[str, GateKind] = {
         "probability the rule fails such a drafter at this size), `control_losses` (the "
         "baseline against its own rerun; null without one). `p_value`: P(Bin(at_risk, "
         "max_loss_rate) >= losses)"),
-    "distribution": GateKind(
+    GateKind.DISTRIBUTION: KindDoc(
         "the stratified permutation test (each prompt's samples relabelled independently) of "
         "the summed standardised MMD^2 under a sequence kernel does not reject at the "
         "threshold; inconclusive (evidence `not_evaluable`) when the smallest attainable "
@@ -292,14 +304,14 @@ GATE_KINDS: dict[str, GateKind] = {
         "distance this budget flags), `similarity_ratio` (candidate within-prompt sample "
         "similarity over the baseline's; > 1: less diverse), `prompts`, "
         "`samples_per_prompt`, `worst` (the most different prompt, in words)"),
-    "sampling_params": GateKind(
+    GateKind.SAMPLING_PARAMS: KindDoc(
         "every sampling-parameter probe (penalties, stop, max/min tokens, logit bias: "
         "identical greedy tokens; JSON schema, regex: valid output) honoured as by the "
         "baseline; skip when no probe could be tested",
         "parameters not honoured (count)", "0",
         "`honoured` (probe names), `broken` (probe -> what went wrong), `not_tested` (probe -> "
         "why: unsupported by the engine, no effect on the baseline, ...)"),
-    "acceptance": GateKind(
+    GateKind.ACCEPTANCE: KindDoc(
         "reported only, never gating: no draft position's acceptance rate collapsed, against "
         "the lightest load level or the current drafter (below (1 - "
         "`limits.quality.max_acceptance_drop`) x the compared rate, with confidence); skip "
@@ -307,7 +319,7 @@ GATE_KINDS: dict[str, GateKind] = {
         _NONE, _NONE,
         "`rates` (load level -> acceptance rate per draft position), `collapses` (in words, "
         "with the positions)"),
-    "speedup": GateKind(
+    GateKind.SPEEDUP: KindDoc(
         "CI low > threshold (the deciding test's one-sided p <= alpha) and the environment "
         "stable enough (no pass changed by as much as that margin); fail when CI high < "
         "threshold; else inconclusive. The primary gate with "
@@ -326,10 +338,12 @@ GATE_KINDS: dict[str, GateKind] = {
         "`bias_bound`: the largest change of one pass of the reference against the same pass "
         "of the candidate, ratio; an unstable environment vetoes a KEEP only when CI low / "
         "threshold <= `bias_bound`), "
-        "`reason` (why not KEEP despite the interval), `sequential` (`look`, `looks`, `z`, "
+        "`reason` (why not KEEP despite the interval), `held_back` (that reason as a word: "
+        "`one_block` or `unstable_environment`), `sequential` (`look`, `looks`, `z`, "
         "`keep_boundary`, `drop_boundary`, `decision`), `advice` (`more_prompts`, "
-        "`more_passes`: (smallest, central, largest), `better`)"),
-    "boot_consistency": GateKind(
+        "`more_passes`: (smallest, central, largest), `better`, `settle`: what would settle "
+        "it, in words)"),
+    GateKind.BOOT_CONSISTENCY: KindDoc(
         "with `load.boots_per_condition` >= 2: the condition's boots serve alike: identical "
         "greedy outputs at the lightest load (first pass of each boot; near-ties by the first "
         "boot's own margin apart) and no boot whose accept length differs from its other "
@@ -337,7 +351,7 @@ GATE_KINDS: dict[str, GateKind] = {
         "genuine greedy output divergences between boots (count)", "0 (count)",
         "`boots`, `prompts` (compared on every boot), `divergent`, `near_ties` (in words), "
         "`accept_length` (boot -> pooled tokens per verify step), `accept_flags`"),
-    "goodput": GateKind(
+    GateKind.GOODPUT: KindDoc(
         "non-inferior share of requests meeting `limits.goodput`'s targets (exact paired "
         "test, pairs = prompt x block; CI low > threshold) and, with `min_share`, the share's "
         "lower bound at or above it; inconclusive when the baseline meets the targets too "
@@ -347,23 +361,24 @@ GATE_KINDS: dict[str, GateKind] = {
         "`n_pairs`, `reference_share`, `candidate_share` (0-1), `gains`, `losses` (pairs), "
         "`targets` (in words), `margin`; with a floor `min_share`, `share_low`, "
         "`share_high` (one-sided Clopper-Pearson bounds, 0-1)"),
-    "latency": GateKind(
+    GateKind.LATENCY: KindDoc(
         "upper confidence bound of the percentile <= threshold; fail when the lower bound is "
         "above it",
         "observed percentile of the limit's metric (seconds); CI: [estimate, upper bound], "
         "the prompt's block as the unit (Korn-Graubard clustered Clopper-Pearson)",
         "the limit's `max_s` (seconds)",
-        "`units` (independent units), `effective_n`, `lower` (lower bound, seconds)"),
-    "memory": GateKind(
+        "`units` (independent units), `effective_n`, `lower` (lower bound, seconds), `metric` and "
+        "`percentile` (the limit's)"),
+    GateKind.MEMORY: KindDoc(
         "peak within `limits.memory` (absolute and increase over the baseline)",
         "peak device memory of the candidate (MiB)",
         "`limits.memory.max_peak_mb` (MiB); null when only the increase is limited", _NONE),
-    "cost": GateKind(
+    GateKind.COST: KindDoc(
         "cost per successful request <= threshold",
         "cost per successful request at the level (currency)",
         "`limits.cost.max_cost_per_request` (currency)",
         "the level's cost row (see ConditionCost)"),
-    "break_even": GateKind(
+    GateKind.BREAK_EVEN: KindDoc(
         "break-even days <= threshold",
         "days of expected traffic until the setup cost is recovered (days)",
         "`limits.cost.max_break_even_days` (days)",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..judgement.figures import Figures
+from ..judgement import Figures, GateKind
 
 Cell = tuple[float | None, float | None, float | None]  # speedup estimate, CI low, CI high
 
@@ -42,7 +42,7 @@ def speedup_cells(gates: Iterable[Mapping[str, Any]], baseline: str | None) -> d
     (summary.json's ``gates[]`` or ``GateResult.as_dict()``)."""
     out: dict[tuple[str, str], Cell] = {}
     for g in gates:
-        if g.get("kind") != "speedup" or g.get("slice") or g.get("reference") != baseline:
+        if g.get("kind") != GateKind.SPEEDUP or g.get("slice") or g.get("reference") != baseline:
             continue
         ci = g.get("ci") or [None, None]
         out[(str(g.get("condition")), str(g.get("load")))] = (g.get("estimate"), ci[0], ci[1])

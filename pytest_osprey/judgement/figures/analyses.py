@@ -1,0 +1,137 @@
+"""Descriptive analyses beside the gates: speed and acceptance per domain, acceptance per draft
+position. Pure functions of a saved campaign; nothing here decides a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...results.folder import SavedCampaign
+from ...results.records import RequestRecord
+from ..sheet import Sheet
+from .measured import accept_lengths
+
+BOOTSTRAP = 2000
+
+
+class DomainRow(Sheet):
+    """One candidate on one domain of the trace, against one reference (`domains[]`)."""
+
+    candidate: str
+    """Candidate condition name."""
+    reference: str
+    """Condition compared with."""
+    load: str
+    """Load level name."""
+    domain: str
+    """Domain of the prompts (the trace's `domain`)."""
+    slice: str
+    """Slice of those prompts (several slices joined by `+`)."""
+    prompts: int
+    """Prompts completed on both sides (count)."""
+    speedup: float | None
+    """Geometric mean over the domain's prompts of reference / candidate completion latency
+    (ratio; > 1 faster); null when no prompt paired."""
+    ci_low: float | None
+    """Lower end of a 95% percentile-bootstrap interval over the domain's prompts (ratio);
+    descriptive, not a gate; null with fewer than 3 prompts."""
+    ci_high: float | None
+    """Upper end of that interval (ratio)."""
+    accept_length: float | None
+    """The candidate's pooled accept length on the domain (tokens per verify step)."""
+
+
+def _logs(records: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.ok and r.e2e_s and r.e2e_s > 0:
+            out.setdefault(r.prompt_id, []).append(math.log(r.e2e_s))
+    return out
+
+
+def domain_rows(data: SavedCampaign, reference: str, candidate: str, load: str,
+                seed: int = 0) -> list[DomainRow]:
+    """Per domain: the candidate's speedup over ``reference`` and its accept length."""
+    ref_recs, cand_recs = data.of(reference, load), data.of(candidate, load)
+    ref, cand = _logs(ref_recs), _logs(cand_recs)
+    domain_of = {r.prompt_id: r.domain or "-" for r in ref_recs + cand_recs}
+    slice_of = {r.prompt_id: r.slice for r in ref_recs + cand_recs}
+    rng = np.random.default_rng(seed)
+    out = []
+    for domain in sorted(set(domain_of.values())):
+        pids = sorted(p for p, d in domain_of.items() if d == domain)
+        ratios = np.array([np.mean(ref[p]) - np.mean(cand[p]) for p in pids
+                           if p in ref and p in cand])
+        low = high = None
+        if ratios.size >= 3:
+            draws = ratios[rng.integers(0, ratios.size, (BOOTSTRAP, ratios.size))].mean(axis=1)
+            low, high = (float(math.exp(v)) for v in np.percentile(draws, [2.5, 97.5]))
+        pooled, _ = accept_lengths([r for r in cand_recs if r.prompt_id in pids])
+        out.append(DomainRow(
+            candidate=candidate, reference=reference, load=load, domain=domain,
+            slice="+".join(sorted({slice_of[p] for p in pids})), prompts=int(ratios.size),
+            speedup=float(math.exp(ratios.mean())) if ratios.size else None,
+            ci_low=low, ci_high=high, accept_length=pooled,
+        ))
+    return out
+
+
+def all_domain_rows(data: SavedCampaign, load: str, seed: int = 0) -> list[DomainRow]:
+    """Every candidate against the baseline at ``load``, per domain."""
+    base = data.meta.baseline
+    if not base:
+        return []
+    return [row for cand in data.meta.candidates
+            for row in domain_rows(data, base, cand, load, seed)]
+
+
+# --------------------------------------------------------------------------- per position
+
+_HISTOGRAMS = ("spec_correct_drafts_histogram", "accepted_drafts_histogram")
+_PER_POSITION = ("accepted_per_position", "spec_accepted_per_position")
+_PROPOSED = ("proposed_per_position", "spec_proposed_per_position")
+
+
+def _first(r: RequestRecord, names: Sequence[str]) -> list[float] | None:
+    for name in names:
+        value = getattr(r, name, None)
+        if isinstance(value, list | tuple) and value:
+            return [float(v) for v in value]
+    return None
+
+
+def per_position_acceptance(records: Sequence[RequestRecord]) -> list[float] | None:
+    """Share of verify steps whose draft token at position k (0-based) was accepted, pooled
+    over completed requests; None when the records carry no per-position counts.
+
+    Read from whichever the engine recorded: a histogram of accepted drafts per verify step
+    (entry j: steps with exactly j accepted; position k is accepted in the steps with more
+    than k), or accepted counts per position beside proposed counts per position.
+    """
+    accepted: list[float] = []
+    proposed: list[float] = []
+
+    def add(into: list[float], values: Sequence[float]) -> None:
+        into.extend([0.0] * (len(values) - len(into)))
+        for k, v in enumerate(values):
+            into[k] += v
+
+    for r in records:
+        if not r.ok:
+            continue
+        hist = _first(r, _HISTOGRAMS)
+        if hist is not None:
+            steps = sum(hist)
+            add(accepted, [sum(hist[k + 1:]) for k in range(len(hist) - 1)])
+            add(proposed, [steps] * (len(hist) - 1))
+            continue
+        acc, prop = _first(r, _PER_POSITION), _first(r, _PROPOSED)
+        if acc is not None and prop is not None:
+            add(accepted, acc)
+            add(proposed, prop)
+    if not proposed or not any(proposed):
+        return None
+    return [a / p if p else 0.0 for a, p in zip(accepted, proposed, strict=False)]

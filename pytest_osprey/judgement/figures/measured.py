@@ -1,0 +1,152 @@
+"""Per condition and load level: the measured figures every report shows (from records alone).
+
+:class:`Figures` is declared once: it is both what judging computes and the `figures[]` entry
+of summary.json (its docstrings are the reference's field descriptions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from ...pilot.schema import Pilot, level_label
+from ...results.folder import SavedCampaign, level_concurrency
+from ...results.records import RequestRecord
+from ..cost.pricing import busy_seconds, condition_cost
+from ..quality.correctness import correctness_by_prompt
+
+
+class Figures(BaseModel):
+    """Measured figures of one condition at one load level (`figures[]`), from the completed
+    greedy requests of that level; null where nothing was measured."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    condition: str
+    """Condition name."""
+    load: str
+    """Load level name."""
+    concurrency: int
+    """Requests in flight at once (closed loop); for an open-loop level its cap, 0 when
+    uncapped."""
+    ok: int
+    """Completed requests (count)."""
+    total: int
+    """Requests sent (count); `total - ok` failed."""
+    ttft_p50_s: float | None
+    """Median time to first token (seconds)."""
+    ttft_p95_s: float | None
+    """95th percentile time to first token (seconds)."""
+    e2e_p50_s: float | None
+    """Median completion latency, request sent to last token (seconds)."""
+    e2e_p95_s: float | None
+    """95th percentile completion latency (seconds)."""
+    tpot_p50_s: float | None
+    """Median time per output token after the first, (e2e - ttft) / (tokens - 1): the mean
+    inter-token latency of a request (seconds per token)."""
+    tokens_per_s: float | None
+    """Aggregate throughput: output tokens of the completed requests / busy wall time of the
+    level, summed over blocks (tokens per second)."""
+    request_tokens_per_s_p50: float | None
+    """Median per-request throughput, output tokens / completion latency (tokens per
+    second)."""
+    accept_length_pooled: float | None
+    """Pooled accept length: all output tokens / all verify steps (tokens per step); null
+    without speculation."""
+    accept_length_mean: float | None
+    """Per-request accept length, tokens / verify steps, averaged over requests (tokens per
+    step); null without speculation."""
+    peak_memory_mb: float | None
+    """Peak device memory of the condition over the whole campaign, not per level (MiB)."""
+    load_label: str = ""
+    """How the load level reads in reports: `x4` (closed loop) or `Poisson 2/s` (open
+    loop)."""
+    dispatch_lag_p99_s: float | None = None
+    """Open loop: 99th percentile of how late requests were sent after their Poisson arrival
+    times, the client's own lag plus any wait under the in-flight cap (seconds); null for
+    closed-loop levels."""
+    cost_per_request: float | None = None
+    """Serving cost per successful request at this level (`cost.currency`), as in the
+    cost table; null when no request succeeded."""
+    checked: int | None = None
+    """Prompts with an `expect` check whose output was checked at this level (count; first
+    completed greedy output of each); null when the trace could not be read."""
+    correct: int | None = None
+    """Of those, outputs that passed their check (count); null as `checked`."""
+    correct_fraction: float | None = None
+    """`correct / checked` (0-1); null when nothing was checked."""
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def accept_lengths(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
+    """(pooled, per-request mean) accept length of completed requests: verify steps as
+    counted, or as implied by an engine-reported accept length."""
+    verified: list[tuple[int, float]] = []
+    for r in records:
+        if not r.ok or not r.output_tokens:
+            continue
+        if r.spec_verify_ct:
+            verified.append((r.output_tokens, float(r.spec_verify_ct)))
+        elif r.accept_length:
+            verified.append((r.output_tokens, r.output_tokens / r.accept_length))
+    if not verified:
+        return None, None
+    pooled = sum(t for t, _ in verified) / sum(v for _, v in verified)
+    return pooled, float(np.mean([t / v for t, v in verified]))
+
+
+def figures_for(
+    data: SavedCampaign, condition: str, load: str, concurrency: int, label: str | None = None
+) -> Figures:
+    """The measured figures of one condition at one level (no cost, no correctness)."""
+    recs = data.of(condition, load)
+    ok = [r for r in recs if r.ok]
+    tokens = [r.output_tokens or 0 for r in ok]
+    wall = busy_seconds(ok)
+    pooled, mean = accept_lengths(ok)
+    info = data.meta.conditions.get(condition)
+    return Figures(
+        condition=condition,
+        load=load,
+        concurrency=concurrency,
+        ok=len(ok),
+        total=len(recs),
+        ttft_p50_s=_pct([r.ttft_s for r in ok if r.ttft_s is not None], 50),
+        ttft_p95_s=_pct([r.ttft_s for r in ok if r.ttft_s is not None], 95),
+        e2e_p50_s=_pct([r.e2e_s for r in ok if r.e2e_s is not None], 50),
+        e2e_p95_s=_pct([r.e2e_s for r in ok if r.e2e_s is not None], 95),
+        tpot_p50_s=_pct([t for r in ok if (t := r.tpot_s) is not None], 50),
+        tokens_per_s=sum(tokens) / wall if wall else None,
+        request_tokens_per_s_p50=_pct([t for r in ok if (t := r.tokens_per_s) is not None], 50),
+        accept_length_pooled=pooled,
+        accept_length_mean=mean,
+        peak_memory_mb=info.peak_memory_mb if info is not None else None,
+        load_label=label or f"x{concurrency}",
+        dispatch_lag_p99_s=_pct([r.dispatch_lag_s for r in recs if r.dispatch_lag_s is not None],
+                                99),
+    )
+
+
+def all_figures(data: SavedCampaign, pilot: Pilot | None = None) -> list[Figures]:
+    """Every condition at every level; with the pilot, also cost per request and the
+    prompts' expect checks."""
+    out = []
+    for cond in data.meta.conditions:
+        for level, value in data.meta.load_levels.items():
+            fig = figures_for(data, cond, level, level_concurrency(value), level_label(value))
+            extra: dict[str, float | int | None] = {}
+            if pilot is not None:
+                extra["cost_per_request"] = condition_cost(pilot, data, cond, level) \
+                    .cost_per_request
+            if data.prompts is not None:
+                passed = correctness_by_prompt(data.of(cond, level), data.prompts)
+                n = len(passed)
+                extra |= {"checked": n, "correct": sum(passed.values()),
+                          "correct_fraction": sum(passed.values()) / n if n else None}
+            out.append(fig.model_copy(update=extra) if extra else fig)
+    return out

@@ -1,0 +1,252 @@
+"""The quality gates: greedy identity, correctness, sampled distribution, sampling parameters
+honoured, acceptance health. Each gate states whether it could have failed (``evidence``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...pilot.probes import BY_NAME, PLAIN
+from ...pilot.schema import Pilot
+from ...results.folder import SavedCampaign
+from ...results.records import RequestRecord
+from ..gates.result import GateResult, Outcome
+from ..gates.spec import GateSpec
+from .acceptance import collapses, describe, pooled
+from .correctness import correctness_gate
+from .distribution import budget_problem, distribution_check, records_to_samples
+from .identity import classify, first_divergence, garwood, greedy_identity
+
+
+def _alpha(pilot: Pilot) -> float:
+    return (1 - pilot.decision.confidence) / 2
+
+
+def sampling_budget_problem(pilot: Pilot, trace_prompts: int) -> str | None:
+    """Why the pilot's sampled pass could never fail the distribution gate, naming the keys
+    to change; None when it can (or there is no sampled pass)."""
+    sampled = pilot.sampling.sampled
+    if not sampled.enabled:
+        return None
+    prompts = min(sampled.prompts or trace_prompts, trace_prompts)
+    why = budget_problem(prompts, sampled.samples_per_prompt,
+                         pilot.limits.quality.distribution_alpha)
+    if why is None:
+        return None
+    return (f"sampling.sampled.samples_per_prompt / sampling.sampled.prompts: {why} "
+            f"(limits.quality.distribution_alpha)")
+
+
+# --------------------------------------------------------------------------- greedy identity
+
+
+def _rate(events: int, tokens: int, confidence: float) -> str:
+    high = garwood(events, tokens, confidence)[1]
+    return f"{events} in {tokens} tokens ({events / max(tokens, 1):.2%}/token, <= {high:.2%})"
+
+
+def judge_greedy_identity(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    q = pilot.limits.quality
+    assert spec.reference is not None
+    res = greedy_identity(data.of(spec.reference), data.of(spec.condition), q.near_tie_epsilon,
+                          _alpha(pilot), q.max_near_tie_rate)
+    cand, control, test = res.candidate, res.control, res.test
+    if cand.compared == 0:
+        return GateResult(spec, "fail", "no prompt completed on both sides: nothing to compare")
+    genuine = cand.genuine
+    conf = pilot.decision.confidence
+    if test.method == "control" and control is not None:
+        seen = _rate(len(control.near_ties), control.tokens, conf)
+        tolerance = (f"control (the reference's later passes against its first) {seen}; "
+                     f"relabelling p={test.p_value:.3g}")
+    else:
+        tolerance = (f"no identical-condition control recorded: held to {q.max_near_tie_rate:.2%}"
+                     f"/token, Poisson p={test.p_value:.3g}")
+    summary = (
+        f"{cand.identical}/{cand.compared} identical outputs (every prompt, pass and load); "
+        f"{len(genuine)} genuine divergence(s) (max {q.max_genuine_divergences}); near-ties "
+        f"(runner-up within {q.near_tie_epsilon} nats) "
+        f"{_rate(len(cand.near_ties), cand.tokens, conf)} vs {tolerance}"
+    )
+    if control is not None and control.genuine:
+        summary += (f"; note: the reference's own rerun diverged genuinely {len(control.genuine)}"
+                    " time(s) (non-deterministic beyond near-ties)")
+    for d in genuine[:3]:
+        why = "no top-2 ids recorded" if d.runner_up is None else (
+            f"runner-up {d.runner_up}" if d.candidate_token != d.runner_up else "margin")
+        summary += (
+            f"\n  {d.prompt_id} [{d.load}] @token {d.position}: {d.reference_token} -> "
+            f"{d.candidate_token} (margin {d.margin if d.margin is None else round(d.margin, 3)},"
+            f" {why}): {d.reference_text!r} vs {d.candidate_text!r}"
+        )
+    ok = len(genuine) <= q.max_genuine_divergences and test.outcome == "pass"
+    return GateResult(
+        spec, "pass" if ok else "fail", summary, estimate=len(genuine),
+        threshold=q.max_genuine_divergences, p_value=test.p_value,
+        details={"compared": cand.compared, "identical": cand.identical,
+                 "tokens": cand.tokens, "genuine": [d.__dict__ for d in genuine],
+                 "near_ties": [d.__dict__ for d in cand.near_ties],
+                 "near_tie_rate": cand.rate, "rate_test": test.method,
+                 "control": None if control is None else {
+                     "compared": control.compared, "tokens": control.tokens,
+                     "near_ties": len(control.near_ties), "genuine": len(control.genuine)}},
+    )
+
+
+# --------------------------------------------------------------------------- correctness
+
+
+def judge_correctness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    assert spec.reference is not None
+    if data.prompts is None:
+        return GateResult(spec, "skip", "the trace files are gone or changed: nothing to check")
+    q = pilot.limits.quality
+    res = correctness_gate(data.of(spec.reference), data.of(spec.condition), data.prompts,
+                           q.max_loss_rate, _alpha(pilot))
+    test = res.test
+    details: dict[str, Any] = {"n_pairs": res.n_pairs, "reference_rate": res.reference_rate,
+                               "candidate_rate": res.candidate_rate, "losses": res.losses,
+                               "gains": res.gains, "control_losses": res.control_losses}
+    if test is None or test.outcome == "skip":
+        return GateResult(spec, res.outcome, res.summary, details=details)
+    details |= {"at_risk": test.at_risk, "critical": test.critical,
+                "power": {f"{k:g}": v for k, v in test.power.items()}}
+    return GateResult(spec, res.outcome, res.summary, estimate=len(res.losses),
+                      ci_low=0.0, ci_high=test.upper, threshold=test.critical,
+                      p_value=test.p_value, details=details,
+                      evidence="underpowered" if test.underpowered else "tested")
+
+
+# --------------------------------------------------------------------------- distribution
+
+
+def judge_distribution(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    assert spec.reference is not None
+    ref = records_to_samples(data.records, spec.reference)
+    cand = records_to_samples(data.records, spec.condition)
+    if not any(len(ref.get(p, ())) >= 2 and len(v) >= 2 for p, v in cand.items()):
+        return GateResult(spec, "fail", "no prompt has 2 sampled outputs on both sides")
+    res = distribution_check(ref, cand, alpha=pilot.limits.quality.distribution_alpha,
+                             seed=pilot.sampling.seed)
+    return GateResult(
+        spec, res.outcome, res.summary, estimate=res.distance, threshold=res.alpha,
+        p_value=res.p_value,
+        evidence="not_evaluable" if res.smallest_p > res.alpha else "tested",
+        details={"smallest_p": res.smallest_p, "critical": res.critical,
+                 "similarity_ratio": res.similarity_ratio, "prompts": res.n_prompts,
+                 "samples_per_prompt": res.samples_per_prompt, "worst": res.worst},
+    )
+
+
+# --------------------------------------------------------------------------- sampling params
+
+
+def _params_records(data: SavedCampaign, cond: str) -> dict[tuple[str, str], RequestRecord]:
+    return {(r.prompt_id, r.probe or PLAIN): r for r in data.of(cond, mode="params")}
+
+
+def _judge_probe(name: str, ref: dict[tuple[str, str], RequestRecord],
+                 cand: dict[tuple[str, str], RequestRecord], pid: str,
+                 epsilon: float) -> tuple[str, str]:
+    """(status, why): ok | broken | unsupported | not_evaluable for one probe and prompt."""
+    probe = BY_NAME[name]
+    r, c = ref.get((pid, name)), cand.get((pid, name))
+    r_plain, c_plain = ref.get((pid, PLAIN)), cand.get((pid, PLAIN))
+    if r is None or r_plain is None:
+        return "not_evaluable", "the baseline did not run it"
+    if not r.ok:
+        kind = "unsupported" if (r.error or "").startswith("unsupported") else "not_evaluable"
+        return kind, f"baseline: {r.error}"
+    if c is None or c_plain is None:
+        return "broken", "the condition did not run it"
+    if (r.request or {}) != (c.request or {}):
+        return "not_evaluable", "derived from plain outputs that differ (see greedy identity)"
+    if not c.ok:
+        return "broken", f"refused: {c.error}"
+    settings = r.request or {}
+    if probe.check(settings, r.output_text, r.output_ids, r_plain.output_text,
+                   r_plain.output_ids) is not None:
+        return "not_evaluable", "the baseline itself does not honour it"
+    if probe.informative and r.output_ids == r_plain.output_ids:
+        return "not_evaluable", "it changed nothing in the baseline's output"
+    wrong = probe.check(settings, c.output_text, c.output_ids, c_plain.output_text,
+                        c_plain.output_ids)
+    if wrong is not None:
+        return "broken", wrong
+    if probe.kind == "same":
+        pos = first_divergence(r.output_ids, c.output_ids)
+        if pos is not None and not classify(r, c, pos, epsilon).near_tie:
+            return "broken", (f"output differs from the baseline's at token {pos} "
+                              f"({r.output_text[:40]!r} vs {c.output_text[:40]!r})")
+    return "ok", ""
+
+
+def judge_sampling_params(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    assert spec.reference is not None
+    ref = _params_records(data, spec.reference)
+    cand = _params_records(data, spec.condition)
+    prompts = sorted({pid for pid, probe in ref if probe == PLAIN})
+    if not prompts:
+        return GateResult(spec, "fail", "no sampling-parameter probe was recorded")
+    eps = pilot.limits.quality.near_tie_epsilon
+    per: dict[str, list[tuple[str, str, str]]] = {}
+    for name in BY_NAME:
+        for pid in prompts:
+            if (pid, name) in ref or (pid, name) in cand:
+                status, why = _judge_probe(name, ref, cand, pid, eps)
+                per.setdefault(name, []).append((pid, status, why))
+    broken = {n: [x for x in v if x[1] == "broken"] for n, v in per.items()}
+    broken = {n: v for n, v in broken.items() if v}
+    ok = sorted(n for n, v in per.items() if any(s == "ok" for _, s, _ in v) and n not in broken)
+    untested = {n: v[0][2] for n, v in per.items() if n not in broken and n not in ok}
+    lines = []
+    if broken:
+        lines.append("not honoured as by the baseline: " + "; ".join(
+            f"{n} ({v[0][0]}: {v[0][2]})" for n, v in broken.items()))
+    lines.append(f"honoured: {', '.join(ok) or 'none'}")
+    if untested:
+        lines.append("not tested: " + "; ".join(f"{n} ({why})" for n, why in untested.items()))
+    outcome: Outcome = "fail" if broken else ("pass" if ok else "skip")
+    summary = "; ".join(lines) + f" ({len(prompts)} prompt(s), greedy)"
+    return GateResult(spec, outcome, summary, estimate=len(broken), threshold=0,
+                      details={"honoured": ok, "broken": {n: v[0][2] for n, v in broken.items()},
+                               "not_tested": untested},
+                      evidence="tested" if ok or broken else "not_evaluable")
+
+
+# --------------------------------------------------------------------------- acceptance
+
+
+def judge_acceptance(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    q = pilot.limits.quality
+    alpha = _alpha(pilot)
+    levels = list(pilot.load.levels)
+    mine = {lv: pooled(data.of(spec.condition, lv)) for lv in levels}
+    if not any(mine.values()):
+        return GateResult(spec, "skip", "the engine reported no per-position acceptance")
+    findings, shown = [], []
+    for lv, rates in mine.items():
+        if rates is not None:
+            shown.append(f"{lv}: {rates.text()}")
+    light = mine.get(pilot.load.lightest())
+    for lv, rates in mine.items():
+        if rates is None or light is None or lv == pilot.load.lightest():
+            continue
+        found = collapses(rates, light, q.max_acceptance_drop, alpha)
+        if found:
+            findings.append(f"at load {lv} against load {pilot.load.lightest()}: "
+                            f"{describe(found)}")
+    if spec.reference is not None:
+        for lv in levels:
+            theirs, rates = pooled(data.of(spec.reference, lv)), mine.get(lv)
+            if theirs is None or rates is None:
+                continue
+            found = collapses(rates, theirs, q.max_acceptance_drop, alpha)
+            if found:
+                findings.append(f"at load {lv} against {spec.reference} ({theirs.text()}): "
+                                f"{describe(found)}")
+    summary = ("acceptance collapsed " + "; ".join(findings) if findings
+               else "no collapse of per-position acceptance") + " (rates per draft position: " \
+        + "; ".join(shown) + ")"
+    return GateResult(spec, "fail" if findings else "pass", summary,
+                      details={"rates": {lv: r.rates if r else None for lv, r in mine.items()},
+                               "collapses": findings})

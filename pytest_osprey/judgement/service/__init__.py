@@ -1,0 +1,2 @@
+"""Did the conditions serve alike and completely: completed requests, a fair comparison,
+boots alike, memory, latency percentiles and goodput."""

@@ -1,0 +1,273 @@
+"""Drift: each condition against itself between passes and boots (pure numpy/scipy).
+
+A pass that ran slower for every condition cancels in the speedup, yet the speedup measured
+then mixes two states of the machine; a pass that ran slower for one condition alone biases
+the speedup. The check compares every pass instance (boot x pass) of a series (one condition
+at one load level) with the series' other instances, paired by prompt - each series on its own
+and all pooled - and flags an unstable environment when one instance is off by more than a
+tolerance with significance. The speed gate then refuses to KEEP unless the keep's margin
+exceeds what the change could have done to the speedup (``Drift.bias_bound``,
+``Drift.vetoes``): a 29% slower pass does not put a 1.5x speedup against a 0.6x minimum in
+doubt, but it does a 1.2x one against 1.0x.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..stats.core import FloatArray
+from .data import IntArray, onehot
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Each condition against itself between passes/boots ("instances"), paired by prompt.
+
+    The environment's stability: a pass that ran slower for every condition cancels in the
+    speedup, yet the speedup measured then mixes two machines' states; one that ran slower
+    for one condition alone biases it. The series compared are the conditions of the
+    comparison, each against itself (never one condition against another), tested one by one
+    (a change of one condition) and pooled (a change of all, with twice the data).
+
+    ``estimate``: the largest change of one instance against the others, as a ratio (1.3:
+    that pass ran 30% slower), in ``series`` (a condition's name, or "" for all pooled): the
+    median over prompts of its log latency minus the median of the prompt's other instances
+    (robust to stalls); CI at ``confidence`` by resampling clusters. ``p_value``: a rank test
+    that the instance runs like the others (per prompt, the instance's rank among the
+    prompt's instances, averaged per cluster - block within a series - and t-tested over
+    clusters; Bonferroni over instances and over the tests: each series and the pool).
+    ``unstable`` when the change is both material (beyond ``tolerance``) and significant at
+    ``alpha``. ``bias_bound``: how far the change could have moved the speedup (ratio, >= 1):
+    the largest change of one instance of the reference against the same instance of the
+    candidate, paired by prompt (a change both share cancels; one that hit one condition alone
+    does not). A speedup averages its instances, so this is twice the most one instance can
+    move it with two instances, more with more; with one series, its own largest change.
+    """
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    instance: tuple[int, int]  # (boot, pass) of the largest change
+    tolerance: float
+    alpha: float
+    unstable: bool
+    reason: str
+    bias_bound: float = 1.0
+    series: str = ""
+
+    def vetoes(self, ci_low: float, threshold: float) -> bool:
+        """Whether this puts a keep in doubt: the environment was unstable and the change
+        could account for the speedup's margin (its lower bound over ``threshold``)."""
+        return self.unstable and ci_low / threshold <= self.bias_bound
+
+
+@dataclass(frozen=True)
+class DriftBatch:
+    """The drift tests of campaigns stacked on a leading axis S. Tests ("families") F: 0 pools
+    every series, 1.. are the series one by one; R instances."""
+
+    unstable: npt.NDArray[np.bool_]  # (S,)
+    log_change: FloatArray  # (F,S,R) robust change of each instance
+    p_value: FloatArray  # (F,S,R) Bonferroni-adjusted (instances and tests)
+    fired: npt.NDArray[np.bool_]  # (F,S)
+    log_bias_bound: FloatArray  # (S,) see ``Drift.bias_bound``
+
+
+@dataclass(frozen=True)
+class _Series:
+    contrasts: FloatArray  # (S,R,n) per-prompt robust contrasts
+    ranks: FloatArray  # (S,R,K) cluster mean centred ranks
+    sizes: FloatArray  # (S,K) cluster sizes
+
+
+def _series(levels: Sequence[tuple[FloatArray, IntArray]]) -> list[_Series | None]:
+    """Per series: its contrasts, ranks and cluster sizes (None with fewer than two
+    instances); prompts lacking an instance are left out (NaN / 0)."""
+    out: list[_Series | None] = []
+    for lat, blocks in levels:
+        y = np.log(lat).reshape(lat.shape[0], -1, lat.shape[-1])  # (S,R,n)
+        y = y[:, np.isfinite(y).any(axis=(0, 2)), :]  # instances not run (yet) drop out
+        n_inst = y.shape[1]
+        if n_inst < 2:
+            out.append(None)
+            continue
+        full: npt.NDArray[np.bool_] = np.asarray(np.isfinite(y).all(axis=1))  # (S,n)
+        filled = np.where(full[:, None, :], y, 0.0)
+        others = np.stack([np.median(np.delete(filled, r, axis=1), axis=1)
+                           for r in range(n_inst)], axis=1)
+        rank = filled.argsort(axis=1).argsort(axis=1) - (n_inst - 1) / 2
+        per_block = onehot(blocks)
+        count = full.astype(np.float64) @ per_block  # (S,K)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ranks = np.where(full[:, None, :], rank, 0.0) @ per_block / count[:, None, :]
+        out.append(_Series(np.where(full[:, None, :], filled - others, np.nan), ranks, count))
+    return out
+
+
+def _test(parts: Sequence[_Series]) -> tuple[FloatArray, FloatArray]:
+    """(robust log change (S,R), unadjusted two-sided p (S,R)) of the pooled ``parts``."""
+    from scipy import special
+
+    contrasts = np.concatenate([s.contrasts for s in parts], axis=2)
+    ranks = np.concatenate([s.ranks for s in parts], axis=2)
+    sizes = np.concatenate([s.sizes for s in parts], axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a prompt-less series stays NaN
+        est = np.nanmedian(contrasts, axis=2)
+    present = sizes > 0  # (S,G)
+    g = present.sum(axis=1).astype(np.float64)[:, None]  # (S,1)
+    u = np.where(present[:, None, :], ranks, 0.0)
+    mean = u.sum(axis=2) / np.maximum(g, 1)
+    var = np.where(present[:, None, :], (u - mean[..., None]) ** 2, 0.0).sum(axis=2)
+    se = np.sqrt(var / np.maximum(g - 1, 1) / np.maximum(g, 1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(se > 0, np.abs(mean) / np.where(se > 0, se, 1.0), np.inf)
+    p = 2 * special.stdtr(np.maximum(g - 1, 1), -t)
+    return np.asarray(est, dtype=np.float64), np.where(np.isnan(est), 1.0, p)
+
+
+def _log_bias(
+    every: list[_Series | None], pairs: Sequence[tuple[int, int]], n: int
+) -> FloatArray:
+    """Per campaign (n,): the largest |median over prompts of the reference's change minus
+    the candidate's| of one instance over ``pairs``; without a usable pair, the largest
+    |change| of one instance of any one series."""
+    usable = [(every[i], every[j]) for i, j in pairs if max(i, j) < len(every)]
+    diffs = [a.contrasts - b.contrasts for a, b in usable
+             if a is not None and b is not None and a.contrasts.shape == b.contrasts.shape]
+    if not diffs:
+        diffs = [s.contrasts for s in every if s is not None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an empty pair stays NaN
+        meds = [np.abs(np.nan_to_num(np.nanmedian(d, axis=2))).max(axis=1) for d in diffs]
+    return np.asarray(np.max(meds, axis=0) if meds else np.zeros(n), dtype=np.float64)
+
+
+def drift_batch(
+    levels: Sequence[tuple[FloatArray, IntArray]], tolerance: float = 0.20, alpha: float = 0.01,
+    pairs: Sequence[tuple[int, int]] | None = None,
+) -> DriftBatch:
+    """The drift tests of campaigns stacked on a leading axis.
+
+    ``levels``: per series (a condition at a load level), its latencies ``(S, boots, passes,
+    prompts)`` and the prompts' blocks; clusters are the blocks of each series. A single
+    series is tested once (the pool is that series). ``pairs``: (reference, candidate) series
+    indices of a comparison, for the bias bound; by default the first two series.
+    """
+    return _batch(_series(levels), levels[0][0].shape[0], tolerance, alpha, pairs)
+
+
+def _batch(
+    every: list[_Series | None], n: int, tolerance: float, alpha: float,
+    pairs: Sequence[tuple[int, int]] | None,
+) -> DriftBatch:
+    parts = [s for s in every if s is not None]
+    if not parts:  # fewer than two instances anywhere: nothing to compare
+        return DriftBatch(np.zeros(n, dtype=bool), np.full((1, n, 1), np.nan),
+                          np.ones((1, n, 1)), np.zeros((1, n), dtype=bool), np.zeros(n))
+    families = [parts] + ([[s] for s in parts] if len(parts) > 1 else [])
+    tested = [_test(f) for f in families]
+    est = np.stack([e for e, _ in tested])  # (F,S,R)
+    n_inst = est.shape[2]
+    contrasts_n = 1 if n_inst == 2 else n_inst  # two instances: one contrast, seen twice
+    p = np.minimum(np.stack([q for _, q in tested]) * contrasts_n * len(families), 1.0)
+    material = np.abs(np.nan_to_num(est)) > math.log1p(tolerance)
+    fired = np.asarray((material & (p <= alpha)).any(axis=2), dtype=bool)
+    bias = _log_bias(every, [(0, 1)] if pairs is None else pairs, n)
+    return DriftBatch(np.asarray(fired.any(axis=0), dtype=bool), est, p, fired, bias)
+
+
+def drift_check(
+    levels: Sequence[tuple[FloatArray, IntArray]],
+    tolerance: float = 0.20,
+    alpha: float = 0.01,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    names: Sequence[str] = (),
+    pairs: Sequence[tuple[int, int]] | None = None,
+) -> Drift | None:
+    """Drift over one campaign; None with a single pass instance (nothing to compare).
+
+    ``levels``: per series - the baseline at each load level, and preferably every other
+    condition of the comparison too (each against itself) - its ``(boots, passes, prompts)``
+    latencies and blocks; ``names``: the series' names, for the reason; ``pairs``:
+    (reference, candidate) series of a comparison, for the bias bound (the first two by
+    default).
+
+    ``tolerance`` 20%: a pass that runs >20% off the others is material (smaller, slow drift
+    cancels between adjacent stretches and is only reported: at 10% a slow drift of +-14%
+    vetoed nearly every keep). ``alpha`` 1%: false alarms on stable noise are rare (measured
+    in tests/test_speed_simulation.py).
+    """
+    n_inst = levels[0][0].shape[0] * levels[0][0].shape[1]
+    if n_inst < 2:
+        return None
+    every = _series([(lat[None], blocks) for lat, blocks in levels])
+    present = [i for i, one in enumerate(every) if one is not None]  # the tested series
+    if not present:
+        return None
+    b = _batch(every, 1, tolerance, alpha, pairs)
+    # Report one condition when it alone changed (the largest of those that fired), else
+    # the pool: all of them changed, or none.
+    size = np.abs(np.nan_to_num(b.log_change[:, 0])).max(axis=1)
+    singles = b.fired[1:, 0]
+    f = 0
+    if b.unstable[0] and singles.any() and not (singles.all() and b.fired[0, 0]):
+        f = 1 + int(np.argmax(np.where(singles, size[1:], -1.0)))
+    size_r = np.abs(np.nan_to_num(b.log_change[f, 0]))
+    r = len(size_r) - 1 - int(np.argmax(size_r[::-1]))  # ties (two passes): the later one
+    e = float(b.log_change[f, 0, r])
+    if not math.isfinite(e):
+        return None
+    used = present if f == 0 else [present[f - 1]]
+    single = used[0] if len(used) == 1 else None
+    who = names[single] if single is not None and single < len(names) else ""
+    values = np.concatenate([one.contrasts[0, r] for i in used if (one := every[i])])
+    low, high = _cluster_bootstrap_median(values, [levels[i] for i in used], confidence,
+                                          resamples, seed)
+    passes = levels[0][0].shape[1]
+    boot, pass_index = divmod(r, passes)
+    p_r = float(b.p_value[f, 0, r])
+    reason = ""
+    if b.unstable[0]:
+        subject = who or ("every condition" if single is None else "one condition")
+        reason = (f"{subject} ran {math.exp(e) - 1:+.0%} in boot {boot + 1} pass "
+                  f"{pass_index + 1} against the other passes (p={p_r:.2g}; "
+                  f"tolerance {tolerance:.0%})")
+    return Drift(math.exp(e), math.exp(low), math.exp(high), p_r, (boot, pass_index),
+                 tolerance, alpha, bool(b.unstable[0]), reason,
+                 math.exp(float(b.log_bias_bound[0])), who)
+
+
+def _cluster_bootstrap_median(
+    values: FloatArray,
+    levels: Sequence[tuple[FloatArray, IntArray]],
+    confidence: float,
+    resamples: int,
+    seed: int,
+) -> tuple[float, float]:
+    """Percentile interval of the median of ``values`` (prompts of all levels, in order),
+    resampling clusters (blocks within a level) with replacement."""
+    ids, offset = [], 0
+    for k, (_, blocks) in enumerate(levels):
+        ids.append(blocks + offset)
+        offset += int(blocks.max()) + 1
+        del k
+    cluster = np.concatenate(ids)
+    keep = np.isfinite(values)
+    values, cluster = values[keep], cluster[keep]
+    labels = np.unique(cluster)
+    members = [values[cluster == c] for c in labels]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, labels.size, (resamples, labels.size))
+    meds = np.array([np.median(np.concatenate([members[j] for j in row])) for row in picks])
+    tail = (1 - confidence) / 2
+    return float(np.quantile(meds, tail)), float(np.quantile(meds, 1 - tail))

@@ -1,0 +1,228 @@
+"""The speed gate: a saved campaign's records arranged as the replay plan ran them (boots x
+passes x prompts, each prompt's block), judged by the time-aware statistics.
+
+One deciding test per gate, and the p-value shown is its own: the cluster-robust t-test of
+the gating metric (``decision.speedup_metric``), or, for the primary gate with early
+stopping, the group-sequential decision at the last look the campaign made.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...pilot.schema import Pilot
+from ...results.folder import SavedCampaign
+from ...results.records import RequestRecord
+from ..gates.result import GateResult, Outcome
+from ..gates.spec import GateSpec
+from .advice import advise
+from .drift import Drift, drift_check
+from .sequential import Look, sequential_look, sequential_plan
+from .speedup import (
+    CONFOUNDED,
+    FloatArray,
+    IntArray,
+    PairedLatencies,
+    Request,
+    SpeedError,
+    SpeedResult,
+    collect,
+    speed_test,
+)
+
+
+def blocks_of(data: SavedCampaign, level: str) -> dict[str, int]:
+    """Prompt id -> its block at ``level`` (the plan's; one block per prompt for campaigns
+    recorded before plans)."""
+    plan = data.meta.plan
+    if plan is not None and plan.blocks.get(level):
+        return plan.block_of(level)
+    ids = sorted({r.prompt_id for r in data.records if r.load == level})
+    return {pid: i for i, pid in enumerate(ids)}
+
+
+def _requests(data: SavedCampaign, level: str, conditions: tuple[str, ...],
+              slice_: str | None = None, upto_look: int | None = None) -> list[Request]:
+    block = blocks_of(data, level)
+    out = []
+    for r in data.records:
+        if r.mode != "greedy" or r.load != level or r.condition not in conditions:
+            continue
+        if (slice_ is not None and r.slice != slice_) or r.prompt_id not in block:
+            continue
+        if upto_look is not None and _look_of(data, r) > upto_look:
+            continue
+        out.append(Request(r.condition, r.prompt_id, r.e2e_s, r.ok and r.e2e_s is not None,
+                           r.boot, r.repetition, block[r.prompt_id], r.stretch or 0,
+                           r.started_at or 0.0))
+    return out
+
+
+def _look_of(data: SavedCampaign, r: RequestRecord) -> int:
+    """The early-stopping look whose data first include this record (campaign/schedule.py)."""
+    plan = data.meta.plan
+    if plan is None:
+        return r.repetition + 1
+    if plan.boots_per_condition == 1:
+        return r.repetition + 1 if plan.order == "interleaved" else 1
+    return max(1, r.boot)
+
+
+def paired(data: SavedCampaign, reference: str, candidate: str, level: str,
+           slice_: str | None = None, upto_look: int | None = None) -> PairedLatencies:
+    return collect(_requests(data, level, (reference, candidate), slice_, upto_look),
+                   reference, candidate)
+
+
+def drift(pilot: Pilot, data: SavedCampaign, reference: str, candidate: str, level: str,
+          upto_look: int | None = None) -> Drift | None:
+    """Each of the two conditions against itself between passes and boots, at every load level
+    (a pass covers them all: more data to see it by); the bias bound pairs the two conditions
+    at each level. ``level`` alone when the levels' pass layouts differ."""
+    levels = [lv for lv in pilot.load.levels if lv != level]
+    for attempt in ([level, *levels], [level]):
+        series: list[tuple[FloatArray, IntArray]] = []
+        names: list[str] = []
+        pairs: list[tuple[int, int]] = []
+        for lv in attempt:
+            got = []
+            for cond in (reference, candidate):
+                try:
+                    one = collect(_requests(data, lv, (cond,), None, upto_look), cond, cond)
+                except SpeedError:
+                    continue
+                got.append(len(series))
+                series.append((one.reference, one.blocks))
+                names.append(cond if len(attempt) == 1 else f"{cond} at {lv}")
+            if len(got) == 2:
+                pairs.append((got[0], got[1]))
+        if series and len({s[0].shape[:2] for s in series}) == 1:
+            try:
+                return drift_check(series, tolerance=pilot.decision.drift_tolerance,
+                                   names=names, pairs=pairs)
+            except (SpeedError, ValueError):
+                return None
+    return None
+
+
+def threshold_for(pilot: Pilot, reference: str) -> float:
+    return pilot.limits.speedup_min if reference == pilot.baseline else 1.0
+
+
+def looks_done(data: SavedCampaign, level: str) -> int:
+    return max((_look_of(data, r) for r in data.records
+                if r.mode == "greedy" and r.load == level), default=0)
+
+
+def plan_looks(pilot: Pilot, data: SavedCampaign) -> int:
+    plan = data.meta.plan
+    return plan.looks if plan is not None else pilot.load.passes
+
+
+def look_at(pilot: Pilot, data: SavedCampaign, candidate: str, look: int) -> Look | str:
+    """The group-sequential decision (primary load, vs the baseline) on the data of looks
+    1..``look``. Recomputed from the records, so the campaign's interim looks and a re-judged
+    campaign apply the same rule. A string says why no look is possible."""
+    level = pilot.primary_load
+    seq = sequential_plan(plan_looks(pilot, data), (1 - pilot.decision.confidence) / 2,
+                          futility_power=pilot.decision.futility_power)
+    try:
+        paired_data = paired(data, pilot.baseline, candidate, level, upto_look=look)
+        return sequential_look(
+            paired_data, seq, min(look, seq.looks), pilot.limits.speedup_min,
+            pilot.decision.speedup_metric, pilot.decision.confidence,
+            drift(pilot, data, pilot.baseline, candidate, level, upto_look=look))
+    except SpeedError as exc:
+        return str(exc)
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.3f}" if math.isfinite(v) else ("inf" if v > 0 else "0")
+
+
+def _details(res: SpeedResult) -> dict[str, Any]:
+    def metric(m: Any) -> dict[str, Any]:
+        return {"estimate": m.estimate, "ci": [m.ci_low, m.ci_high], "p_value": m.p_value,
+                "df": m.df, "outcome": m.outcome}
+
+    comp = res.components
+    out: dict[str, Any] = {
+        "method": f"cluster-robust t-test over {res.n_clusters} blocks (df {res.gating.df:.1f})"
+                  + (f", between-boot component over {res.n_boots} boots"
+                     if res.n_boots > 1 else ""),
+        "metric": res.metric,
+        "n_prompts": res.n_prompts,
+        "n_clusters": res.n_clusters,
+        "n_boots": res.n_boots,
+        "n_passes": res.n_passes,
+        "per_prompt": metric(res.per_prompt),
+        "total_time": metric(res.total_time),
+        "time_share": comp.time_share,
+        "boot_share": comp.boot_share,
+        "boot_confounded": res.boot_confounded,
+    }
+    if res.drift is not None:
+        d = res.drift
+        out["drift"] = {"estimate": d.estimate, "ci": [d.ci_low, d.ci_high],
+                        "p_value": d.p_value, "boot": d.instance[0] + 1,
+                        "pass": d.instance[1] + 1, "unstable": d.unstable,
+                        "tolerance": d.tolerance, "bias_bound": d.bias_bound}
+    if res.reason:
+        out["reason"] = res.reason
+    if res.held_back:
+        out["held_back"] = res.held_back
+    return out
+
+
+def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    assert spec.reference is not None and spec.load is not None
+    threshold = threshold_for(pilot, spec.reference)
+    try:
+        data_pairs = paired(data, spec.reference, spec.condition, spec.load, spec.slice)
+        res = speed_test(data_pairs, threshold, pilot.decision.confidence,
+                         pilot.decision.speedup_metric,
+                         drift(pilot, data, spec.reference, spec.condition, spec.load))
+    except SpeedError as exc:
+        return GateResult(spec, "fail" if spec.gating else "skip", f"cannot judge speed: {exc}")
+    gate = res.gating
+    outcome: Outcome = res.outcome
+    p_value, details = gate.p_value, _details(res)
+    sequential = ""
+    if pilot.decision.early_stop and spec.slice is None and spec.load == pilot.primary_load \
+            and spec.reference == pilot.baseline:
+        look = look_at(pilot, data, spec.condition, looks_done(data, spec.load))
+        if isinstance(look, str):
+            sequential = f"; group-sequential look not possible: {look}"
+        else:
+            outcome = ("pass" if look.decision == "keep"
+                       else "fail" if look.decision == "drop" else "inconclusive")
+            details["sequential"] = {"look": look.look, "looks": look.looks, "z": look.z,
+                                     "keep_boundary": look.keep_boundary,
+                                     "drop_boundary": look.drop_boundary,
+                                     "decision": look.decision}
+            sequential = "; " + look.summary()
+    other = res.total_time if res.metric == "per_prompt" else res.per_prompt
+    name = {"per_prompt": "per-prompt", "total_time": "total-time"}
+    summary = (
+        f"completion-latency speedup ({name[res.metric]}) {_ratio(gate.estimate)}x, "
+        f"{pilot.decision.confidence:.0%} CI [{_ratio(gate.ci_low)}, {_ratio(gate.ci_high)}] vs "
+        f"minimum {threshold:.3f}x; {name[other.metric]} {_ratio(other.estimate)}x; "
+        f"{res.n_prompts} prompts in {res.n_clusters} blocks x {res.n_passes} passes"
+        + (f" x {res.n_boots} boots" if res.n_boots > 1 else "")
+        + f"; one-sided p={p_value:.3g} (cluster-robust t, df {gate.df:.1f})"
+    )
+    if res.reason:
+        summary += f"; {res.reason}"
+    summary += "".join(f"; {note}" for note in res.notes if note != CONFOUNDED)
+    summary += sequential
+    if outcome == "inconclusive":
+        advice = advise(res, levels=len(pilot.load.levels))
+        if advice is not None:
+            summary += f"; {advice.text}"
+            details["advice"] = {"more_prompts": list(advice.more_prompts),
+                                 "more_passes": list(advice.more_passes),
+                                 "better": advice.better, "settle": advice.settle}
+    return GateResult(spec, outcome, summary, estimate=gate.estimate, ci_low=gate.ci_low,
+                      ci_high=gate.ci_high, threshold=threshold, p_value=p_value,
+                      details=details)

@@ -1,0 +1,300 @@
+"""What a verdict means for the person reading it: the numbers that decided it, each reason in
+a few words, and a diagnosis where the pattern is a known one.
+
+Pure: judged gates, figures and (optionally) the records in; a :class:`Diagnosis` out. The
+wording of a headline is the reports' business (``report/headline.py``).
+
+Known patterns:
+
+* **never accepted**: an accept length near 1 (1 = only the target's own token per verify
+  step) means the target rejected nearly every drafted token: the drafter speaks another
+  vocabulary/tokenizer than the target, or was never adapted to this target;
+* **batch-size crossover**: faster at low load but slower at the higher concurrency: verifying
+  drafts costs compute that concurrent requests would otherwise share;
+* **domain gap**: clearly slower (or accepting fewer tokens) on the unusual slice than overall:
+  the drafter was adapted on other text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...pilot.schema import Pilot
+from ...results.folder import SavedCampaign
+from ..figures.measured import Figures, accept_lengths
+from ..gates.kinds import GateKind as K
+from ..gates.result import GateResult, Outcome, Verdict
+from .partial import WITHHELD
+from .verdicts import CandidateVerdict
+
+ACCEPT_FLOOR = 1.15
+"""A pooled accept length below this reads as "the drafter is (almost) never accepted"."""
+DOMAIN_GAP = 0.9
+"""The unusual slice is flagged when its speedup is below this fraction of the overall one."""
+QUALITY_KINDS = (K.GREEDY_IDENTITY, K.CORRECTNESS, K.DISTRIBUTION)
+SPEED_KINDS = (K.SPEEDUP, K.GOODPUT, K.LATENCY, K.COST, K.BREAK_EVEN)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A speedup gate's figures (ratios; > 1: the candidate is faster)."""
+
+    reference: str
+    load: str
+    outcome: Outcome
+    estimate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    threshold: float | None
+    total_time: float | None = None
+    total_low: float | None = None
+    total_high: float | None = None
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One failed or inconclusive gating gate, in words."""
+
+    name: str  # e.g. "speed at concurrent"
+    outcome: Outcome
+    text: str  # the figures, short
+    diagnosis: str | None
+    gate: str  # kind[id]: where the full evidence is
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    candidate: str
+    verdict: Verdict
+    speed: Speed | None  # the deciding one: primary load, against the baseline
+    accept_length: float | None  # pooled, at the primary load
+    quality: str  # one word: identical | equivalent | changed | worse | unproven | unchecked
+    reasons: list[Reason]
+    notes: list[str] = field(default_factory=list)  # diagnoses not tied to a listed reason
+    withheld: str | None = None  # why no verdict: the campaign (or a condition) is partial
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def total_time(details: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """(estimate, low, high) of a total-time speedup in a speedup gate's details, whichever
+    shape it has (a number, or a mapping with an estimate and a CI); Nones when absent."""
+    value = details.get("total_time")
+    if isinstance(value, Mapping):
+        ci = value.get("ci")
+        low, high = (ci if isinstance(ci, list | tuple) and len(ci) == 2
+                     else (value.get("ci_low"), value.get("ci_high")))
+        return _num(value.get("estimate")), _num(low), _num(high)
+    return _num(value), None, None
+
+
+def speed_of(g: GateResult) -> Speed:
+    t, t_low, t_high = total_time(g.details)
+    return Speed(g.spec.reference or "", g.spec.load or "", g.outcome, g.estimate, g.ci_low,
+                 g.ci_high, g.threshold, t, t_low, t_high)
+
+
+def gate_name(g: GateResult, candidate: str, baseline: str) -> str:
+    s = g.spec
+    at = f" at {s.load}" if s.load else ""
+    vs = f" vs {s.reference}" if s.reference and s.reference != baseline else ""
+    names = {
+        K.SPEEDUP: f"speed{vs}{at}" + (f" on the {s.slice} slice" if s.slice else ""),
+        K.COMPLETED: f"completed requests{at}" if s.condition == candidate
+        else f"{s.condition} completed requests{at}",
+        K.GREEDY_IDENTITY: f"greedy outputs{vs}",
+        K.CORRECTNESS: f"correctness{vs}",
+        K.DISTRIBUTION: f"sampled outputs{vs}",
+        K.FAIRNESS: "fair comparison",
+        K.LATENCY: f"latency limit{at}",
+        K.MEMORY: "memory",
+        K.COST: f"cost per request{at}",
+        K.BREAK_EVEN: "break-even",
+        K.GOODPUT: f"goodput{at}",
+        K.ARTIFACT: "drafter artifact",
+        K.COMMAND_LINE: "command line",
+        K.BOOT_CONSISTENCY: "boots alike" if s.condition == candidate
+        else f"{s.condition} boots alike",
+    }
+    return names.get(s.kind, s.kind)
+
+
+def _first_line(summary: str, width: int = 110) -> str:
+    text = summary.splitlines()[0] if summary else ""
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def _speed_text(g: GateResult) -> str:
+    d = g.details
+    assert g.estimate is not None and g.ci_low is not None
+    thr = g.threshold if g.threshold is not None else 1.0
+    text = f"{g.estimate:.2f}x [{g.ci_low:.2f}, {g.ci_high or 0:.2f}]"
+    held = g.outcome == "inconclusive" and g.ci_low > thr  # clear of it, held back by a reason
+    word = {"fail": "below", "inconclusive": "clears" if held else "straddles"}.get(g.outcome)
+    if word:
+        text += f", {word} the {thr:.2f}x needed"
+    if held:
+        text += (", but the machine's speed changed by enough to account for the margin"
+                 if d.get("held_back") == "unstable_environment"
+                 else f", but {d.get('reason', '')}")
+    advice = d.get("advice")
+    settle = advice.get("settle") if isinstance(advice, Mapping) else None
+    if g.outcome == "inconclusive" and settle:
+        text += f" ({settle})"
+    return text
+
+
+def short_text(g: GateResult) -> str:
+    """The gate's result in a few words (figures, not internal ids or p-values), from its
+    fields and details; a gate without them shows its summary's first line."""
+    d = g.details
+    if g.spec.kind == K.SPEEDUP and g.estimate is not None and g.ci_low is not None:
+        return _speed_text(g)
+    if g.spec.kind == K.GREEDY_IDENTITY and "compared" in d:
+        genuine = d.get("genuine") or []
+        text = f"{len(genuine)} genuine divergence(s) in {d['compared']} prompts"
+        if genuine and isinstance(genuine[0], Mapping):
+            text += f", first at {genuine[0].get('prompt_id')} token {genuine[0].get('position')}"
+        return text
+    if g.spec.kind == K.CORRECTNESS and "candidate_rate" in d and g.ci_low is not None:
+        return (f"pass rate {d['candidate_rate']:.0%} vs {d['reference_rate']:.0%} over "
+                f"{d.get('n_pairs')} prompts; could be {abs(g.ci_low) * 100:.0f} points worse, "
+                f"{abs(g.threshold or 0) * 100:.0f} allowed")
+    if g.spec.kind == K.DISTRIBUTION and "prompts" in d and g.estimate is not None:
+        return (f"distance {g.estimate:.4f} (flagged from {d.get('critical', 0):.4f}) over "
+                f"{d['prompts']} prompts x {d.get('samples_per_prompt')} samples")
+    if g.spec.kind == K.LATENCY and "metric" in d and g.estimate is not None \
+            and g.ci_high is not None and g.threshold is not None:
+        bound = f"{g.ci_high * 1000:.1f} ms" if math.isfinite(g.ci_high) else "unbounded"
+        return (f"{d['metric']} p{d.get('percentile', 0):g} {g.estimate * 1000:.1f} ms, "
+                f"bound {bound} vs limit {g.threshold * 1000:.1f} ms")
+    if g.spec.kind == K.BREAK_EVEN and (d.get("reason") or g.estimate is not None):
+        if g.estimate is not None:
+            return f"setup cost recovered after {g.estimate:,.1f} days, {g.threshold:g} allowed"
+        return str(d["reason"]).removeprefix("no break-even: ")
+    if g.spec.kind == K.GOODPUT and "candidate_share" in d:
+        return (f"{d['candidate_share']:.0%} of requests meet the targets vs "
+                f"{d['reference_share']:.0%}")
+    return _first_line(g.summary)
+
+
+def quality_word(gates: Sequence[GateResult]) -> str:
+    # A gate that passed without evidence (it could not have failed) says nothing either way.
+    quality = [g for g in gates if g.spec.kind in QUALITY_KINDS and g.outcome != "skip"
+               and getattr(g, "evidence", "tested") in (None, "tested")]
+    if not quality:
+        return "unchecked"
+    if any(g.outcome == "fail" for g in quality):
+        return "worse" if any(g.spec.kind == K.CORRECTNESS and g.outcome == "fail"
+                              for g in quality) else "changed"
+    if any(g.outcome == "inconclusive" for g in quality):
+        return "unproven"
+    greedy = [g for g in quality if g.spec.kind == K.GREEDY_IDENTITY]
+    if greedy and all(g.details.get("identical") == g.details.get("compared") for g in greedy):
+        return "identical"
+    return "equivalent"
+
+
+def _never_accepted(accept: float | None) -> str | None:
+    if accept is None or accept >= ACCEPT_FLOOR:
+        return None
+    return (f"accept length {accept:.2f}: the target almost never accepted a drafted token "
+            "(1.00 = only its own token per step) - a vocabulary/tokenizer mismatch with the "
+            "target or a drafter not adapted to it")
+
+
+def _crossover(speeds: Sequence[Speed], order: Mapping[str, int]) -> tuple[str, str] | None:
+    """(heavier load, text) when the candidate is faster at its lightest load and slower at a
+    heavier one."""
+    ranked = sorted((s for s in speeds if s.estimate is not None and s.load in order),
+                    key=lambda s: order[s.load])
+    if len(ranked) < 2:
+        return None
+    light = ranked[0]
+    assert light.estimate is not None
+    # Shown, not guessed: each side's CI must exclude 1 (the point estimate alone only where
+    # a gate has no CI), or noise at one level reads as a crossover.
+    faster = light.ci_low > 1 if light.ci_low is not None else light.estimate >= 1.05
+    for heavy in ranked[1:]:
+        assert heavy.estimate is not None
+        slower = heavy.ci_high < 1 if heavy.ci_high is not None else heavy.estimate <= 0.95
+        if faster and slower:
+            return heavy.load, (
+                f"faster at {light.load} ({light.estimate:.2f}x) but slower at {heavy.load} "
+                f"({heavy.estimate:.2f}x): the batch-size crossover - verifying drafts costs "
+                "compute that concurrent requests need; keep speculation for low load or cap "
+                "it by batch size")
+    return None
+
+
+def _domain_gap(overall: Speed | None, unusual: GateResult | None,
+                accept: tuple[float | None, float | None]) -> str | None:
+    if overall is None or overall.estimate is None or unusual is None \
+            or unusual.estimate is None:
+        return None
+    worse = unusual.estimate < overall.estimate * DOMAIN_GAP and (
+        (unusual.ci_high is not None and unusual.ci_high < overall.estimate)
+        or unusual.estimate < 1 <= overall.estimate)
+    if not worse:
+        return None
+    text = (f"slower on the {unusual.spec.slice} slice ({unusual.estimate:.2f}x vs "
+            f"{overall.estimate:.2f}x overall")
+    if accept[0] is not None and accept[1] is not None:
+        text += f"; accept length {accept[0]:.2f} vs {accept[1]:.2f}"
+    return text + ("): a domain gap - the drafter was adapted on other text; adapt it on this "
+                   "domain or route these requests around it")
+
+
+def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResult],
+             figures: Sequence[Figures], data: SavedCampaign | None = None) -> Diagnosis:
+    """The diagnosis of one candidate's verdict."""
+    cand, base, primary = verdict.candidate, pilot.baseline, pilot.primary_load
+    mine = [g for g in results if g.spec.condition == cand]
+    speeds = [g for g in mine if g.spec.kind == K.SPEEDUP and g.spec.reference == base]
+    overall = {g.spec.load: speed_of(g) for g in speeds if g.spec.slice is None}
+    deciding = overall.get(primary)
+    fig = {f.load: f for f in figures if f.condition == cand}
+    accept = fig[primary].accept_length_pooled if primary in fig else None
+    order = {f.load: (f.concurrency or 0) for f in figures if f.condition == base}
+    unusual = next((g for g in speeds if g.spec.slice and g.spec.load == primary), None)
+    slice_accept: tuple[float | None, float | None] = (None, None)
+    if data is not None and unusual is not None:
+        recs = data.of(cand, primary)
+        slice_accept = (accept_lengths([r for r in recs if r.slice == unusual.spec.slice])[0],
+                        accept_lengths([r for r in recs if r.slice != unusual.spec.slice])[0])
+
+    pending = {"never": _never_accepted(accept)}
+    cross = _crossover(list(overall.values()), order)
+    pending["cross"] = cross[1] if cross else None
+    pending["gap"] = _domain_gap(deciding, unusual, slice_accept)
+
+    reasons = []
+    listed = [g for g in verdict.gates if g.outcome == "fail"] + \
+        [g for g in verdict.gates if g.outcome == "inconclusive"]
+    for g in listed:
+        diag = None
+        if g.spec.kind in SPEED_KINDS:
+            if g.spec.slice and pending["gap"]:
+                diag, pending["gap"] = pending["gap"], None
+            elif cross and g.spec.load == cross[0] and pending["cross"]:
+                diag, pending["cross"] = pending["cross"], None
+            elif pending["never"]:
+                diag, pending["never"] = pending["never"], None
+        reasons.append(Reason(gate_name(g, cand, base), g.outcome, short_text(g), diag,
+                              f"{g.spec.kind}[{g.spec.id}]"))
+    notes = [text for text in pending.values() if text]
+    withheld = f"{WITHHELD}: {verdict.withheld}" if verdict.withheld is not None else None
+    return Diagnosis(cand, verdict.verdict, deciding, accept, quality_word(mine), reasons, notes,
+                     withheld)
+
+
+def diagnose_all(pilot: Pilot, verdicts: Sequence[CandidateVerdict],
+                 results: Sequence[GateResult], figures: Sequence[Figures],
+                 data: SavedCampaign | None = None) -> list[Diagnosis]:
+    return [diagnose(pilot, v, results, figures, data) for v in verdicts]
