@@ -16,12 +16,11 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
-
 if TYPE_CHECKING:
     from .pilot import Pilot, load_pilot
     from .rejudge import rejudge
     from .run import PilotRun, RunOptions, RunOutcome, UsageError
+    from .version import __version__
 
 _LAZY = {
     "PilotRun": ".run",
@@ -31,6 +30,7 @@ _LAZY = {
     "rejudge": ".rejudge",
     "Pilot": ".pilot",
     "load_pilot": ".pilot",
+    "__version__": ".version",
 }
 
 __all__ = ["Pilot", "PilotRun", "RunOptions", "RunOutcome", "UsageError", "__version__",

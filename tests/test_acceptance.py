@@ -14,7 +14,7 @@ from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines import vllm as vl
 from pytest_osprey.engines.base import GenerationRequest, acceptance_from_histogram
 from pytest_osprey.judgement import GateSpec, evaluate, plan_gates
-from pytest_osprey.judgement.history import Previous, _acceptance
+from pytest_osprey.judgement.history import Previous, acceptance_findings
 from pytest_osprey.judgement.quality.acceptance import PositionRates, collapses, pooled
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
@@ -145,9 +145,9 @@ def test_an_earlier_campaign_shows_the_collapse_of_the_same_drafter() -> None:
     meta: dict[str, Any] = {"conditions": {"cand": {}}}
     before = SavedCampaign(Path("."), meta, _records(rng, "cand", "low", HEALTHY))
     now = SavedCampaign(Path("."), meta, _records(rng, "cand", "low", (0.1, 0.0, 0.0)))
-    (finding,) = _acceptance(pilot, now, Previous(Path("."), {}, before), "cand", "low")
+    (finding,) = acceptance_findings(pilot, now, Previous(Path("."), {}, before), "cand", "low")
     assert finding.regression and finding.check == "acceptance"
     assert "collapsed at position 1" in finding.text
-    (same,) = _acceptance(pilot, before, Previous(Path("."), {}, before), "cand", "low")
+    (same,) = acceptance_findings(pilot, before, Previous(Path("."), {}, before), "cand", "low")
     assert not same.regression
     assert PositionRates(0, (), 0).rates == []

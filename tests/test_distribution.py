@@ -22,9 +22,9 @@ from sim_lm import CHAT_LIKE, FLAT, MarkovLM
 from pytest_osprey.campaign.requests import sample_seed
 from pytest_osprey.judgement.quality.distribution import (
     KERNELS,
-    _means,
     budget_problem,
     distribution_check,
+    kernel_means,
     kernel_parts,
     records_to_samples,
     smallest_p,
@@ -71,7 +71,7 @@ def test_unbiased_mmd_rows_match_the_direct_formula() -> None:
     np.fill_diagonal(k0, 0.0)
     groups = np.vstack([np.arange(n_a + n_b) < n_a,
                         rng.permutation(np.arange(n_a + n_b) < n_a)]).astype(np.float64)
-    w_a, w_b, ab = _means(k0, groups, n_a)
+    w_a, w_b, ab = kernel_means(k0, groups, n_a)
     for row in range(2):
         a, b = groups[row] == 1, groups[row] == 0
         kaa, kbb = k[np.ix_(a, a)], k[np.ix_(b, b)]
@@ -93,7 +93,7 @@ def test_smallest_p_counts_the_joint_relabellings() -> None:
     np.fill_diagonal(k0, 0.0)
     splits = np.array([[i in c for i in range(6)] for c in itertools.combinations(range(6), 3)],
                       dtype=np.float64)
-    w_a, w_b, ab = _means(k0, splits, 3)
+    w_a, w_b, ab = kernel_means(k0, splits, 3)
     mmd = w_a + w_b - 2 * ab
     assert np.sum(mmd >= mmd.max() - 1e-12) / len(mmd) == pytest.approx(smallest_p([(3, 3)],
                                                                                 10**12))

@@ -13,10 +13,10 @@ from pytest_osprey.judgement.service.latency_bound import BoundError, latency_bo
 from pytest_osprey.judgement.speed.advice import advise
 from pytest_osprey.judgement.speed.drift import Drift, drift_check
 from pytest_osprey.judgement.speed.sequential import (
-    _bounds,
     decide,
     sequential_look,
     sequential_plan,
+    spending_bounds,
 )
 from pytest_osprey.judgement.speed.speedup import (
     PairedLatencies,
@@ -242,7 +242,7 @@ def test_drift_needs_two_pass_instances() -> None:
 def test_boundaries_match_published_obrien_fleming_values() -> None:
     info = [0.25, 0.5, 0.75, 1.0]
     spent = [2 * stats.norm.sf(stats.norm.isf(0.0125) / math.sqrt(t)) for t in info]
-    assert _bounds(info, spent) == pytest.approx([4.333, 2.963, 2.359, 2.014], abs=2e-3)
+    assert spending_bounds(info, spent) == pytest.approx([4.333, 2.963, 2.359, 2.014], abs=2e-3)
     assert sequential_plan(1).keep == pytest.approx((1.959964,), abs=1e-5)
 
 

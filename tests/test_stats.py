@@ -188,11 +188,11 @@ def test_mcnemar_clear_loss_fails() -> None:
 
 def _brute_force_p(n: int, gains: int, losses: int, margin: float) -> float:
     """Independent exact unconditional p-value: explicit loops, Wald-free Tango ordering."""
-    from pytest_osprey.judgement.stats.noninferiority import _tango_z
+    from pytest_osprey.judgement.stats.noninferiority import tango_z
 
-    z_obs = float(_tango_z(n, gains, losses, -margin))
+    z_obs = float(tango_z(n, gains, losses, -margin))
     cells = [(x, y) for x in range(n + 1) for y in range(n + 1 - x)]
-    region = [c for c in cells if float(_tango_z(n, c[0], c[1], -margin)) >= z_obs - 1e-9]
+    region = [c for c in cells if float(tango_z(n, c[0], c[1], -margin)) >= z_obs - 1e-9]
     best = 0.0
     for q in np.linspace(margin, (1 + margin) / 2, 401):
         p_gain, p_loss, p_same = max(q - margin, 0.0), q, max(1 - 2 * q + margin, 0.0)
@@ -222,13 +222,13 @@ def test_mcnemar_margin_zero_close_to_classic() -> None:
 
 
 def test_mcnemar_ci_endpoints_invert_the_score_test() -> None:
-    from pytest_osprey.judgement.stats.noninferiority import _tango_z
+    from pytest_osprey.judgement.stats.noninferiority import tango_z
 
     res = mcnemar_noninferiority(*_pairs(40, 3, 9, 8), margin=0.1, alpha=0.05)
     z = stats.norm.ppf(0.95)
     assert res.ci_low < res.estimate < res.ci_high
-    assert float(_tango_z(60, 3, 9, res.ci_low)) == pytest.approx(z, abs=1e-6)
-    assert float(_tango_z(60, 3, 9, res.ci_high)) == pytest.approx(-z, abs=1e-6)
+    assert float(tango_z(60, 3, 9, res.ci_low)) == pytest.approx(z, abs=1e-6)
+    assert float(tango_z(60, 3, 9, res.ci_high)) == pytest.approx(-z, abs=1e-6)
 
 
 def test_mcnemar_errors() -> None:

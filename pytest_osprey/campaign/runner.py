@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
@@ -27,6 +26,7 @@ from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import RecordWriter, RequestRecord
+from ..version import __version__
 from .events import Progress, ProgressEvent, StopRule
 from .probing import run_probes
 from .requests import (

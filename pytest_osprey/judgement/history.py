@@ -159,7 +159,7 @@ def compare(
         for level in pilot.load.levels:
             out.findings += _latency(pilot, data, previous, cand, level, tolerance)
             out.findings += _accept_length(data, previous, cand, level, tolerance)
-            out.findings += _acceptance(pilot, data, previous, cand, level)
+            out.findings += acceptance_findings(pilot, data, previous, cand, level)
     return out
 
 
@@ -243,7 +243,7 @@ def _accept_length(data: SavedCampaign, previous: Previous, cand: str, level: st
                     + (f" (down more than {tolerance:.0%})" if worse else ""))]
 
 
-def _acceptance(pilot: Pilot, data: SavedCampaign, previous: Previous, cand: str,
+def acceptance_findings(pilot: Pilot, data: SavedCampaign, previous: Previous, cand: str,
                 level: str) -> list[Finding]:
     old, new = pooled(previous.data.of(cand, level)), pooled(data.of(cand, level))
     if old is None or new is None:

@@ -225,7 +225,7 @@ def gram(seqs: Sequence[Sequence[int]], positions: int | None = None) -> FloatAr
     return np.asarray(sum(parts.values()) / len(parts), dtype=np.float64)
 
 
-def _means(
+def kernel_means(
     k0: FloatArray, groups: FloatArray, n_a: int
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """For every labelling row of ``groups`` (1 = reference): the mean similarity within the
@@ -303,11 +303,11 @@ def distribution_check(
         groups = np.vstack([np.arange(n_a + n_b) < n_a, ranks < n_a]).astype(np.float64)
         k_all = np.asarray(sum(parts.values()) / len(parts), dtype=np.float64)
         np.fill_diagonal(k_all, 0.0)
-        w_a, w_b, across = _means(k_all, groups, n_a)
+        w_a, w_b, across = kernel_means(k_all, groups, n_a)
         mmd2 = w_a + w_b - 2 * across
         k_div = np.asarray(sum(parts[c] for c in DIVERSITY) / len(DIVERSITY), dtype=np.float64)
         np.fill_diagonal(k_div, 0.0)
-        d_a, d_b, _ = _means(k_div, groups, n_a)
+        d_a, d_b, _ = kernel_means(k_div, groups, n_a)
         z = _z(mmd2)
         z_mmd += z
         z_div += _z(d_b - d_a)

@@ -71,7 +71,7 @@ def power_spending(t: float, total: float, rho: float) -> float:
     return float(total * min(max(t, 0.0), 1.0) ** rho)
 
 
-def _bounds(information: Sequence[float], spent: Sequence[float]) -> list[float]:
+def spending_bounds(information: Sequence[float], spent: Sequence[float]) -> list[float]:
     """One-sided z boundaries whose first-crossing probabilities (canonical Brownian score
     process, independent increments) equal the increments of ``spent``."""
     from scipy import optimize, stats
@@ -147,8 +147,8 @@ def _plan(
             raise SpeedError(f"{name} must lie in [0, 0.5), got {v}")
     if not rho > 0:
         raise SpeedError(f"rho must be positive, got {rho}")
-    keep = _bounds(info, [power_spending(t, alpha, rho) for t in info])
-    drop = _bounds(info, [power_spending(t, drop_rate, rho) for t in info])
+    keep = spending_bounds(info, [power_spending(t, alpha, rho) for t in info])
+    drop = spending_bounds(info, [power_spending(t, drop_rate, rho) for t in info])
     # Conditional power under the current trend (drift z_k / sqrt(t_k)) of crossing the last
     # keep boundary: Phi((z_k / sqrt(t_k) - keep_L) / sqrt(1 - t_k)); below futility_power
     # when z_k < sqrt(t_k) * (keep_L + sqrt(1 - t_k) * Phi^-1(futility_power)). Same for drop.

@@ -29,7 +29,7 @@ class EquivalenceResult:
     n: int
 
 
-def _tango_z(n: int, gains: npt.ArrayLike, losses: npt.ArrayLike, delta0: float) -> FloatArray:
+def tango_z(n: int, gains: npt.ArrayLike, losses: npt.ArrayLike, delta0: float) -> FloatArray:
     """Tango's score statistic for H0: p_gain - p_loss = delta0 (vectorised over cells).
 
     The variance uses the MLE restricted to the null, q = p_loss solving
@@ -54,12 +54,12 @@ _EXACT_MAX_N = 300  # exact enumeration is O(n^2) cells; beyond this the score t
 @functools.lru_cache(maxsize=4096)
 def _exact_noninferiority_p(n: int, gains: int, losses: int, margin: float) -> float:
     """Exact unconditional p-value of H0: p_gain - p_loss <= -margin (sup over nuisance)."""
-    z_obs = float(_tango_z(n, gains, losses, -margin))
+    z_obs = float(tango_z(n, gains, losses, -margin))
     if n > _EXACT_MAX_N:
         return float(stats.norm.sf(z_obs))
     x, y = np.triu_indices(n + 1)  # all (x, y) with x + y <= n, via y' = y + x
     x, y = x.copy(), (y - x).copy()
-    keep = _tango_z(n, x, y, -margin) >= z_obs - 1e-9
+    keep = tango_z(n, x, y, -margin) >= z_obs - 1e-9
     x, y = x[keep], y[keep]
     log_coef = special.gammaln(n + 1) - special.gammaln(x + 1) - special.gammaln(y + 1)
     log_coef -= special.gammaln(n - x - y + 1)
@@ -92,7 +92,7 @@ def _tango_ci(n: int, gains: int, losses: int, alpha: float) -> tuple[float, flo
 
     def root(target: float, a: float, b: float, edge: float) -> float:
         def f(d0: float) -> float:
-            return float(_tango_z(n, gains, losses, d0)) - target
+            return float(tango_z(n, gains, losses, d0)) - target
 
         if a >= b or f(a) * f(b) > 0:
             return edge
