@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines import vllm as vl
@@ -20,6 +19,7 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.fake_server import Reply, ScriptedServer
 
 HEALTHY = (0.95, 0.84, 0.70)  # per-position acceptance of a good drafter (conditional chain)
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats
-from sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 from pytest_osprey.campaign.requests import sample_seed
 from pytest_osprey.judgement.distribution import (
@@ -34,6 +33,7 @@ from pytest_osprey.judgement.stats import StatsError
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
 from pytest_osprey.run import PilotRun, UsageError
+from testkit.sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 SIG = 0.001
 

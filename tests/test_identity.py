@@ -8,7 +8,6 @@ import itertools
 import numpy as np
 import pytest
 from scipy import stats
-from sim_greedy import HARMLESS, Run, campaign, chat_like
 
 from pytest_osprey.judgement.identity import (
     Stratum,
@@ -19,6 +18,7 @@ from pytest_osprey.judgement.identity import (
     relabel_p,
 )
 from pytest_osprey.results.records import RequestRecord
+from testkit.sim_greedy import HARMLESS, Run, campaign, chat_like
 
 SIG = 0.001
 

@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from factories import endpoint_conditions, make_pilot, write_trace
 from scipy import stats
-from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.campaign.requests import poisson_arrivals
 from pytest_osprey.campaign.runner import Campaign
@@ -20,6 +18,8 @@ from pytest_osprey.judgement.figures import all_figures
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot, level_label
 from pytest_osprey.pilot.trace_file import load_trace
+from testkit.factories import endpoint_conditions, make_pilot, write_trace
+from testkit.fake_server import Reply, ScriptedServer, sglang_routes
 
 
 def test_arrivals_are_a_poisson_process_of_the_given_rate() -> None:

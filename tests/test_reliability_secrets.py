@@ -18,18 +18,8 @@ from typing import Any
 
 import psutil
 import pytest
-from factories import dump_pilot, write_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers.endpoint_pilot import (
-    run_cli,
-    saved_results,
-    sglang_routes,
-    tree,
-    write_endpoint_pilot,
-)
-from servers.pilot_run import FAKEPKGS, MARK, kill_marked
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.sglang import SGLangEngine
@@ -42,6 +32,16 @@ from pytest_osprey.results import load_campaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.redact import MASK, register, reset, scrub, scrub_obj
 from pytest_osprey.run import bind_warning
+from testkit.endpoint_pilot import (
+    run_cli,
+    saved_results,
+    sglang_routes,
+    tree,
+    write_endpoint_pilot,
+)
+from testkit.factories import dump_pilot, write_trace
+from testkit.fake_server import Reply, ScriptedServer
+from testkit.pilot_run import FAKEPKGS, MARK, kill_marked
 
 FUZZ = settings(deadline=None, database=None, max_examples=50,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

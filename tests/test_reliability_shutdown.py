@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 import yaml
-from factories import dump_pilot, write_trace
-from servers.pilot_run import PilotRun, fake_sglang, gone, wait_for
+
+from testkit.factories import dump_pilot, write_trace
+from testkit.pilot_run import PilotRun, fake_sglang, gone, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "fixtures" / "models"
@@ -187,7 +188,7 @@ def test_servers_die_with_a_sigkilled_runner(tmp_path: Path) -> None:
         assert run.leftovers() == []  # watchdogs included
     finally:
         run.cleanup()
-    from servers.endpoint_pilot import run_cli
+    from testkit.endpoint_pilot import run_cli
 
     assert run_cli(["report", str(run.results)]) == 2
     meta = yaml.safe_load((run.results / "campaign.json").read_text())

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_pilot, make_record, saved_campaign
 
 from pytest_osprey.judgement.cost import cost_summary
 from pytest_osprey.judgement.figures import all_figures
@@ -18,6 +17,7 @@ from pytest_osprey.report.html import render_html, write_html
 from pytest_osprey.report.plots import all_plots, prompt_speedups
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record, saved_campaign
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCRIPT = "<script>alert(1)</script>"

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import write_pilot
-from servers.pilot_run import PilotRun, fake_sglang
 
 from pytest_osprey.engines.base import GenerationRequest, unsupported
 from pytest_osprey.engines.sglang import SAMPLING_PARAMS as SGLANG_PARAMS
@@ -22,6 +20,8 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import write_pilot
+from testkit.pilot_run import PilotRun, fake_sglang
 
 # --------------------------------------------------------------------------- probes
 

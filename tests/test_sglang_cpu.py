@@ -17,7 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from servers.sglang_cpu import (
+
+from pytest_osprey.engines import sglang as sglang_module
+from pytest_osprey.engines.base import GenerationRequest, GenerationResult
+from pytest_osprey.engines.sglang import SGLangEngine
+from testkit.sglang_cpu import (
     MAX_TOKENS,
     MODELS,
     NEEDS_SGLANG,
@@ -30,10 +34,6 @@ from servers.sglang_cpu import (
     still_alive,
     stream_chunks,
 )
-
-from pytest_osprey.engines import sglang as sglang_module
-from pytest_osprey.engines.base import GenerationRequest, GenerationResult
-from pytest_osprey.engines.sglang import SGLangEngine
 
 pytestmark = [
     pytest.mark.slow,

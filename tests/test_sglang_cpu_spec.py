@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers.sglang_cpu import (
+
+from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
+from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.pilot.schema import Pilot
+from testkit.sglang_cpu import (
     EAGLE3,
     MAX_TOKENS,
     MODELS,
@@ -29,10 +33,6 @@ from servers.sglang_cpu import (
     still_alive,
     stream_chunks,
 )
-
-from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
-from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.pilot.schema import Pilot
 
 pytestmark = [
     pytest.mark.slow,

@@ -19,7 +19,10 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from speed_sim import (
+from pytest_osprey.judgement.latency_bound import latency_bound
+from pytest_osprey.judgement.speed import PairedLatencies, speed_test
+from pytest_osprey.judgement.speed_advice import advise
+from testkit.speed_sim import (
     BOOT_NOISE,
     KEEP,
     REFERENCE_NOISE,
@@ -31,10 +34,6 @@ from speed_sim import (
     simulate,
     unstable,
 )
-
-from pytest_osprey.judgement.latency_bound import latency_bound
-from pytest_osprey.judgement.speed import PairedLatencies, speed_test
-from pytest_osprey.judgement.speed_advice import advise
 
 SIG = 0.001
 ALPHA = 0.025

@@ -16,7 +16,6 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
-from factories import make_record, sampled_records
 from pydantic import BaseModel
 
 from pytest_osprey.__main__ import main
@@ -40,6 +39,7 @@ from pytest_osprey.results.files import write_json_atomic
 from pytest_osprey.results.folder import load_campaign
 from pytest_osprey.results.preflight_file import read_preflight
 from pytest_osprey.results.records import RecordWriter, RequestRecord
+from testkit.factories import make_record, sampled_records
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "summary-json.md"
 RUN_ID = "20250101T000000Z-abc123"

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import write_trace
-from servers.scripted import Reply, ScriptedServer
+
+from testkit.factories import write_trace
+from testkit.fake_server import Reply, ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,13 +14,13 @@ import os
 from pathlib import Path
 
 import pytest
-from servers.pilot_run import servers_left
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import render_prompt
 from pytest_osprey.pilot.trace_file import load_trace
+from testkit.pilot_run import servers_left
 
 ROOT = Path(__file__).resolve().parents[1]
 PILOT = ROOT / "examples" / "pilot-vllm-cpu.yaml"

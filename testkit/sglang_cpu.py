@@ -22,7 +22,7 @@ from pytest_osprey.engines.base import BootSpec
 from pytest_osprey.engines.sglang import SGLangEngine
 from pytest_osprey.pilot.schema import Pilot
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PYTHON = os.environ.get("OSPREY_SGLANG_PYTHON")
 # The tests that boot real SGLang servers run where an environment is built (CI builds one).
 NEEDS_SGLANG = pytest.mark.skipif(

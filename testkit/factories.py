@@ -1,8 +1,7 @@
 """Test factories shared by the suite: request records, pilots (in memory and as files), saved
 campaigns, traces and the tiny models.
 
-Imported by name (``from factories import make_record``): the root conftest.py puts tests/ on
-sys.path. Defaults are plain and valid; a test states what it cares about as overrides.
+Defaults are plain and valid; a test states what it cares about as overrides.
 """
 
 from __future__ import annotations
@@ -207,3 +206,32 @@ def write_pilot(
     path = folder / filename
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+def pilot_variant(
+    device: str, order: str, prompts: int, passes: int, tokens: int
+) -> dict[str, Any]:
+    """The shipped pilot.yaml on ``device``, cut down (``prompts`` prompts, ``passes``
+    passes, ``tokens`` new tokens at most), with every path made absolute."""
+    data: dict[str, Any] = yaml.safe_load((ROOT / "pilot.yaml").read_text(encoding="utf-8"))
+    data["name"] = f"gpu-check-{order}"
+    target = data["target"]
+    target["device"] = device
+    target["model"] = str(ROOT / target["model"])
+    for cond in data["conditions"].values():
+        if cond.get("drafter"):
+            cond["drafter"] = str(ROOT / cond["drafter"])
+    trace = data["trace"]
+    trace["files"] = [str(ROOT / f) for f in trace["files"]]
+    if trace.get("ids"):
+        trace["ids"] = trace["ids"][:prompts]
+    else:
+        trace["limit"] = prompts
+    data["max_new_tokens_cap"] = tokens
+    data["load"].update(passes=passes, warmup_requests=1, order=order)
+    sampled = data.get("sampling", {}).get("sampled")
+    if sampled:
+        # The smallest budget whose distribution check can still fail (a run refuses less).
+        sampled.update(prompts=min(prompts, 2), samples_per_prompt=4, max_new_tokens=8)
+    data["report"] = {"title": f"GPU check ({device}, {order})", "html": False}
+    return data

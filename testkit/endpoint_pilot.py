@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from servers.scripted import Reply, ScriptedServer
+
+from testkit.fake_server import Reply, ScriptedServer
 
 
 def generate_reply(text: str = "ab", delay: float = 0.0) -> Callable[[Any], Reply]:
