@@ -55,21 +55,27 @@ def pilot_layout(folder: Path, data: Mapping[str, Any]) -> Path:
 # --------------------------------------------------------------------------- records
 
 
-def make_record(condition: str = "base", prompt_id: str = "p0", **overrides: Any) -> RequestRecord:
+def make_record(condition: str = "base", prompt_id: str = "p0", *, measured: bool = True,
+                **overrides: Any) -> RequestRecord:
     """One greedy request at load ``low`` (x1), block 0. A completed one (``ok``, the default)
     took 1 s (``ttft_s``: a tenth of ``e2e_s``) for tokens [1, 2, 3]; a failed one
-    (``ok=False``) has an error and, unless given, no timings or output."""
+    (``ok=False``) has an error and, unless given, no timings or output. ``measured=False``
+    leaves out those defaults: the measurement is what the overrides say (else the record's own
+    defaults: no timings, no output, no error), for tests that set their own."""
     ok = overrides.get("ok", True)
     block = overrides.get("block", 0)
-    e2e = overrides.get("e2e_s", 1.0 if ok else None)
-    ids = overrides.get("output_ids", [1, 2, 3] if ok else [])
     fields: dict[str, Any] = {
         "run_id": "r", "block": block, "repetition": block, "load": "low", "concurrency": 1,
         "slice": "core", "domain": "d", "mode": "greedy", "sample_index": 0, "ok": ok,
-        "error": None if ok else "HTTP 500", "e2e_s": e2e,
-        "ttft_s": e2e / 10 if e2e is not None else None,
-        "output_ids": ids, "output_tokens": len(ids) if ok else None,
     }  # fmt: skip
+    if measured:
+        e2e = overrides.get("e2e_s", 1.0 if ok else None)
+        ids = overrides.get("output_ids", [1, 2, 3] if ok else [])
+        fields.update({
+            "error": None if ok else "HTTP 500", "e2e_s": e2e,
+            "ttft_s": e2e / 10 if e2e is not None else None,
+            "output_ids": ids, "output_tokens": len(ids) if ok else None,
+        })  # fmt: skip
     fields.update(overrides)
     return RequestRecord(condition=condition, prompt_id=prompt_id, **fields)
 

@@ -52,7 +52,7 @@ from typing import Any
 if not __package__:  # run as a script (tests start it by path): the checkout, for testkit
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testkit.fake_server import OnRequest, Reply, Routes, ScriptedServer, Seen  # noqa: E402
+from testkit.fake_server import OnRequest, Reply, Routes, ScriptedServer, Seen
 
 # A child that sleeps; given an argument, it also ignores SIGTERM.
 CHILD = (

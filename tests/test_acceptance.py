@@ -19,6 +19,7 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
 from testkit.fake_server import Reply, ScriptedServer
 
 HEALTHY = (0.95, 0.84, 0.70)  # per-position acceptance of a good drafter (conditional chain)
@@ -84,10 +85,9 @@ def _records(rng: np.random.Generator, cond: str, load: str, rates: tuple[float,
                 if rng.random() >= min(1.0, max(0.0, r + shift)):
                     break
                 accepted[j] += 1
-        out.append(RequestRecord(
-            run_id="r", condition=cond, block=0, repetition=0, load=load, concurrency=1,
-            prompt_id=f"p{i}", slice="core", domain="d", mode="greedy", sample_index=0, ok=True,
-            output_ids=[1] * 20, spec_drafts=steps, spec_accepted_per_position=accepted))
+        out.append(make_record(
+            cond, f"p{i}", measured=False, load=load, ok=True, output_ids=[1] * 20,
+            spec_drafts=steps, spec_accepted_per_position=accepted))
     return out
 
 

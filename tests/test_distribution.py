@@ -33,6 +33,7 @@ from pytest_osprey.judgement.stats import StatsError
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
 from pytest_osprey.run import PilotRun, UsageError
+from testkit.factories import make_record
 from testkit.sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 SIG = 0.001
@@ -178,10 +179,8 @@ def test_nothing_to_compare_raises() -> None:
 
 def test_records_to_samples_keeps_ok_sampled_records_of_the_condition() -> None:
     def rec(cond: str, pid: str, mode: str, index: int, ok: bool = True) -> RequestRecord:
-        return RequestRecord(run_id="r", condition=cond, block=0, repetition=0, load="low",
-                             concurrency=1, prompt_id=pid, slice="core", domain="d",
-                             mode=mode, sample_index=index, ok=ok,  # type: ignore[arg-type]
-                             output_ids=[index, 9])
+        return make_record(cond, pid, measured=False, mode=mode, sample_index=index, ok=ok,
+                           output_ids=[index, 9])
 
     records = [rec("c", "p", "sampled", 1), rec("c", "p", "sampled", 0),
                rec("c", "p", "sampled", 2, ok=False), rec("c", "p", "greedy", 0),

@@ -17,16 +17,16 @@ from pytest_osprey.pilot.schema import ConfigError, Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
 
 TARGETS = {"ttft_s": 0.5, "tpot_s": 0.05, "e2e_s": 3.0}
 
 
 def rec(cond: str, pid: int, block: int, *, ttft: float = 0.2, e2e: float = 1.0,
         tokens: int = 21, ok: bool = True, load: str = "busy") -> RequestRecord:
-    return RequestRecord(
-        run_id="r", condition=cond, block=block, repetition=block, load=load, concurrency=4,
-        prompt_id=f"p{pid:03d}", slice="core", domain="d", mode="greedy", sample_index=0,
-        ok=ok, error=None if ok else "timed out", ttft_s=ttft if ok else None,
+    return make_record(
+        cond, f"p{pid:03d}", measured=False, block=block, load=load, concurrency=4, ok=ok,
+        error=None if ok else "timed out", ttft_s=ttft if ok else None,
         e2e_s=e2e if ok else None, output_tokens=tokens if ok else None,
     )
 

@@ -48,6 +48,7 @@ from pytest_osprey.pilot.trace_file import load_trace
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -103,10 +104,9 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pilot, 
                 for p in prompts[: DRAFTED if cond == "drafter" else PROMPTS]:
                     text = render_prompt(p, engine._tokenizer)
                     res = asyncio.run(engine.generate(GenerationRequest(p.id, text, NEW_TOKENS)))
-                    records.append(RequestRecord(
-                        run_id="controls", condition=cond, block=0, repetition=0, load="low",
-                        concurrency=1, prompt_id=p.id, slice=p.slice, domain=p.domain,
-                        mode="greedy", sample_index=0, ok=res.ok, error=res.error,
+                    records.append(make_record(
+                        cond, p.id, measured=False, run_id="controls", slice=p.slice,
+                        domain=p.domain, ok=res.ok, error=res.error,
                         output_ids=res.output_ids, output_text=res.output_text,
                         top2_margin=res.top2_margin, top2_ids=res.top2_ids,
                         accept_length=res.accept_length, spec_drafts=res.spec_drafts,
@@ -251,9 +251,8 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, SavedCampa
                                                 seed=sample_seed(0, cond, p.id, i),
                                                 want_margins=False)
                         res = asyncio.run(engine.generate(req))
-                        records.append(RequestRecord(
-                            run_id="controls", condition=cond, block=0, repetition=0,
-                            load="low", concurrency=1, prompt_id=p.id, slice=p.slice,
+                        records.append(make_record(
+                            cond, p.id, measured=False, run_id="controls", slice=p.slice,
                             domain=p.domain, mode="sampled", sample_index=i, ok=res.ok,
                             error=res.error, output_ids=res.output_ids,
                         ))  # fmt: skip

@@ -20,7 +20,7 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
-from testkit.factories import write_pilot
+from testkit.factories import make_record, write_pilot
 from testkit.pilot_run import PilotRun, fake_sglang
 
 # --------------------------------------------------------------------------- probes
@@ -82,10 +82,8 @@ def test_engines_map_every_parameter_or_refuse_it() -> None:
 
 def _rec(cond: str, probe: str, ids: list[int], text: str = "", *, ok: bool = True,
          error: str | None = None, request: dict[str, Any] | None = None) -> RequestRecord:
-    return RequestRecord(run_id="r", condition=cond, block=0, repetition=0, load="low",
-                         concurrency=1, prompt_id="p", slice="core", domain="d", mode="params",
-                         sample_index=0, ok=ok, error=error, output_ids=ids, output_text=text,
-                         probe=probe, request=request)
+    return make_record(cond, "p", measured=False, mode="params", ok=ok, error=error,
+                       output_ids=ids, output_text=text, probe=probe, request=request)
 
 
 def _judge(records: list[RequestRecord]) -> Any:

@@ -136,10 +136,9 @@ def _records(rng: np.random.Generator) -> list[RequestRecord]:
         for probe, ids, request in (("plain", [1, 2, 1, 2], None),
                                     ("repetition_penalty", [1, 2, 3, 4],
                                      {"repetition_penalty": 1.3})):
-            out.append(RequestRecord(
-                run_id=RUN_ID, condition=cond, block=0, repetition=0, load="low", concurrency=1,
-                prompt_id=PROMPTS[0][0], slice=PROMPTS[0][1], domain="d", mode="params",
-                sample_index=0, ok=True, output_ids=ids, output_text="x", probe=probe,
+            out.append(make_record(
+                cond, PROMPTS[0][0], measured=False, run_id=RUN_ID, slice=PROMPTS[0][1],
+                mode="params", ok=True, output_ids=ids, output_text="x", probe=probe,
                 request=request, started_at=6000.0))
     return out
 
