@@ -19,7 +19,7 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
-from testkit.factories import make_record
+from testkit.factories import make_pilot, make_record
 from testkit.fake_server import Reply, ScriptedServer
 
 HEALTHY = (0.95, 0.84, 0.70)  # per-position acceptance of a good drafter (conditional chain)
@@ -110,12 +110,12 @@ def test_a_collapse_is_found_with_its_positions_and_noise_is_not() -> None:
 
 
 def _pilot() -> Pilot:
-    return Pilot.model_validate({
-        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
-        "conditions": {"base": {"role": "baseline"},
-                       "cur": {"role": "current", "drafter": "/d/1"},
-                       "cand": {"role": "candidate", "drafter": "/d/2"}},
-        "load": {"levels": {"low": 1, "concurrent": 4}}})
+    return make_pilot(
+        target={"model": "m"}, trace={"files": ["t.jsonl"]},
+        conditions={"base": {"role": "baseline"},
+                    "cur": {"role": "current", "drafter": "/d/1"},
+                    "cand": {"role": "candidate", "drafter": "/d/2"}},
+        load={"levels": {"low": 1, "concurrent": 4}})
 
 
 def test_the_reported_gate_flags_a_collapse_under_batching() -> None:

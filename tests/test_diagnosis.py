@@ -17,20 +17,21 @@ from pytest_osprey.judgement.verdicts import verdicts
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.headline import MAX_HEADLINE, bullet_lines, headline
 from pytest_osprey.results.folder import SavedCampaign
+from testkit import factories
 from testkit.factories import make_record
 
 LEVELS = {"low": 1, "concurrent": 4}
 
 
 def make_pilot(candidate: str = "cand", speedup_min: float = 1.1) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"model": "t"},
-        "conditions": {"baseline": {"role": "baseline"},
-                       candidate: {"role": "candidate", "drafter": "d"}},
-        "trace": {"files": ["p.jsonl"]},
-        "load": {"levels": LEVELS},
-        "limits": {"speedup_min": speedup_min},
-    })
+    return factories.make_pilot(
+        target={"model": "t"},
+        conditions={"baseline": {"role": "baseline"},
+                    candidate: {"role": "candidate", "drafter": "d"}},
+        trace={"files": ["p.jsonl"]},
+        load={"levels": LEVELS},
+        limits={"speedup_min": speedup_min},
+    )
 
 
 def speed(cand: str, load: str, est: float, low: float, high: float, *, thr: float = 1.1,

@@ -30,10 +30,9 @@ from pytest_osprey.judgement.distribution import (
 )
 from pytest_osprey.judgement.quality_gates import sampling_budget_problem
 from pytest_osprey.judgement.stats import StatsError
-from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
 from pytest_osprey.run import PilotRun, UsageError
-from testkit.factories import make_record
+from testkit.factories import make_pilot, make_record
 from testkit.sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 SIG = 0.001
@@ -131,10 +130,10 @@ def test_a_budget_that_cannot_reach_alpha_is_never_a_pass() -> None:
     why = budget_problem(1, 4, 0.01)
     assert why is not None and "samples_per_prompt >= 5" in why and "prompts >= 2" in why
     assert budget_problem(4, 4, 0.01) is None and budget_problem(3, 1, 0.01) is not None
-    pilot = Pilot.model_validate({
-        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
-        "conditions": {"b": {"role": "baseline"}, "c": {"role": "candidate"}},
-        "sampling": {"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": 1}}})
+    pilot = make_pilot(
+        target={"model": "m"}, trace={"files": ["t.jsonl"]},
+        conditions={"b": {"role": "baseline"}, "c": {"role": "candidate"}},
+        sampling={"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": 1}})
     problem = sampling_budget_problem(pilot, trace_prompts=20)
     assert problem is not None and "sampling.sampled.samples_per_prompt" in problem
     assert "sampling.sampled.prompts" in problem

@@ -17,7 +17,7 @@ from pytest_osprey.pilot.schema import ConfigError, Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
-from testkit.factories import make_record
+from testkit.factories import make_pilot, make_record
 
 TARGETS = {"ttft_s": 0.5, "tpot_s": 0.05, "e2e_s": 3.0}
 
@@ -32,14 +32,14 @@ def rec(cond: str, pid: int, block: int, *, ttft: float = 0.2, e2e: float = 1.0,
 
 
 def pilot(**goodput: Any) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"model": "t"},
-        "conditions": {"baseline": {"role": "baseline"},
-                       "cand": {"role": "candidate", "drafter": "d"}},
-        "trace": {"files": ["p.jsonl"]},
-        "load": {"levels": {"low": 1, "busy": 4}, "blocks": 2},
-        "limits": {"goodput": {**TARGETS, **goodput}},
-    })
+    return make_pilot(
+        target={"model": "t"},
+        conditions={"baseline": {"role": "baseline"},
+                    "cand": {"role": "candidate", "drafter": "d"}},
+        trace={"files": ["p.jsonl"]},
+        load={"levels": {"low": 1, "busy": 4}, "blocks": 2},
+        limits={"goodput": {**TARGETS, **goodput}},
+    )
 
 
 def campaign(records: list[RequestRecord]) -> SavedCampaign:
@@ -77,8 +77,8 @@ def test_pilot_key_and_planned_gates() -> None:
     p = pilot()
     specs = [s for s in plan_gates(p, list(p.conditions)) if s.kind == "goodput"]
     assert [(s.load, s.gating) for s in specs] == [("low", False), ("busy", True)]
-    plain = Pilot.model_validate({"target": {"model": "t"}, "trace": {"files": ["p.jsonl"]},
-                                  "conditions": {"baseline": {"role": "baseline"}}})
+    plain = make_pilot(target={"model": "t"}, trace={"files": ["p.jsonl"]},
+                       conditions={"baseline": {"role": "baseline"}})
     assert plain.limits.goodput is None
     with pytest.raises((ConfigError, ValueError)):
         pilot(margin=1.5)

@@ -48,7 +48,7 @@ from pytest_osprey.pilot.trace_file import load_trace
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
-from testkit.factories import make_record
+from testkit.factories import make_pilot, make_record
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -64,22 +64,22 @@ NEW_TOKENS = 24
 
 def _pilot() -> Pilot:
     assert MODELS is not None
-    return Pilot.model_validate({
-        "target": {"model": str(MODELS / "tiny-target"), "dtype": "float32",
-                   "context_length": 1024, "threads": 1},
-        "conditions": {
-            "baseline": {"role": "baseline"},
-            "bf16": {"role": "current", "dtype": "bfloat16"},
-            "int4": {"role": "candidate", "quantization": "int4"},
-            "same": {"role": "candidate"},
-            "drafter": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
-                        "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}},
-        },
-        "trace": {"files": [str(ROOT / "prompts/pilot.jsonl")]},
+    return make_pilot(
+        target={"model": str(MODELS / "tiny-target"), "dtype": "float32",
+                "context_length": 1024, "threads": 1},
+        conditions={
+         "baseline": {"role": "baseline"},
+         "bf16": {"role": "current", "dtype": "bfloat16"},
+         "int4": {"role": "candidate", "quantization": "int4"},
+         "same": {"role": "candidate"},
+         "drafter": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
+                     "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}},
+     },
+        trace={"files": [str(ROOT / "prompts/pilot.jsonl")]},
         # Strict: any changed output fails, near-tie or not (the tiny models' bf16 flips are
         # all near-ties, see below).
-        "limits": {"quality": {"max_near_tie_rate": 0.0}},
-    })
+        limits={"quality": {"max_near_tie_rate": 0.0}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -224,16 +224,16 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, SavedCampa
     import torch
 
     threads = torch.get_num_threads()
-    pilot = Pilot.model_validate({
-        "target": {"model": str(MODELS / "tiny-target"), "dtype": "float32",
-                   "context_length": 1024, "threads": 1},
-        "conditions": {"baseline": {"role": "baseline"}, "same": {"role": "candidate"},
-                       "lossy": {"role": "candidate"}},
-        "trace": {"files": [str(ROOT / "prompts/pilot.jsonl")]},
-        "sampling": {"sampled": {"enabled": True, "temperature": 0.8,
-                                 "samples_per_prompt": SAMPLES, "prompts": SAMPLED_PROMPTS,
-                                 "max_new_tokens": POSITIONS}},
-    })  # fmt: skip
+    pilot = make_pilot(
+        target={"model": str(MODELS / "tiny-target"), "dtype": "float32",
+                "context_length": 1024, "threads": 1},
+        conditions={"baseline": {"role": "baseline"}, "same": {"role": "candidate"},
+                    "lossy": {"role": "candidate"}},
+        trace={"files": [str(ROOT / "prompts/pilot.jsonl")]},
+        sampling={"sampled": {"enabled": True, "temperature": 0.8,
+                              "samples_per_prompt": SAMPLES, "prompts": SAMPLED_PROMPTS,
+                              "max_new_tokens": POSITIONS}},
+    )  # fmt: skip
     prompts = load_trace([ROOT / "prompts/pilot.jsonl"]).prompts[:SAMPLED_PROMPTS]
     logs = tmp_path_factory.mktemp("sampled")
     engines: dict[str, type[TransformersEngine]] = {

@@ -39,7 +39,7 @@ from testkit.endpoint_pilot import (
     tree,
     write_endpoint_pilot,
 )
-from testkit.factories import dump_pilot, write_trace
+from testkit.factories import dump_pilot, make_pilot, write_trace
 from testkit.fake_server import Reply, ScriptedServer
 from testkit.pilot_run import FAKEPKGS, MARK, kill_marked
 
@@ -153,14 +153,14 @@ def test_report_md_carries_no_html_whatever_the_text(
 
 
 def _sglang_pilot(mark: str, **target: Any) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"engine": "sglang", "model": "fake-model", "python": sys.executable,
-                   "env": {"PYTHONPATH": str(FAKEPKGS), "PYTHONDONTWRITEBYTECODE": "1",
-                           MARK: mark}, "boot_timeout_s": 60, "api_key_env": KEY_ENV,
-                   **target},
-        "conditions": {"base": {"role": "baseline"}},
-        "trace": {"files": ["t"]},
-    })  # fmt: skip
+    return make_pilot(
+        target={"engine": "sglang", "model": "fake-model", "python": sys.executable,
+                "env": {"PYTHONPATH": str(FAKEPKGS), "PYTHONDONTWRITEBYTECODE": "1",
+                        MARK: mark}, "boot_timeout_s": 60, "api_key_env": KEY_ENV,
+                **target},
+        conditions={"base": {"role": "baseline"}},
+        trace={"files": ["t"]},
+    )  # fmt: skip
 
 
 def test_sglang_gets_its_key_from_a_file_never_from_argv(

@@ -16,11 +16,10 @@ from pytest_osprey.engines.transformers import SAMPLING_PARAMS as TRANSFORMERS_P
 from pytest_osprey.engines.vllm import OpenAIClient
 from pytest_osprey.judgement.gates import GateSpec, evaluate
 from pytest_osprey.pilot.probes import BY_NAME, PLAIN
-from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
-from testkit.factories import make_record, write_pilot
+from testkit.factories import make_pilot, make_record, write_pilot
 from testkit.pilot_run import PilotRun, fake_sglang
 
 # --------------------------------------------------------------------------- probes
@@ -87,10 +86,10 @@ def _rec(cond: str, probe: str, ids: list[int], text: str = "", *, ok: bool = Tr
 
 
 def _judge(records: list[RequestRecord]) -> Any:
-    p = Pilot.model_validate({
-        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
-        "conditions": {"base": {"role": "baseline"}, "cand": {"role": "candidate"}},
-        "sampling": {"params": {"enabled": True}}})
+    p = make_pilot(
+        target={"model": "m"}, trace={"files": ["t.jsonl"]},
+        conditions={"base": {"role": "baseline"}, "cand": {"role": "candidate"}},
+        sampling={"params": {"enabled": True}})
     data = SavedCampaign(Path("."), {"conditions": {"base": {}, "cand": {}}}, records)
     return evaluate(GateSpec("sampling_params", "cand", reference="base"), p, data, Preflight())
 

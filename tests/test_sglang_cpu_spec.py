@@ -19,6 +19,7 @@ import pytest
 from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
 from testkit.sglang_cpu import (
     EAGLE3,
     MAX_TOKENS,
@@ -168,17 +169,15 @@ def test_standalone_chain(chain: Served, plain: Served, record_property: Any) ->
 def embedded_accept(tmp_path_factory: pytest.TempPathFactory) -> float:
     """The embedded engine's accept length on the same models, prompts and draft length:
     transformers assisted generation with a fixed ``STEPS`` drafts per verify step."""
-    p = Pilot.model_validate(
-        {
-            "target": {"engine": "transformers", "model": str(MODELS / "tiny-target"),
-                       "dtype": "float32"},
-            "conditions": {
-                "baseline": {"role": "baseline"},
-                "cand": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
-                         "speculation": {"num_draft_tokens": STEPS}},
-            },
-            "trace": {"files": ["unused.jsonl"]},
-        }
+    p = make_pilot(
+        target={"engine": "transformers", "model": str(MODELS / "tiny-target"),
+                "dtype": "float32"},
+        conditions={
+            "baseline": {"role": "baseline"},
+            "cand": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
+                     "speculation": {"num_draft_tokens": STEPS}},
+        },
+        trace={"files": ["unused.jsonl"]},
     )  # fmt: skip
     engine = TransformersEngine(p, "cand", BootSpec("cand", tmp_path_factory.mktemp("emb")))
     engine.start()
