@@ -187,10 +187,15 @@ def write_trace(path: Path, n: int, max_new_tokens: int = 4) -> Path:
     return path
 
 
+def pilot_text(data: Mapping[str, Any]) -> str:
+    """``data`` as a pilot file's YAML text, as it is (no schema check)."""
+    return yaml.safe_dump(dict(data), sort_keys=False)
+
+
 def dump_pilot(path: Path, data: Mapping[str, Any]) -> Path:
     """``data`` written as a pilot file at ``path``, as it is (no schema check: for tests of
     what the loader makes of it)."""
-    path.write_text(yaml.safe_dump(dict(data), sort_keys=False), encoding="utf-8")
+    path.write_text(pilot_text(data), encoding="utf-8")
     return path
 
 

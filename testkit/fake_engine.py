@@ -107,7 +107,7 @@ def sglang_events(body: dict[str, Any], n: int, *, incremental: bool, speculates
     pieces = [f"t{i} " for i in range(n)]
     logprobs = bool(body.get("return_logprob"))
     k = int(body.get("top_logprobs_num") or 0)
-    rows = [[-0.1 * (i % 3) - 0.05, ids[i], None] for i in range(n)]
+    rows: list[list[Any]] = [[-0.1 * (i % 3) - 0.05, ids[i], None] for i in range(n)]
     tops = [[rows[i], [rows[i][0] - 0.5 - 0.1 * (i % 4), ids[i] + 1, None]][:k]
             for i in range(n)]
     events: list[dict[str, Any]] = []
@@ -375,9 +375,10 @@ class _Engine:
 
     def completions(self, seen: Seen) -> Reply:
         n = int(seen.body["max_tokens"])
-        events = [{"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [100 + i],
-                                "finish_reason": "length" if i == n - 1 else None}]}
-                  for i in range(n)]  # fmt: skip
+        events: list[dict[str, Any]] = [
+            {"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [100 + i],
+                          "finish_reason": "length" if i == n - 1 else None}]}
+            for i in range(n)]  # fmt: skip
         if self.speculates:
             c = self.counters
             c[0] += n // 2

@@ -1,5 +1,5 @@
 """Sampled-distribution homogeneity: exact statistics, attainability, calibration at the null
-(with dependent noise) and power, on the synthetic chains of tests/sim_lm.py.
+(with dependent noise) and power, on the synthetic chains of testkit/sim_lm.py.
 
 Monte Carlo rates are judged with exact binomial tests at the 0.1% level (as in
 test_stats_simulation.py), so a seeded failure means the method, not the dice, is off; power
@@ -32,7 +32,7 @@ from pytest_osprey.judgement.quality_gates import sampling_budget_problem
 from pytest_osprey.judgement.stats import StatsError
 from pytest_osprey.results.records import RequestRecord
 from pytest_osprey.run import PilotRun, UsageError
-from testkit.factories import make_pilot, make_record
+from testkit.factories import dump_pilot, make_pilot, make_record, pilot_data
 from testkit.sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 SIG = 0.001
@@ -239,12 +239,15 @@ def test_a_run_refuses_a_budget_that_cannot_fail(tmp_path: Path) -> None:
         "".join(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Hi {i}"}) + "\n"
                 for i in range(3)))
     (tmp_path / "m").mkdir()
-    pilot = ("target: {model: m}\ntrace: {files: [t.jsonl]}\n"
-             "conditions: {b: {role: baseline}, c: {role: candidate}}\n"
-             "sampling: {sampled: {enabled: true, samples_per_prompt: 4, prompts: 1}}\n")
-    (tmp_path / "pilot.yaml").write_text(pilot)
+    def pilot(prompts: int) -> Path:
+        return dump_pilot(tmp_path / "pilot.yaml", pilot_data(
+            {"b": {"role": "baseline"}, "c": {"role": "candidate"}}, target={"model": "m"},
+            trace={"files": ["t.jsonl"]},
+            sampling={"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": prompts}}))
+
+    pilot(1)
     with pytest.raises(UsageError, match=r"sampling\.sampled\.samples_per_prompt") as err:
         PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path)
     assert "smallest attainable p = 0.0295" in str(err.value)
-    (tmp_path / "pilot.yaml").write_text(pilot.replace("prompts: 1", "prompts: 2"))
+    pilot(2)
     assert PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path).pilot.sampling.sampled.prompts == 2

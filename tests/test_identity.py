@@ -1,5 +1,5 @@
 """Greedy identity: near-ties only onto the reference's runner-up, judged as a rate against
-the reference's own rerun (tests/sim_greedy.py simulates campaigns with known truth)."""
+the reference's own rerun (testkit/sim_greedy.py simulates campaigns with known truth)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from testkit.endpoint_pilot import (
     tree,
     write_endpoint_pilot,
 )
-from testkit.factories import dump_pilot, make_pilot, write_trace
+from testkit.factories import dump_pilot, make_pilot, pilot_data, write_trace
 from testkit.fake_server import Reply, ScriptedServer
 from testkit.pilot_run import FAKEPKGS, MARK, kill_marked
 
@@ -223,10 +223,10 @@ def test_the_warning_is_said_first_in_the_dry_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(KEY_ENV, "k" * 8)
-    data = {"target": {"engine": "sglang", "model": "fake-model", "python": sys.executable,
-                       "host": "0.0.0.0", "env": {"PYTHONPATH": str(FAKEPKGS)}},
-            "conditions": {"base": {"role": "baseline"}},
-            "trace": {"files": [str(write_trace(tmp_path / "t.jsonl", 2))]}}
+    data = pilot_data({"base": {"role": "baseline"}},
+                      target={"engine": "sglang", "model": "fake-model", "python": sys.executable,
+                              "host": "0.0.0.0", "env": {"PYTHONPATH": str(FAKEPKGS)}},
+                      trace={"files": [str(write_trace(tmp_path / "t.jsonl", 2))]})
     path = dump_pilot(tmp_path / "pilot.yaml", data)
     assert run_cli(["run", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err

@@ -1,5 +1,5 @@
 """The sampling-parameters pass and its gate: probes, checks, and planted faults, the last
-through real processes (the fake SGLang server of tests/servers, with its tiny greedy model)."""
+through real processes (the fake SGLang server of testkit, with its tiny greedy model)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ One plain server (speculation off) is booted for the whole module, streaming cum
 SGLang does by default (the engine boots its servers with --incremental-streaming-output; an
 endpoint may not have it): the client must read both. The speculative servers
 (tests/test_sglang_cpu_spec.py) stream incrementally. Needs ``OSPREY_SGLANG_PYTHON`` (see
-tests/servers/sglang_cpu.py).
+testkit/sglang_cpu.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ sgl_kernel: every configuration must serve the plain server's greedy tokens exac
 
 Servers are booted one at a time: each module fixture boots one configuration, measures it,
 stops it and hands back what it saw. Needs ``OSPREY_SGLANG_PYTHON``
-(see tests/servers/sglang_cpu.py).
+(see testkit/sglang_cpu.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``--osprey-dry-run`` on SGLang: each condition's command line checked by SGLang's parser
 and, where the checkpoints are here, by what SGLang checks at launch; each condition gets
-only its own errors. The fake sglang package (tests/servers/fakepkgs) stands in for SGLang
+only its own errors. The fake sglang package (testkit/fakepkgs) stands in for SGLang
 here; the slow tests at the end run the real 0.5.23 (OSPREY_SGLANG_PYTHON)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Monte-Carlo validation of the speed gate under time-correlated noise (seeded, small).
 
-Campaigns are drawn through the real replay planner by ``benchmarks/speed_sim.py`` (the
+Campaigns are drawn through the real replay planner by ``testkit/speed_sim.py`` (the
 calibration benchmark runs the same at >= 2000 campaigns per cell). Rates are judged with
 exact binomial tests at the 0.1% level and means with 3 Monte-Carlo standard errors, so a
 failure means the method, not the dice, is off.
