@@ -253,17 +253,24 @@ class _Stream:
         if conn.transport is None:
             return
         while self.i < len(self.due) and self.due[self.i] <= time.perf_counter():
-            conn.write(conn.frame(f"data: {self.payloads[self.i]}\n\n".encode()))
+            data = conn.frame(f"data: {self.payloads[self.i]}\n\n".encode())
+            self.i += 1
+            if self.i == len(self.due):
+                data += self._end()  # the end goes out with the last event
+            conn.write(data)
             seen.t_write.append(time.perf_counter())
             if conn.transport is not None and conn.transport.get_write_buffer_size():
                 seen.backlogged += 1  # not all in the kernel yet: the stamp is early
-            self.i += 1
         if self.i < len(self.due):
             self._arm()
             return
-        tail = b"data: [DONE]\n\n" if self.reply.done else b""
-        conn.write((conn.frame(tail) if tail else b"") + (b"0\r\n\r\n" if conn.keep else b""))
+        if not self.due:
+            conn.write(self._end())
         self.server._finish(conn, seen, self.reply)
+
+    def _end(self) -> bytes:
+        done = self.conn.frame(b"data: [DONE]\n\n") if self.reply.done else b""
+        return done + (b"0\r\n\r\n" if self.conn.keep else b"")
 
     def cancel(self) -> None:
         if self.timer is not None:
@@ -290,6 +297,11 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        # asyncio sets TCP_NODELAY only on sockets made with IPPROTO_TCP, which ours (from
+        # socket.create_server) are not: without it, Nagle holds small chunks back for ms.
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.transport = transport
         self.server._conns.add(self)
         self.server.connections += 1
