@@ -9,15 +9,11 @@ failure means the method, not the dice, is off.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from pytest_osprey.judgement.latency_bound import latency_bound
 from pytest_osprey.judgement.speed import PairedLatencies, speed_test
