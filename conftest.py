@@ -2,20 +2,13 @@
 
 - ``pytester`` for the project's own tests, not enabled during a pilot run;
 - ``--skip-slow`` leaves out the tests that boot real engines or train (CI runs them all);
-- ``tests/`` and ``benchmarks/`` importable (test servers, benchmark drivers) by name.
+- ``testkit`` (the test-support package) importable: pytest puts this file's folder, the
+  checkout, on sys.path.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent
-for _folder in ("tests", "benchmarks"):
-    if str(ROOT / _folder) not in sys.path:
-        sys.path.insert(0, str(ROOT / _folder))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -37,36 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's pytest_osprey, installed or not
 
 from pytest_osprey.engines import gpu_memory  # noqa: E402
+from testkit.factories import pilot_variant  # noqa: E402
 
 Check = dict[str, str]
-
-
-def pilot_variant(
-    device: str, order: str, prompts: int, passes: int, tokens: int
-) -> dict[str, Any]:
-    """pilot.yaml on ``device``, cut down, with every path made absolute."""
-    data: dict[str, Any] = yaml.safe_load((ROOT / "pilot.yaml").read_text(encoding="utf-8"))
-    data["name"] = f"gpu-check-{order}"
-    target = data["target"]
-    target["device"] = device
-    target["model"] = str(ROOT / target["model"])
-    for cond in data["conditions"].values():
-        if cond.get("drafter"):
-            cond["drafter"] = str(ROOT / cond["drafter"])
-    trace = data["trace"]
-    trace["files"] = [str(ROOT / f) for f in trace["files"]]
-    if trace.get("ids"):
-        trace["ids"] = trace["ids"][:prompts]
-    else:
-        trace["limit"] = prompts
-    data["max_new_tokens_cap"] = tokens
-    data["load"].update(passes=passes, warmup_requests=1, order=order)
-    sampled = data.get("sampling", {}).get("sampled")
-    if sampled:
-        # The smallest budget whose distribution check can still fail (a run refuses less).
-        sampled.update(prompts=min(prompts, 2), samples_per_prompt=4, max_new_tokens=8)
-    data["report"] = {"title": f"GPU check ({device}, {order})", "html": False}
-    return data
 
 
 def run_pilot(pilot: dict[str, Any], where: Path, python: str, timeout_s: float) -> int | None:

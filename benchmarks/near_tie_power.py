@@ -1,7 +1,7 @@
 """How often the greedy-identity gate fails lossy and harmless candidates (simulated campaigns).
 
 Campaigns of the shipped pilot's shape (21 prompts, 2 load levels, 2 blocks) are simulated
-with tests/sim_greedy.py: the baseline's greedy path with its top-1/top-2 margins, the
+with testkit/sim_greedy.py: the baseline's greedy path with its top-1/top-2 margins, the
 baseline's own second block (the identical-condition control) with the engine's numerics,
 and a candidate that is either
 
@@ -31,11 +31,16 @@ from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from sim_greedy import HARMLESS, MarginModel, Run, campaign, chat_like, empirical  # noqa: E402
 
 from pytest_osprey.judgement.quality.identity import greedy_identity  # noqa: E402
+from testkit.sim_greedy import (  # noqa: E402
+    HARMLESS,
+    MarginModel,
+    Run,
+    campaign,
+    chat_like,
+    empirical,
+)
 
 CANDIDATES = {"harmless": HARMLESS, "relaxed tau 0.05": Run(sigma=0.01, tau=0.05),
               "bf16-like verify": Run(sigma=0.05)}
@@ -46,8 +51,8 @@ def target_margins(model_dir: Path, pilot: Path, tokens: int) -> np.ndarray:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.sample_pool import pilot_prompts
     from pytest_osprey.pilot.trace import render_prompt
+    from testkit.pilot_prompts import pilot_prompts
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -25,20 +25,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_osprey.pilot.loading import load_pilot  # noqa: E402
-from pytest_osprey.pilot.trace import load_trace, render_prompt  # noqa: E402
+from pytest_osprey.pilot.trace import render_prompt  # noqa: E402
+from testkit.pilot_prompts import pilot_prompts  # noqa: E402
 
 PAD = -2  # after the end of a sequence (EOS itself is kept)
-
-
-def pilot_prompts(pilot_path: Path, count: int) -> list[tuple[str, object]]:
-    """The first ``count`` prompts of the pilot's trace subset (the sampled pass's order)."""
-    pilot = load_pilot(pilot_path)
-    spec = pilot.trace
-    files = [f if f.is_absolute() else pilot_path.parent / f for f in spec.files]
-    trace = load_trace(files).subset(ids=spec.ids, slices=spec.slices,
-                                     limit_per_slice=spec.limit_per_slice, limit=spec.limit)
-    return [(p.id, p) for p in trace.prompts[:count]]
 
 
 def main() -> None:

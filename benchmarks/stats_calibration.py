@@ -1,6 +1,6 @@
 """Calibration of the speed gate under time-correlated noise, by simulated campaigns.
 
-Campaigns are drawn through the real replay planner (``benchmarks/speed_sim.py``: blocks,
+Campaigns are drawn through the real replay planner (``testkit/speed_sim.py``: blocks,
 stretches, counterbalanced order, boots) under each noise model, and judged by the real
 statistics (``pytest_osprey.judgement.speed``, ``speed_sequential``, ``speed_advice``,
 ``latency_bound``). Printed, as Markdown:
@@ -29,9 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit
 
-from speed_sim import (
+from pytest_osprey.judgement.service.latency_bound import latency_bound
+from pytest_osprey.judgement.speed.advice import advise
+from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_test
+from testkit.speed_sim import (
     BOOT_NOISE,
     DROP,
     KEEP,
@@ -45,10 +48,6 @@ from speed_sim import (
     simulate,
     unstable,
 )
-
-from pytest_osprey.judgement.service.latency_bound import latency_bound
-from pytest_osprey.judgement.speed.advice import advise
-from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_test
 
 ALPHA = 0.025
 

@@ -1,5 +1,5 @@
 """Fixtures of the project's tests. The factories (records, pilots, saved campaigns, traces,
-tiny-model paths) live in factories.py and are imported by name.
+tiny-model paths) live in testkit/factories.py.
 
 pytest also loads this file in a pilot run started from a checkout (testpaths names tests/):
 it adds no hooks and imports nothing heavy (no numpy, torch), so such a run is unchanged."""
@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from factories import TINY_DRAFTER, TINY_MODELS, TINY_TARGET
+
+from testkit.factories import TINY_DRAFTER, TINY_MODELS, TINY_TARGET
 
 
 @pytest.fixture(scope="session")

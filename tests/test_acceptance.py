@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines import vllm as vl
@@ -20,6 +19,8 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record
+from testkit.fake_server import Reply, ScriptedServer
 
 HEALTHY = (0.95, 0.84, 0.70)  # per-position acceptance of a good drafter (conditional chain)
 
@@ -84,10 +85,9 @@ def _records(rng: np.random.Generator, cond: str, load: str, rates: tuple[float,
                 if rng.random() >= min(1.0, max(0.0, r + shift)):
                     break
                 accepted[j] += 1
-        out.append(RequestRecord(
-            run_id="r", condition=cond, block=0, repetition=0, load=load, concurrency=1,
-            prompt_id=f"p{i}", slice="core", domain="d", mode="greedy", sample_index=0, ok=True,
-            output_ids=[1] * 20, spec_drafts=steps, spec_accepted_per_position=accepted))
+        out.append(make_record(
+            cond, f"p{i}", measured=False, load=load, ok=True, output_ids=[1] * 20,
+            spec_drafts=steps, spec_accepted_per_position=accepted))
     return out
 
 
@@ -110,12 +110,12 @@ def test_a_collapse_is_found_with_its_positions_and_noise_is_not() -> None:
 
 
 def _pilot() -> Pilot:
-    return Pilot.model_validate({
-        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
-        "conditions": {"base": {"role": "baseline"},
-                       "cur": {"role": "current", "drafter": "/d/1"},
-                       "cand": {"role": "candidate", "drafter": "/d/2"}},
-        "load": {"levels": {"low": 1, "concurrent": 4}}})
+    return make_pilot(
+        target={"model": "m"}, trace={"files": ["t.jsonl"]},
+        conditions={"base": {"role": "baseline"},
+                    "cur": {"role": "current", "drafter": "/d/1"},
+                    "cand": {"role": "candidate", "drafter": "/d/2"}},
+        load={"levels": {"low": 1, "concurrent": 4}})
 
 
 def test_the_reported_gate_flags_a_collapse_under_batching() -> None:

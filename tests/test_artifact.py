@@ -24,6 +24,7 @@ from pytest_osprey.preflight.artifact import (
     family,
     safetensors_header,
 )
+from testkit.factories import make_pilot
 
 VOCAB = {"<s>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4, "d": 5, "e": 6, "f": 7}
 
@@ -75,11 +76,11 @@ def pilot_for(
     cand: dict[str, Any] = {"role": "candidate", "speculation": speculation, "pins": pins or {}}
     if drafter is not None:
         cand["drafter"] = str(drafter)
-    return Pilot.model_validate({
-        "target": {"engine": engine, "model": str(target)},
-        "conditions": {"base": {"role": "baseline"}, "cand": cand},
-        "trace": {"files": [str(tmp_path / "trace.jsonl")]},
-    })
+    return make_pilot(
+        target={"engine": engine, "model": str(target)},
+        conditions={"base": {"role": "baseline"}, "cand": cand},
+        trace={"files": [str(tmp_path / "trace.jsonl")]},
+    )
 
 
 def failed(report: ArtifactReport) -> dict[str, str]:
@@ -617,16 +618,16 @@ def test_baseline_returns_no_checks(tmp_path: Path) -> None:
 
 
 def test_endpoint_condition_returns_no_checks(tmp_path: Path) -> None:
-    pilot = Pilot.model_validate({
-        "target": {"engine": "endpoint", "model": "served"},
-        "conditions": {
-            "base": {"role": "baseline",
-                     "endpoint": {"url": "http://127.0.0.1:1", "protocol": "openai"}},
-            "cand": {"role": "candidate", "drafter": str(tmp_path / "nowhere"),
-                     "endpoint": {"url": "http://127.0.0.1:2", "protocol": "sglang"}},
-        },
-        "trace": {"files": ["t.jsonl"]},
-    })
+    pilot = make_pilot(
+        target={"engine": "endpoint", "model": "served"},
+        conditions={
+         "base": {"role": "baseline",
+                  "endpoint": {"url": "http://127.0.0.1:1", "protocol": "openai"}},
+         "cand": {"role": "candidate", "drafter": str(tmp_path / "nowhere"),
+                  "endpoint": {"url": "http://127.0.0.1:2", "protocol": "sglang"}},
+     },
+        trace={"files": ["t.jsonl"]},
+    )
     assert check_condition(pilot, "cand").checks == []
 
 

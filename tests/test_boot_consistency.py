@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from factories import make_pilot, make_record, saved_campaign
 
 from pytest_osprey.judgement import judge, plan_gates
 from pytest_osprey.judgement.service.consistency import boot_consistency
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record, saved_campaign
 
 PROMPTS = [f"p{i}" for i in range(12)]
 

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import TINY_TARGET, make_pilot
-from servers.endpoint_pilot import sglang_routes
-from servers.pilot_run import Events, fake_target
-from servers.scripted import ScriptedServer
 
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.engines.chat_template import load_chat_tokenizer, template_digest
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.pilot.trace import Prompt, Trace, render_prompt
+from testkit.endpoint_pilot import sglang_routes
+from testkit.factories import TINY_TARGET, make_pilot
+from testkit.fake_server import ScriptedServer
+from testkit.pilot_run import Events, fake_target
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n"
             "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")

@@ -37,7 +37,7 @@ import pytest
 from pytest_osprey.engines.base import GenerationRequest
 from pytest_osprey.engines.sglang import SGLangClient
 
-STUB = Path(__file__).resolve().parents[1] / "benchmarks" / "stub_server.py"
+ROOT = Path(__file__).resolve().parents[1]
 SHORT, LONG = 48, 384
 PAIRS = 21
 REQUESTS = 3  # per round on each side: about 30 ms of client CPU
@@ -46,10 +46,11 @@ TOKENS = REQUESTS * LONG  # decoding steps (1-token chunks) or tokens per round
 
 class Stub:
     def __init__(self, chunk: int, cumulative: bool) -> None:
-        argv = [sys.executable, str(STUB), "--port", "0", "--ttft-ms", "1", "--gap-ms", "0",
+        argv = [sys.executable, "-m", "testkit.timed_stream", "--port", "0", "--ttft-ms", "1",
+                "--gap-ms", "0",
                 "--chunks", str(chunk), "--jitter", "0"]
         self.proc = subprocess.Popen(argv + (["--sglang-cumulative"] if cumulative else []),
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().split()[1]
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
-from factories import ROOT, fake_model, pilot_layout
 from pydantic import ValidationError
 
 from pytest_osprey.pilot.loading import load_pilot, load_pilot_text
 from pytest_osprey.pilot.schema import ConfigError, Pilot, json_schema
+from testkit.factories import ROOT, fake_model, pilot_layout
 
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")
 REPO: dict[str, Any] = yaml.safe_load(PILOT_TEXT)

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import yaml
-from factories import ROOT, pilot_layout
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot
+from testkit.factories import ROOT, pilot_layout
 
 PILOT_TEXT = (ROOT / "pilot.yaml").read_text(encoding="utf-8")
 BASE: dict[str, Any] = yaml.safe_load(PILOT_TEXT)

@@ -23,6 +23,7 @@ from pytest_osprey.judgement.stats.core import StatsError
 from pytest_osprey.judgement.stats.losses import critical_count, loss_test
 from pytest_osprey.pilot.trace import Prompt
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
 
 
 def assert_rate_at_most(hits: int, n: int, alpha: float, what: str) -> None:
@@ -37,9 +38,8 @@ def prompt(pid: str = "p", expect: dict[str, Any] | None = None, slice_: str = "
 
 def record(cond: str, pid: str, text: str, *, ok: bool = True, block: int = 0,
            mode: str = "greedy") -> RequestRecord:
-    return RequestRecord(run_id="r", condition=cond, block=block, repetition=block, load="low",
-                         concurrency=1, prompt_id=pid, slice="core", domain="d",
-                         mode=mode, sample_index=0, ok=ok, output_text=text)  # type: ignore[arg-type]
+    return make_record(cond, pid, measured=False, block=block, mode=mode, ok=ok,
+                       output_text=text)
 
 
 # --------------------------------------------------------------------------- checks

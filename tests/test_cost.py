@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from factories import make_pilot, make_record, saved_campaign
 
 from pytest_osprey.judgement.cost.pricing import (
     NO_SAVINGS,
@@ -16,6 +15,7 @@ from pytest_osprey.judgement.cost.pricing import (
 )
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record, saved_campaign
 
 
 def cost_pilot(**cost: Any) -> Pilot:

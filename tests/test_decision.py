@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from factories import deep_merge, make_pilot, paired_campaign, saved_campaign
-
-from pytest_osprey.judgement import judge, plan_gates
+from pytest_osprey.judgement import judge
+from pytest_osprey.judgement.gates import plan_gates
 from pytest_osprey.judgement.speed.gate import look_at
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
+from testkit.factories import deep_merge, make_pilot, paired_campaign, saved_campaign
 
 LEVELS = {"low": 1, "high": 4}
 

@@ -12,26 +12,27 @@ from typing import Any
 import pytest
 
 from pytest_osprey.judgement import GateResult, GateSpec
-from pytest_osprey.judgement.figures import Figures
+from pytest_osprey.judgement.figures.measured import Figures
 from pytest_osprey.judgement.verdict.diagnosis import diagnose, quality_word, total_time
 from pytest_osprey.judgement.verdict.verdicts import verdicts
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.headline import MAX_HEADLINE, bullet_lines, headline
 from pytest_osprey.results.folder import SavedCampaign
-from pytest_osprey.results.records import RequestRecord
+from testkit import factories
+from testkit.factories import make_record
 
 LEVELS = {"low": 1, "concurrent": 4}
 
 
 def make_pilot(candidate: str = "cand", speedup_min: float = 1.1) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"model": "t"},
-        "conditions": {"baseline": {"role": "baseline"},
-                       candidate: {"role": "candidate", "drafter": "d"}},
-        "trace": {"files": ["p.jsonl"]},
-        "load": {"levels": LEVELS},
-        "limits": {"speedup_min": speedup_min},
-    })
+    return factories.make_pilot(
+        target={"model": "t"},
+        conditions={"baseline": {"role": "baseline"},
+                    candidate: {"role": "candidate", "drafter": "d"}},
+        trace={"files": ["p.jsonl"]},
+        load={"levels": LEVELS},
+        limits={"speedup_min": speedup_min},
+    )
 
 
 def speed(cand: str, load: str, est: float, low: float, high: float, *, thr: float = 1.1,
@@ -137,10 +138,9 @@ def test_no_crossover_from_noise() -> None:
 def _slice_records() -> SavedCampaign:
     recs = []
     for pid, slice_, verify in (("a", "core", 10), ("b", "core", 10), ("u", "unusual", 40)):
-        recs.append(RequestRecord(
-            run_id="r", condition="cand", block=0, repetition=0, load="concurrent",
-            concurrency=4, prompt_id=pid, slice=slice_, domain="d", mode="greedy",
-            sample_index=0, ok=True, e2e_s=1.0, output_tokens=40, spec_verify_ct=verify))
+        recs.append(make_record(
+            "cand", pid, measured=False, load="concurrent", concurrency=4, slice=slice_,
+            ok=True, e2e_s=1.0, output_tokens=40, spec_verify_ct=verify))
     return SavedCampaign(Path("."), {"run_id": "r", "baseline": "baseline"}, recs)
 
 

@@ -1,5 +1,5 @@
 """Sampled-distribution homogeneity: exact statistics, attainability, calibration at the null
-(with dependent noise) and power, on the synthetic chains of tests/sim_lm.py.
+(with dependent noise) and power, on the synthetic chains of testkit/sim_lm.py.
 
 Monte Carlo rates are judged with exact binomial tests at the 0.1% level (as in
 test_stats_simulation.py), so a seeded failure means the method, not the dice, is off; power
@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats
-from sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 from pytest_osprey.campaign.requests import sample_seed
 from pytest_osprey.judgement.quality.distribution import (
@@ -31,9 +30,10 @@ from pytest_osprey.judgement.quality.distribution import (
 )
 from pytest_osprey.judgement.quality.gates import sampling_budget_problem
 from pytest_osprey.judgement.stats.core import StatsError
-from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.records import RequestRecord
 from pytest_osprey.run import PilotRun, UsageError
+from testkit.factories import dump_pilot, make_pilot, make_record, pilot_data
+from testkit.sim_lm import CHAT_LIKE, FLAT, MarkovLM
 
 SIG = 0.001
 
@@ -130,10 +130,10 @@ def test_a_budget_that_cannot_reach_alpha_is_never_a_pass() -> None:
     why = budget_problem(1, 4, 0.01)
     assert why is not None and "samples_per_prompt >= 5" in why and "prompts >= 2" in why
     assert budget_problem(4, 4, 0.01) is None and budget_problem(3, 1, 0.01) is not None
-    pilot = Pilot.model_validate({
-        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
-        "conditions": {"b": {"role": "baseline"}, "c": {"role": "candidate"}},
-        "sampling": {"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": 1}}})
+    pilot = make_pilot(
+        target={"model": "m"}, trace={"files": ["t.jsonl"]},
+        conditions={"b": {"role": "baseline"}, "c": {"role": "candidate"}},
+        sampling={"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": 1}})
     problem = sampling_budget_problem(pilot, trace_prompts=20)
     assert problem is not None and "sampling.sampled.samples_per_prompt" in problem
     assert "sampling.sampled.prompts" in problem
@@ -178,10 +178,8 @@ def test_nothing_to_compare_raises() -> None:
 
 def test_records_to_samples_keeps_ok_sampled_records_of_the_condition() -> None:
     def rec(cond: str, pid: str, mode: str, index: int, ok: bool = True) -> RequestRecord:
-        return RequestRecord(run_id="r", condition=cond, block=0, repetition=0, load="low",
-                             concurrency=1, prompt_id=pid, slice="core", domain="d",
-                             mode=mode, sample_index=index, ok=ok,  # type: ignore[arg-type]
-                             output_ids=[index, 9])
+        return make_record(cond, pid, measured=False, mode=mode, sample_index=index, ok=ok,
+                           output_ids=[index, 9])
 
     records = [rec("c", "p", "sampled", 1), rec("c", "p", "sampled", 0),
                rec("c", "p", "sampled", 2, ok=False), rec("c", "p", "greedy", 0),
@@ -241,12 +239,15 @@ def test_a_run_refuses_a_budget_that_cannot_fail(tmp_path: Path) -> None:
         "".join(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Hi {i}"}) + "\n"
                 for i in range(3)))
     (tmp_path / "m").mkdir()
-    pilot = ("target: {model: m}\ntrace: {files: [t.jsonl]}\n"
-             "conditions: {b: {role: baseline}, c: {role: candidate}}\n"
-             "sampling: {sampled: {enabled: true, samples_per_prompt: 4, prompts: 1}}\n")
-    (tmp_path / "pilot.yaml").write_text(pilot)
+    def pilot(prompts: int) -> Path:
+        return dump_pilot(tmp_path / "pilot.yaml", pilot_data(
+            {"b": {"role": "baseline"}, "c": {"role": "candidate"}}, target={"model": "m"},
+            trace={"files": ["t.jsonl"]},
+            sampling={"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": prompts}}))
+
+    pilot(1)
     with pytest.raises(UsageError, match=r"sampling\.sampled\.samples_per_prompt") as err:
         PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path)
     assert "smallest attainable p = 0.0295" in str(err.value)
-    (tmp_path / "pilot.yaml").write_text(pilot.replace("prompts: 1", "prompts: 2"))
+    pilot(2)
     assert PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path).pilot.sampling.sampled.prompts == 2

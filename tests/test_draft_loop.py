@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import TINY_DRAFTER, TINY_TARGET
+
+from testkit.factories import TINY_DRAFTER, TINY_TARGET
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
 
 MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 
@@ -22,11 +22,11 @@ def test_log_per_condition(tmp_path: Path) -> None:
     import torch
 
     threads = torch.get_num_threads()  # the engine sets target.threads process-wide
-    pilot = Pilot.model_validate({
-        "target": {"model": str(MODELS / "tiny-target"), "context_length": 64, "threads": 1},
-        "conditions": {"baseline": {"role": "baseline"}},
-        "trace": {"files": ["p.jsonl"]},
-    })
+    pilot = make_pilot(
+        target={"model": str(MODELS / "tiny-target"), "context_length": 64, "threads": 1},
+        conditions={"baseline": {"role": "baseline"}},
+        trace={"files": ["p.jsonl"]},
+    )
     engine = TransformersEngine(pilot, "baseline", BootSpec("baseline", tmp_path / "logs"))
     try:
         engine.start()

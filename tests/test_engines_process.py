@@ -1,4 +1,4 @@
-"""Server process lifecycle with real subprocesses (tests/servers/fake_server.py)."""
+"""Server process lifecycle with real subprocesses (testkit/fake_engine.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from typing import Any
 
 import psutil
 import pytest
-from factories import make_pilot
-from servers.pilot_run import SERVERS, fake_target, gone
 
 from pytest_osprey.engines import process as proc
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
 from pytest_osprey.engines.sglang import SGLangEngine
 from pytest_osprey.engines.vllm import FLUSHED, VLLMEngine
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
+from testkit.pilot_run import SERVERS, fake_target, gone
 
-FAKE = SERVERS / "fake_server.py"
+FAKE = SERVERS / "fake_engine.py"
 
 
 @pytest.fixture

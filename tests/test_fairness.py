@@ -6,10 +6,10 @@ import copy
 from typing import Any
 
 import pytest
-from factories import make_record
 
 from pytest_osprey.judgement.service.fairness import ADVICE, fairness_check
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
 
 
 def fp(**over: Any) -> dict[str, Any]:

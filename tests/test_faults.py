@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import endpoint_conditions, make_pilot, make_record, write_pilot, write_trace
-from servers.pilot_run import MARK, PilotRun, fake_sglang, gone, kill_marked, leftovers, wait_for
-from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.results.files import write_json_atomic, write_text_atomic
 from pytest_osprey.results.folder import load_campaign
 from pytest_osprey.results.records import RecordWriter, read_records
+from testkit.factories import endpoint_conditions, make_pilot, make_record, write_pilot, write_trace
+from testkit.fake_server import Reply, ScriptedServer, sglang_routes
+from testkit.pilot_run import MARK, PilotRun, fake_sglang, gone, kill_marked, leftovers, wait_for
 
 INTERRUPTED = pytest.ExitCode.INTERRUPTED
 FAILED = pytest.ExitCode.TESTS_FAILED

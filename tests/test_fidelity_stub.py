@@ -10,14 +10,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import fidelity as fid
 import pytest
-import stub_server as stub
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines.base import GenerationRequest, GenerationResult
 from pytest_osprey.engines.sglang import SGLangClient
 from pytest_osprey.engines.vllm import OpenAIClient
+from testkit import stream_fidelity as fid
+from testkit import timed_stream as stub
+from testkit.fake_server import Reply, ScriptedServer
 
 FAST = stub.Schedule(ttft_s=0.005, gap_s=0.002, chunks=(1, 3, 2), jitter=0.2, seed=3)
 TOKENS = 10  # chunks of 1, 3, 2, 1, 3

@@ -17,29 +17,29 @@ from pytest_osprey.pilot.schema import ConfigError, Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record
 
 TARGETS = {"ttft_s": 0.5, "tpot_s": 0.05, "e2e_s": 3.0}
 
 
 def rec(cond: str, pid: int, block: int, *, ttft: float = 0.2, e2e: float = 1.0,
         tokens: int = 21, ok: bool = True, load: str = "busy") -> RequestRecord:
-    return RequestRecord(
-        run_id="r", condition=cond, block=block, repetition=block, load=load, concurrency=4,
-        prompt_id=f"p{pid:03d}", slice="core", domain="d", mode="greedy", sample_index=0,
-        ok=ok, error=None if ok else "timed out", ttft_s=ttft if ok else None,
+    return make_record(
+        cond, f"p{pid:03d}", measured=False, block=block, load=load, concurrency=4, ok=ok,
+        error=None if ok else "timed out", ttft_s=ttft if ok else None,
         e2e_s=e2e if ok else None, output_tokens=tokens if ok else None,
     )
 
 
 def pilot(**goodput: Any) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"model": "t"},
-        "conditions": {"baseline": {"role": "baseline"},
-                       "cand": {"role": "candidate", "drafter": "d"}},
-        "trace": {"files": ["p.jsonl"]},
-        "load": {"levels": {"low": 1, "busy": 4}, "blocks": 2},
-        "limits": {"goodput": {**TARGETS, **goodput}},
-    })
+    return make_pilot(
+        target={"model": "t"},
+        conditions={"baseline": {"role": "baseline"},
+                    "cand": {"role": "candidate", "drafter": "d"}},
+        trace={"files": ["p.jsonl"]},
+        load={"levels": {"low": 1, "busy": 4}, "blocks": 2},
+        limits={"goodput": {**TARGETS, **goodput}},
+    )
 
 
 def campaign(records: list[RequestRecord]) -> SavedCampaign:
@@ -77,8 +77,8 @@ def test_pilot_key_and_planned_gates() -> None:
     p = pilot()
     specs = [s for s in plan_gates(p, list(p.conditions)) if s.kind == "goodput"]
     assert [(s.load, s.gating) for s in specs] == [("low", False), ("busy", True)]
-    plain = Pilot.model_validate({"target": {"model": "t"}, "trace": {"files": ["p.jsonl"]},
-                                  "conditions": {"baseline": {"role": "baseline"}}})
+    plain = make_pilot(target={"model": "t"}, trace={"files": ["p.jsonl"]},
+                       conditions={"baseline": {"role": "baseline"}})
     assert plain.limits.goodput is None
     with pytest.raises((ConfigError, ValueError)):
         pilot(margin=1.5)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,12 +16,12 @@ from typing import Any
 
 import psutil
 import pytest
-from factories import ROOT, TINY_DRAFTER, TINY_TARGET, make_pilot
 
 from pytest_osprey.engines import BootSpec, gpu_memory
 from pytest_osprey.engines.process import ServerProcess
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import ROOT, TINY_DRAFTER, TINY_TARGET, make_pilot, pilot_variant
 
 MIB = 2**20
 NOT_AVAILABLE = 2**64 - 1
@@ -431,16 +430,8 @@ def test_embedded_cpu_fingerprint_says_weights() -> None:
 # --------------------------------------------------------------------------- GPU check script
 
 
-def _gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks/gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_check_pilot_variant() -> None:
-    variant = _gpu_check().pilot_variant("cuda", "sequential", prompts=3, passes=1, tokens=8)
+    variant = pilot_variant("cuda", "sequential", prompts=3, passes=1, tokens=8)
     assert variant["target"]["device"] == "cuda"
     assert Path(variant["target"]["model"]).is_dir()
     assert variant["load"]["order"] == "sequential" and variant["load"]["passes"] == 1
@@ -448,13 +439,14 @@ def test_gpu_check_pilot_variant() -> None:
     assert all(Path(f).is_file() for f in variant["trace"]["files"])
 
 
-def test_gpu_check_dry_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpu_check_dry_run_on_cpu(tmp_path: Path) -> None:
     """The script's CPU mode end to end: a tiny pilot through pytest, its checks passing."""
     argv = ["--device", "cpu", "--out", str(tmp_path), "--orders", "interleaved", "--prompts", "2",
             "--passes", "1", "--tokens", "8", "--timeout", "300"]  # fmt: skip
-    code = _gpu_check().main(argv)
-    out = capsys.readouterr().out
-    assert code == 0, out
+    script = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *argv],
+                            capture_output=True, text=True, timeout=900)
+    code, out = script.returncode, script.stdout
+    assert code == 0, out + script.stderr
     report = json.loads((tmp_path / "checks.json").read_text())
     names = {c["check"]: c["status"] for c in report["checks"]}
     assert names["interleaved: tiny-drafter peak >= baseline peak"] == "PASS"

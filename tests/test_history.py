@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import endpoint_conditions, write_pilot
-from servers.pilot_run import QUIET
-from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.judgement.history import HistoryError, open_previous
 from pytest_osprey.results.folder import load_campaign
+from testkit.factories import endpoint_conditions, write_pilot
+from testkit.fake_server import Reply, ScriptedServer, sglang_routes
+from testkit.pilot_run import QUIET
 
 
 class _Speed:

@@ -1,5 +1,5 @@
 """Greedy identity: near-ties only onto the reference's runner-up, judged as a rate against
-the reference's own rerun (tests/sim_greedy.py simulates campaigns with known truth)."""
+the reference's own rerun (testkit/sim_greedy.py simulates campaigns with known truth)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import itertools
 import numpy as np
 import pytest
 from scipy import stats
-from sim_greedy import HARMLESS, Run, campaign, chat_like
 
 from pytest_osprey.judgement.quality.identity import (
     Stratum,
@@ -19,6 +18,8 @@ from pytest_osprey.judgement.quality.identity import (
     relabel_p,
 )
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
+from testkit.sim_greedy import HARMLESS, Run, campaign, chat_like
 
 SIG = 0.001
 
@@ -26,10 +27,9 @@ SIG = 0.001
 def rec(cond: str, ids: list[int], *, block: int = 0, load: str = "low", pid: str = "p",
         margins: list[float] | None = None, top2: list[list[int]] | None = None,
         ) -> RequestRecord:
-    return RequestRecord(run_id="r", condition=cond, block=block, repetition=block, load=load,
-                         concurrency=1, prompt_id=pid, slice="core", domain="d", mode="greedy",
-                         sample_index=0, ok=True, output_ids=ids, top2_margin=margins,
-                         top2_ids=top2, started_at=float(block))
+    return make_record(cond, pid, measured=False, block=block, load=load, ok=True,
+                       output_ids=ids, top2_margin=margins, top2_ids=top2,
+                       started_at=float(block))
 
 
 def _split(records: list[RequestRecord]) -> tuple[list[RequestRecord], list[RequestRecord]]:

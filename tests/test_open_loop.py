@@ -10,16 +10,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from factories import endpoint_conditions, make_pilot, write_trace
 from scipy import stats
-from servers.scripted import Reply, ScriptedServer, sglang_routes
 
 from pytest_osprey.campaign.requests import poisson_arrivals
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.judgement.figures import all_figures
+from pytest_osprey.judgement.figures.measured import all_figures
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot, level_label
 from pytest_osprey.pilot.trace import load_trace
+from testkit.factories import dump_pilot, endpoint_conditions, make_pilot, pilot_data, write_trace
+from testkit.fake_server import Reply, ScriptedServer, sglang_routes
 
 
 def test_arrivals_are_a_poisson_process_of_the_given_rate() -> None:
@@ -40,12 +40,10 @@ def test_arrivals_are_seeded() -> None:
 
 def test_open_loop_levels_in_the_pilot(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "t.jsonl", 2)
-    (tmp_path / "p.yaml").write_text(
-        "target: {model: m}\n"
-        "conditions: {base: {role: baseline}}\n"
-        f"trace: {{files: [{trace}]}}\n"
-        "load:\n  levels:\n    low: 1\n    busy: 4\n    poisson: {rate: 2.5, max_concurrency: 16}\n"
-    )
+    dump_pilot(tmp_path / "p.yaml", pilot_data(
+        {"base": {"role": "baseline"}}, target={"model": "m"}, trace={"files": [str(trace)]},
+        load={"levels": {"low": 1, "busy": 4,
+                         "poisson": {"rate": 2.5, "max_concurrency": 16}}}))
     pilot = load_pilot(tmp_path / "p.yaml", check_paths=False)
     load = pilot.load
     assert (load.concurrency("busy"), load.rate("busy")) == (4, None)
@@ -58,10 +56,9 @@ def test_open_loop_levels_in_the_pilot(tmp_path: Path) -> None:
 
 def test_open_loop_typo_names_the_field(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "t.jsonl", 2)
-    (tmp_path / "p.yaml").write_text(
-        "target: {model: m}\nconditions: {base: {role: baseline}}\n"
-        f"trace: {{files: [{trace}]}}\nload: {{levels: {{poisson: {{rates: 2}}}}}}\n"
-    )
+    dump_pilot(tmp_path / "p.yaml", pilot_data(
+        {"base": {"role": "baseline"}}, target={"model": "m"}, trace={"files": [str(trace)]},
+        load={"levels": {"poisson": {"rates": 2}}}))
     with pytest.raises(ConfigError) as err:
         load_pilot(tmp_path / "p.yaml", check_paths=False)
     assert "load.levels.poisson.rates: unknown key; did you mean 'rate'?" in str(err.value)

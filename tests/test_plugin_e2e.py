@@ -10,43 +10,29 @@ import pytest
 # Loaded here, once: an in-process pytester run drops the modules it imported when it ends, and
 # numpy's extension cannot be imported a second time in one process.
 import pytest_osprey.run  # noqa: F401
+from testkit.factories import pilot_data, pilot_text
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "fixtures" / "models"
 TRACE = ROOT / "prompts" / "pilot.jsonl"
 
 
-def pilot_yaml(candidate: str, *, speedup_min: float, prompts: int, extra: str = "",
+def pilot_yaml(candidate: str, *, speedup_min: float, prompts: int,
                early_stop: bool = True) -> str:
-    return f"""
-name: e2e
-target:
-  engine: transformers
-  model: {MODELS / "tiny-target"}
-  context_length: 1024
-  threads: 1  # two threads on two shared cores wait on each other's stragglers: noisy
-conditions:
-  baseline: {{role: baseline}}
-  cand:
-    role: candidate
-    drafter: {MODELS / candidate}
-    speculation: {{algorithm: assisted, num_draft_tokens: 4}}
-trace:
-  files: [{TRACE}]
-  slices: [core]
-  limit: {prompts}
-max_new_tokens_cap: 24
-load:
-  levels: {{low: 1, concurrent: 2}}
-  warmup_requests: 1
-  passes: 2
-limits:
-  speedup_min: {speedup_min}
-decision:
-  primary_load: low
-  early_stop: {str(early_stop).lower()}
-{extra}
-"""
+    return pilot_text(pilot_data(
+        {"baseline": {"role": "baseline"},
+         "cand": {"role": "candidate", "drafter": str(MODELS / candidate),
+                  "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}}},
+        name="e2e",
+        # One thread: two threads on two shared cores wait on each other's stragglers: noisy.
+        target={"engine": "transformers", "model": str(MODELS / "tiny-target"),
+                "context_length": 1024, "threads": 1},
+        trace={"files": [str(TRACE)], "slices": ["core"], "limit": prompts},
+        max_new_tokens_cap=24,
+        load={"levels": {"low": 1, "concurrent": 2}, "warmup_requests": 1, "passes": 2},
+        limits={"speedup_min": speedup_min},
+        decision={"primary_load": "low", "early_stop": early_stop},
+    ))
 
 
 def test_inactive_without_config(pytester: pytest.Pytester) -> None:

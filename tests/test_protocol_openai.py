@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_pilot
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import vllm as vl
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
 from pytest_osprey.engines.endpoint import EndpointEngine
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
+from testkit.fake_server import Reply, ScriptedServer
 
 
 def pilot(**conditions: Any) -> Pilot:

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_pilot
-from servers.fake_server import sglang_events
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.base import EngineError, GenerationRequest
 from pytest_osprey.engines.endpoint import EndpointEngine
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
+from testkit.fake_engine import sglang_events
+from testkit.fake_server import Reply, ScriptedServer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang-0.5.23-cpu"
 

@@ -7,20 +7,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from servers.fake_server import sglang_events
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.base import GenerationRequest
+from testkit.fake_engine import sglang_events
+from testkit.fake_server import Reply, ScriptedServer
+from testkit.timed_stream import Payloads
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang-0.5.23-cpu"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import stub_server  # noqa: E402
 
 # What the client reads from a chunk: these must be where the real server puts them.
 READ = ("text", "output_ids", "meta_info")
@@ -167,7 +165,7 @@ def test_the_fake_servers_cumulative_and_abort_chunks_are_shaped_as_real_ones() 
 def test_the_benchmark_stubs_sglang_chunks_are_shaped_as_real_ones(incremental: bool) -> None:
     body = {"stream": True, "sampling_params": {"max_new_tokens": 6}, "text": "a b",
             "return_logprob": True, "top_logprobs_num": 2}
-    ev = stub_server._Events("sglang", 0, 6, 2, body, incremental=incremental)
+    ev = Payloads("sglang", 0, 6, 2, body, incremental=incremental)
     chunks = [json.loads(ev.chunk(step, done, 0.01))
               for step, done in enumerate((1, 4, 6))]
     folder = "incremental_plain" if incremental else "cumulative_plain"

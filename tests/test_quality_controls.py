@@ -47,6 +47,7 @@ from pytest_osprey.pilot.trace import load_trace, render_prompt
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -62,22 +63,22 @@ NEW_TOKENS = 24
 
 def _pilot() -> Pilot:
     assert MODELS is not None
-    return Pilot.model_validate({
-        "target": {"model": str(MODELS / "tiny-target"), "dtype": "float32",
-                   "context_length": 1024, "threads": 1},
-        "conditions": {
-            "baseline": {"role": "baseline"},
-            "bf16": {"role": "current", "dtype": "bfloat16"},
-            "int4": {"role": "candidate", "quantization": "int4"},
-            "same": {"role": "candidate"},
-            "drafter": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
-                        "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}},
-        },
-        "trace": {"files": [str(ROOT / "prompts/pilot.jsonl")]},
+    return make_pilot(
+        target={"model": str(MODELS / "tiny-target"), "dtype": "float32",
+                "context_length": 1024, "threads": 1},
+        conditions={
+         "baseline": {"role": "baseline"},
+         "bf16": {"role": "current", "dtype": "bfloat16"},
+         "int4": {"role": "candidate", "quantization": "int4"},
+         "same": {"role": "candidate"},
+         "drafter": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
+                     "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}},
+     },
+        trace={"files": [str(ROOT / "prompts/pilot.jsonl")]},
         # Strict: any changed output fails, near-tie or not (the tiny models' bf16 flips are
         # all near-ties, see below).
-        "limits": {"quality": {"max_near_tie_rate": 0.0}},
-    })
+        limits={"quality": {"max_near_tie_rate": 0.0}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +103,9 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pilot, 
                 for p in prompts[: DRAFTED if cond == "drafter" else PROMPTS]:
                     text = render_prompt(p, engine._tokenizer)
                     res = asyncio.run(engine.generate(GenerationRequest(p.id, text, NEW_TOKENS)))
-                    records.append(RequestRecord(
-                        run_id="controls", condition=cond, block=0, repetition=0, load="low",
-                        concurrency=1, prompt_id=p.id, slice=p.slice, domain=p.domain,
-                        mode="greedy", sample_index=0, ok=res.ok, error=res.error,
+                    records.append(make_record(
+                        cond, p.id, measured=False, run_id="controls", slice=p.slice,
+                        domain=p.domain, ok=res.ok, error=res.error,
                         output_ids=res.output_ids, output_text=res.output_text,
                         top2_margin=res.top2_margin, top2_ids=res.top2_ids,
                         accept_length=res.accept_length, spec_drafts=res.spec_drafts,
@@ -223,16 +223,16 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, SavedCampa
     import torch
 
     threads = torch.get_num_threads()
-    pilot = Pilot.model_validate({
-        "target": {"model": str(MODELS / "tiny-target"), "dtype": "float32",
-                   "context_length": 1024, "threads": 1},
-        "conditions": {"baseline": {"role": "baseline"}, "same": {"role": "candidate"},
-                       "lossy": {"role": "candidate"}},
-        "trace": {"files": [str(ROOT / "prompts/pilot.jsonl")]},
-        "sampling": {"sampled": {"enabled": True, "temperature": 0.8,
-                                 "samples_per_prompt": SAMPLES, "prompts": SAMPLED_PROMPTS,
-                                 "max_new_tokens": POSITIONS}},
-    })  # fmt: skip
+    pilot = make_pilot(
+        target={"model": str(MODELS / "tiny-target"), "dtype": "float32",
+                "context_length": 1024, "threads": 1},
+        conditions={"baseline": {"role": "baseline"}, "same": {"role": "candidate"},
+                    "lossy": {"role": "candidate"}},
+        trace={"files": [str(ROOT / "prompts/pilot.jsonl")]},
+        sampling={"sampled": {"enabled": True, "temperature": 0.8,
+                              "samples_per_prompt": SAMPLES, "prompts": SAMPLED_PROMPTS,
+                              "max_new_tokens": POSITIONS}},
+    )  # fmt: skip
     prompts = load_trace([ROOT / "prompts/pilot.jsonl"]).prompts[:SAMPLED_PROMPTS]
     logs = tmp_path_factory.mktemp("sampled")
     engines: dict[str, type[TransformersEngine]] = {
@@ -250,9 +250,8 @@ def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pilot, SavedCampa
                                                 seed=sample_seed(0, cond, p.id, i),
                                                 want_margins=False)
                         res = asyncio.run(engine.generate(req))
-                        records.append(RequestRecord(
-                            run_id="controls", condition=cond, block=0, repetition=0,
-                            load="low", concurrency=1, prompt_id=p.id, slice=p.slice,
+                        records.append(make_record(
+                            cond, p.id, measured=False, run_id="controls", slice=p.slice,
                             domain=p.domain, mode="sampled", sample_index=i, ok=res.ok,
                             error=res.error, output_ids=res.output_ids,
                         ))  # fmt: skip

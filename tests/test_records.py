@@ -19,6 +19,7 @@ from pytest_osprey.results.records import (
     RequestRecord,
     read_records,
 )
+from testkit.factories import make_record
 
 # The fields DESIGN.md promises in every record.
 PUBLIC_FIELDS = {
@@ -30,16 +31,16 @@ PUBLIC_FIELDS = {
 
 
 def record(i: int = 0, **kw: Any) -> RequestRecord:
-    """A record with every field set to a non-default value (not factories.make_record: a
-    round trip that dropped a field back to its default would go unseen there)."""
-    base = RequestRecord(
+    """A record with every field set to a non-default value, make_record's defaults included
+    (a round trip that dropped a field back to a default would go unseen otherwise)."""
+    base = make_record(
+        "tiny-drafter",
+        f"chat-{i:02d}",
         run_id="20260101T000000Z-abc123",
-        condition="tiny-drafter",
         block=1,
         repetition=2,
         load="concurrent",
         concurrency=4,
-        prompt_id=f"chat-{i:02d}",
         slice="core",
         domain="chat",
         mode="sampled",

@@ -20,18 +20,18 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import tinyfs
-from servers.endpoint_pilot import (
+
+from pytest_osprey.results import records as records_module
+from pytest_osprey.run_folders import default_results
+from testkit import tinyfs
+from testkit.endpoint_pilot import (
     run_cli,
     saved_results,
     sglang_routes,
     tree,
     write_endpoint_pilot,
 )
-from servers.scripted import ScriptedServer
-
-from pytest_osprey.results import records as records_module
-from pytest_osprey.run_folders import default_results
+from testkit.fake_server import ScriptedServer
 
 FUZZ = settings(deadline=None, database=None, max_examples=40,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

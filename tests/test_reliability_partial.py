@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers.endpoint_pilot import run_cli, saved_results, sglang_routes, write_endpoint_pilot
-from servers.pilot_run import QUIET
-from servers.scripted import ScriptedServer
 
 from pytest_osprey.campaign import runner as runner_module
 from pytest_osprey.results.campaign_file import CampaignFile, incomplete_note, live_status
+from testkit.endpoint_pilot import run_cli, saved_results, sglang_routes, write_endpoint_pilot
+from testkit.fake_server import ScriptedServer
+from testkit.pilot_run import QUIET
 
 ROOT = Path(__file__).resolve().parent.parent
 

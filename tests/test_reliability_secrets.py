@@ -19,18 +19,8 @@ from typing import Any
 
 import psutil
 import pytest
-from factories import dump_pilot, write_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers.endpoint_pilot import (
-    run_cli,
-    saved_results,
-    sglang_routes,
-    tree,
-    write_endpoint_pilot,
-)
-from servers.pilot_run import FAKEPKGS, MARK, kill_marked
-from servers.scripted import Reply, ScriptedServer
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.sglang import SGLangEngine
@@ -43,6 +33,16 @@ from pytest_osprey.results import load_campaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.redact import MASK, register, reset, scrub, scrub_obj
 from pytest_osprey.run_inputs import bind_warning
+from testkit.endpoint_pilot import (
+    run_cli,
+    saved_results,
+    sglang_routes,
+    tree,
+    write_endpoint_pilot,
+)
+from testkit.factories import dump_pilot, make_pilot, pilot_data, write_trace
+from testkit.fake_server import Reply, ScriptedServer
+from testkit.pilot_run import FAKEPKGS, MARK, kill_marked
 
 FUZZ = settings(deadline=None, database=None, max_examples=50,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -153,14 +153,14 @@ def test_report_md_carries_no_html_whatever_the_text(
 
 
 def _sglang_pilot(mark: str, **target: Any) -> Pilot:
-    return Pilot.model_validate({
-        "target": {"engine": "sglang", "model": "fake-model", "python": sys.executable,
-                   "env": {"PYTHONPATH": str(FAKEPKGS), "PYTHONDONTWRITEBYTECODE": "1",
-                           MARK: mark}, "boot_timeout_s": 60, "api_key_env": KEY_ENV,
-                   **target},
-        "conditions": {"base": {"role": "baseline"}},
-        "trace": {"files": ["t"]},
-    })  # fmt: skip
+    return make_pilot(
+        target={"engine": "sglang", "model": "fake-model", "python": sys.executable,
+                "env": {"PYTHONPATH": str(FAKEPKGS), "PYTHONDONTWRITEBYTECODE": "1",
+                        MARK: mark}, "boot_timeout_s": 60, "api_key_env": KEY_ENV,
+                **target},
+        conditions={"base": {"role": "baseline"}},
+        trace={"files": ["t"]},
+    )  # fmt: skip
 
 
 def test_sglang_gets_its_key_from_a_file_never_from_argv(
@@ -223,10 +223,10 @@ def test_the_warning_is_said_first_in_the_dry_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(KEY_ENV, "k" * 8)
-    data = {"target": {"engine": "sglang", "model": "fake-model", "python": sys.executable,
-                       "host": "0.0.0.0", "env": {"PYTHONPATH": str(FAKEPKGS)}},
-            "conditions": {"base": {"role": "baseline"}},
-            "trace": {"files": [str(write_trace(tmp_path / "t.jsonl", 2))]}}
+    data = pilot_data({"base": {"role": "baseline"}},
+                      target={"engine": "sglang", "model": "fake-model", "python": sys.executable,
+                              "host": "0.0.0.0", "env": {"PYTHONPATH": str(FAKEPKGS)}},
+                      trace={"files": [str(write_trace(tmp_path / "t.jsonl", 2))]})
     path = dump_pilot(tmp_path / "pilot.yaml", data)
     assert run_cli(["run", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err

@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 import yaml
-from factories import dump_pilot, write_trace
-from servers.pilot_run import PilotRun, fake_sglang, gone, wait_for
+
+from testkit.factories import dump_pilot, pilot_data, write_trace
+from testkit.pilot_run import PilotRun, fake_sglang, gone, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "fixtures" / "models"
@@ -64,17 +65,17 @@ def _embedded(tmp: Path) -> tuple[Path, Path]:
         json.dumps({"id": "short", "domain": "chat", "prompt": "Hi", "max_new_tokens": 2})
         + "\n" + json.dumps({"id": "long", "domain": "chat", "prompt": "def f(x):",
                              "max_new_tokens": 900}) + "\n")
-    data = {
-        "name": "slow",
-        "target": {"engine": "transformers", "model": str(MODELS / "tiny-target"),
-                   "context_length": 1024, "threads": 1},
-        "conditions": {"baseline": {"role": "baseline"},
-                       "cand": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
-                                "speculation": {"num_draft_tokens": 4}}},
-        "trace": {"files": [str(trace)]},
-        "load": {"levels": {"low": 1}, "warmup_requests": 0, "passes": 1},
-        "report": {"html": False},
-    }
+    data = pilot_data(
+        {"baseline": {"role": "baseline"},
+         "cand": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
+                  "speculation": {"num_draft_tokens": 4}}},
+        name="slow",
+        target={"engine": "transformers", "model": str(MODELS / "tiny-target"),
+                "context_length": 1024, "threads": 1},
+        trace={"files": [str(trace)]},
+        load={"levels": {"low": 1}, "warmup_requests": 0, "passes": 1},
+        report={"html": False},
+    )
     return dump_pilot(tmp / "pilot.yaml", data), events
 
 
@@ -187,7 +188,7 @@ def test_servers_die_with_a_sigkilled_runner(tmp_path: Path) -> None:
         assert run.leftovers() == []  # watchdogs included
     finally:
         run.cleanup()
-    from servers.endpoint_pilot import run_cli
+    from testkit.endpoint_pilot import run_cli
 
     assert run_cli(["report", str(run.results)]) == 2
     meta = yaml.safe_load((run.results / "campaign.json").read_text())

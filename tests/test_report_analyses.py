@@ -16,18 +16,18 @@ from pytest_osprey.report.setup import hardware, load_meaning, memory_basis, set
 from pytest_osprey.results.campaign_file import CampaignFile
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
 
 DOMAINS = {"p1": "chat", "p2": "chat", "p3": "chat", "p4": "code", "p5": "code", "p6": "code"}
 
 
 def rec(cond: str, pid: str, block: int, e2e: float, **kw: Any) -> RequestRecord:
     fields: dict[str, Any] = {
-        "run_id": "r", "condition": cond, "block": block, "repetition": block,
-        "load": "busy", "concurrency": 4, "prompt_id": pid, "slice": "core",
-        "domain": DOMAINS.get(pid, "d"), "mode": "greedy", "sample_index": 0, "ok": True,
-        "e2e_s": e2e, "ttft_s": 0.1 * e2e, "output_tokens": 30, "started_at": 100.0 * block}
+        "block": block, "load": "busy", "concurrency": 4, "domain": DOMAINS.get(pid, "d"),
+        "ok": True, "e2e_s": e2e, "ttft_s": 0.1 * e2e, "output_tokens": 30,
+        "started_at": 100.0 * block}
     fields.update(kw)
-    return RequestRecord(**fields)
+    return make_record(cond, pid, measured=False, **fields)
 
 
 def meta(**kw: Any) -> dict[str, Any]:

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_pilot, make_record, saved_campaign
 
 from pytest_osprey.judgement.cost.pricing import cost_summary
-from pytest_osprey.judgement.figures import all_figures
+from pytest_osprey.judgement.figures.measured import all_figures
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.report.html import render_html, write_html
 from pytest_osprey.report.plots import all_plots, prompt_speedups
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record, saved_campaign
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCRIPT = "<script>alert(1)</script>"

@@ -1,5 +1,5 @@
 """The sampling-parameters pass and its gate: probes, checks, and planted faults, the last
-through real processes (the fake SGLang server of tests/servers, with its tiny greedy model)."""
+through real processes (the fake SGLang server of testkit, with its tiny greedy model)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import write_pilot
-from servers.pilot_run import PilotRun, fake_sglang
 
 from pytest_osprey.engines.base import GenerationRequest, unsupported
 from pytest_osprey.engines.sglang import SAMPLING_PARAMS as SGLANG_PARAMS
@@ -18,10 +16,11 @@ from pytest_osprey.engines.transformers import SAMPLING_PARAMS as TRANSFORMERS_P
 from pytest_osprey.engines.vllm import OpenAIClient
 from pytest_osprey.judgement import GateSpec, evaluate
 from pytest_osprey.pilot.probes import BY_NAME, PLAIN
-from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_pilot, make_record, write_pilot
+from testkit.pilot_run import PilotRun, fake_sglang
 
 # --------------------------------------------------------------------------- probes
 
@@ -82,17 +81,15 @@ def test_engines_map_every_parameter_or_refuse_it() -> None:
 
 def _rec(cond: str, probe: str, ids: list[int], text: str = "", *, ok: bool = True,
          error: str | None = None, request: dict[str, Any] | None = None) -> RequestRecord:
-    return RequestRecord(run_id="r", condition=cond, block=0, repetition=0, load="low",
-                         concurrency=1, prompt_id="p", slice="core", domain="d", mode="params",
-                         sample_index=0, ok=ok, error=error, output_ids=ids, output_text=text,
-                         probe=probe, request=request)
+    return make_record(cond, "p", measured=False, mode="params", ok=ok, error=error,
+                       output_ids=ids, output_text=text, probe=probe, request=request)
 
 
 def _judge(records: list[RequestRecord]) -> Any:
-    p = Pilot.model_validate({
-        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
-        "conditions": {"base": {"role": "baseline"}, "cand": {"role": "candidate"}},
-        "sampling": {"params": {"enabled": True}}})
+    p = make_pilot(
+        target={"model": "m"}, trace={"files": ["t.jsonl"]},
+        conditions={"base": {"role": "baseline"}, "cand": {"role": "candidate"}},
+        sampling={"params": {"enabled": True}})
     data = SavedCampaign(Path("."), {"conditions": {"base": {}, "cand": {}}}, records)
     return evaluate(GateSpec("sampling_params", "cand", reference="base"), p, data, Preflight())
 

@@ -23,8 +23,14 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from factories import make_pilot, write_pilot
-from servers.pilot_run import (
+
+from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
+from pytest_osprey.engines.process import choose_port
+from pytest_osprey.engines.sglang import SGLangEngine, sglang_argv
+from pytest_osprey.engines.vllm import VLLMEngine, vllm_argv
+from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot, write_pilot
+from testkit.pilot_run import (
     MARK,
     SERVERS,
     PilotRun,
@@ -34,12 +40,6 @@ from servers.pilot_run import (
     leftovers,
     wait_for,
 )
-
-from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
-from pytest_osprey.engines.process import choose_port
-from pytest_osprey.engines.sglang import SGLangEngine, sglang_argv
-from pytest_osprey.engines.vllm import VLLMEngine, vllm_argv
-from pytest_osprey.pilot.schema import Pilot
 
 XSS = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -146,7 +146,7 @@ def _endpoint(events: Path, key: str) -> Iterator[str]:
     port = choose_port("127.0.0.1", 0, "ep")
     env = {**os.environ, "VLLM_API_KEY": key, "OSPREY_FAKE_TEXT": XSS, MARK: mark,
            "OSPREY_FAKE_EVENTS": str(events / "ep.txt"), "PYTHONDONTWRITEBYTECODE": "1"}
-    argv = [sys.executable, str(SERVERS / "fake_server.py"), "--port", str(port)]
+    argv = [sys.executable, str(SERVERS / "fake_engine.py"), "--port", str(port)]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"

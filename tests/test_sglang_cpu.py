@@ -4,7 +4,7 @@ One plain server (speculation off) is booted for the whole module, streaming cum
 SGLang does by default (the engine boots its servers with --incremental-streaming-output; an
 endpoint may not have it): the client must read both. The speculative servers
 (tests/test_sglang_cpu_spec.py) stream incrementally. Needs ``OSPREY_SGLANG_PYTHON`` (see
-tests/servers/sglang_cpu.py).
+testkit/sglang_cpu.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from servers.sglang_cpu import (
+
+from pytest_osprey.engines import sglang as sglang_module
+from pytest_osprey.engines.base import GenerationRequest, GenerationResult
+from pytest_osprey.engines.sglang import SGLangEngine
+from testkit.sglang_cpu import (
     MAX_TOKENS,
     MODELS,
     NEEDS_SGLANG,
@@ -30,10 +34,6 @@ from servers.sglang_cpu import (
     still_alive,
     stream_chunks,
 )
-
-from pytest_osprey.engines import sglang as sglang_module
-from pytest_osprey.engines.base import GenerationRequest, GenerationResult
-from pytest_osprey.engines.sglang import SGLangEngine
 
 pytestmark = [
     pytest.mark.slow,

@@ -3,7 +3,7 @@ sgl_kernel: every configuration must serve the plain server's greedy tokens exac
 
 Servers are booted one at a time: each module fixture boots one configuration, measures it,
 stops it and hands back what it saw. Needs ``OSPREY_SGLANG_PYTHON``
-(see tests/servers/sglang_cpu.py).
+(see testkit/sglang_cpu.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers.sglang_cpu import (
+
+from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
+from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
+from testkit.sglang_cpu import (
     EAGLE3,
     MAX_TOKENS,
     MODELS,
@@ -29,10 +34,6 @@ from servers.sglang_cpu import (
     still_alive,
     stream_chunks,
 )
-
-from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
-from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.pilot.schema import Pilot
 
 pytestmark = [
     pytest.mark.slow,
@@ -168,17 +169,15 @@ def test_standalone_chain(chain: Served, plain: Served, record_property: Any) ->
 def embedded_accept(tmp_path_factory: pytest.TempPathFactory) -> float:
     """The embedded engine's accept length on the same models, prompts and draft length:
     transformers assisted generation with a fixed ``STEPS`` drafts per verify step."""
-    p = Pilot.model_validate(
-        {
-            "target": {"engine": "transformers", "model": str(MODELS / "tiny-target"),
-                       "dtype": "float32"},
-            "conditions": {
-                "baseline": {"role": "baseline"},
-                "cand": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
-                         "speculation": {"num_draft_tokens": STEPS}},
-            },
-            "trace": {"files": ["unused.jsonl"]},
-        }
+    p = make_pilot(
+        target={"engine": "transformers", "model": str(MODELS / "tiny-target"),
+                "dtype": "float32"},
+        conditions={
+            "baseline": {"role": "baseline"},
+            "cand": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
+                     "speculation": {"num_draft_tokens": STEPS}},
+        },
+        trace={"files": ["unused.jsonl"]},
     )  # fmt: skip
     engine = TransformersEngine(p, "cand", BootSpec("cand", tmp_path_factory.mktemp("emb")))
     engine.start()

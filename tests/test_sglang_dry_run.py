@@ -1,6 +1,6 @@
 """``--osprey-dry-run`` on SGLang: each condition's command line checked by SGLang's parser
 and, where the checkpoints are here, by what SGLang checks at launch; each condition gets
-only its own errors. The fake sglang package (tests/servers/fakepkgs) stands in for SGLang
+only its own errors. The fake sglang package (testkit/fakepkgs) stands in for SGLang
 here; the slow tests at the end run the real 0.5.23 (OSPREY_SGLANG_PYTHON)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_pilot
-from servers.pilot_run import FAKEPKGS
 
 from pytest_osprey.engines.sglang_check import SEED_NOTE, dry_run_check
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.preflight.command_lines import check_command_lines
+from testkit.factories import make_pilot
+from testkit.pilot_run import FAKEPKGS
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")

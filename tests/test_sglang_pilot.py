@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from servers.pilot_run import servers_left
-from servers.sglang_cpu import NEEDS_SGLANG
+
+from testkit.pilot_run import servers_left
+from testkit.sglang_cpu import NEEDS_SGLANG
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_PILOT = ROOT / "examples" / "pilot-sglang-cpu.yaml"

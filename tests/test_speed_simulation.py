@@ -1,6 +1,6 @@
 """Monte-Carlo validation of the speed gate under time-correlated noise (seeded, small).
 
-Campaigns are drawn through the real replay planner by ``benchmarks/speed_sim.py`` (the
+Campaigns are drawn through the real replay planner by ``testkit/speed_sim.py`` (the
 calibration benchmark runs the same at >= 2000 campaigns per cell). Rates are judged with
 exact binomial tests at the 0.1% level and means with 3 Monte-Carlo standard errors, so a
 failure means the method, not the dice, is off.
@@ -9,17 +9,16 @@ failure means the method, not the dice, is off.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-from speed_sim import (
+from pytest_osprey.judgement.service.latency_bound import latency_bound
+from pytest_osprey.judgement.speed.advice import advise
+from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_test
+from testkit.speed_sim import (
     BOOT_NOISE,
     KEEP,
     REFERENCE_NOISE,
@@ -31,10 +30,6 @@ from speed_sim import (
     simulate,
     unstable,
 )
-
-from pytest_osprey.judgement.service.latency_bound import latency_bound
-from pytest_osprey.judgement.speed.advice import advise
-from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_test
 
 SIG = 0.001
 ALPHA = 0.025

@@ -16,13 +16,12 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
-from factories import make_record, sampled_records
 from pydantic import BaseModel
 
 from pytest_osprey.__main__ import main
 from pytest_osprey.judgement import judge, plan_gates
 from pytest_osprey.judgement.cost.pricing import BreakEven, ConditionCost
-from pytest_osprey.judgement.figures import Figures
+from pytest_osprey.judgement.figures.measured import Figures
 from pytest_osprey.judgement.gates import evaluate as decision
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import load_trace
@@ -39,6 +38,7 @@ from pytest_osprey.results.files import write_json_atomic
 from pytest_osprey.results.folder import load_campaign
 from pytest_osprey.results.preflight_file import read_preflight
 from pytest_osprey.results.records import RecordWriter, RequestRecord
+from testkit.factories import make_record, pilot_data, pilot_text, sampled_records
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "summary-json.md"
 RUN_ID = "20250101T000000Z-abc123"
@@ -54,34 +54,31 @@ PROMPTS = [(f"p{i:02d}", "unusual" if i % 4 == 0 else "core") for i in range(1, 
 BLOCKS = 2
 SAMPLED = 4  # prompts of the sampled pass, 4 samples each
 
-PILOT = """
-name: schema-pilot
-target: {engine: transformers, model: target, context_length: 1024}
-conditions:
-  baseline: {role: baseline}
-  current: {role: current, drafter: drafters/current}
-  cand: {role: candidate, drafter: drafters/cand}
-  slow: {role: candidate, drafter: drafters/slow}
-trace: {files: [trace.jsonl]}
-sampling:
-  sampled: {enabled: true, samples_per_prompt: 4, prompts: 4}
-  params: {enabled: true, prompts: 1}
-load: {levels: {low: 1, busy: 4}, passes: 2, boots_per_condition: 2}
-limits:
-  speedup_min: 1.1
-  min_completed_fraction: 0.9
-  quality: {max_loss_rate: 0.0}
-  memory: {max_increase_pct: 30}
-  latency: [{metric: ttft, percentile: 50, max_s: 0.5, load: busy}]
-  cost: {max_cost_per_request: 0.01, max_break_even_days: 30}
-  goodput: {ttft_s: 0.5, e2e_s: 5.0, margin: 0.3}
-decision: {early_stop: true}
-cost:
-  device_hour_price: 3.0
-  expected_requests_per_day: 20000
-  setup: {cand: {pretraining: 40.0}, slow: {adaptation: 5.0}}
-report: {html: false}
-"""
+PILOT = pilot_text(pilot_data(
+    {"baseline": {"role": "baseline"},
+     "current": {"role": "current", "drafter": "drafters/current"},
+     "cand": {"role": "candidate", "drafter": "drafters/cand"},
+     "slow": {"role": "candidate", "drafter": "drafters/slow"}},
+    name="schema-pilot",
+    target={"engine": "transformers", "model": "target", "context_length": 1024},
+    trace={"files": ["trace.jsonl"]},
+    sampling={"sampled": {"enabled": True, "samples_per_prompt": 4, "prompts": 4},
+              "params": {"enabled": True, "prompts": 1}},
+    load={"levels": {"low": 1, "busy": 4}, "passes": 2, "boots_per_condition": 2},
+    limits={
+        "speedup_min": 1.1,
+        "min_completed_fraction": 0.9,
+        "quality": {"max_loss_rate": 0.0},
+        "memory": {"max_increase_pct": 30},
+        "latency": [{"metric": "ttft", "percentile": 50, "max_s": 0.5, "load": "busy"}],
+        "cost": {"max_cost_per_request": 0.01, "max_break_even_days": 30},
+        "goodput": {"ttft_s": 0.5, "e2e_s": 5.0, "margin": 0.3},
+    },
+    decision={"early_stop": True},
+    cost={"device_hour_price": 3.0, "expected_requests_per_day": 20000,
+          "setup": {"cand": {"pretraining": 40.0}, "slow": {"adaptation": 5.0}}},
+    report={"html": False},
+))
 
 
 def _text(cond: str, pid: str) -> str:
@@ -135,10 +132,9 @@ def _records(rng: np.random.Generator) -> list[RequestRecord]:
         for probe, ids, request in (("plain", [1, 2, 1, 2], None),
                                     ("repetition_penalty", [1, 2, 3, 4],
                                      {"repetition_penalty": 1.3})):
-            out.append(RequestRecord(
-                run_id=RUN_ID, condition=cond, block=0, repetition=0, load="low", concurrency=1,
-                prompt_id=PROMPTS[0][0], slice=PROMPTS[0][1], domain="d", mode="params",
-                sample_index=0, ok=True, output_ids=ids, output_text="x", probe=probe,
+            out.append(make_record(
+                cond, PROMPTS[0][0], measured=False, run_id=RUN_ID, slice=PROMPTS[0][1],
+                mode="params", ok=True, output_ids=ids, output_text="x", probe=probe,
                 request=request, started_at=6000.0))
     return out
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import write_trace
-from servers.scripted import Reply, ScriptedServer
+
+from testkit.factories import dump_pilot, endpoint_conditions, pilot_data, write_trace
+from testkit.fake_server import Reply, ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,19 +29,11 @@ def _routes(delay: float) -> dict[tuple[str, str], Any]:
 
 
 def _pilot(path: Path, trace: Path, base: str, cand: str) -> Path:
-    path.write_text(f"""
-name: terminal
-target: {{engine: endpoint, model: m}}
-conditions:
-  baseline: {{role: baseline, endpoint: {{url: "{base}", protocol: sglang}}}}
-  cand: {{role: candidate, endpoint: {{url: "{cand}", protocol: sglang}}}}
-trace: {{files: ["{trace}"]}}
-load: {{levels: {{low: 1, busy: 2}}, warmup_requests: 0, blocks: 2}}
-sampling: {{greedy: true}}
-decision: {{primary_load: busy}}
-report: {{html: false}}
-""")
-    return path
+    return dump_pilot(path, pilot_data(
+        endpoint_conditions({"baseline": base, "cand": cand}), name="terminal",
+        target={"engine": "endpoint", "model": "m"}, trace={"files": [str(trace)]},
+        load={"levels": {"low": 1, "busy": 2}, "warmup_requests": 0, "blocks": 2},
+        sampling={"greedy": True}, decision={"primary_load": "busy"}, report={"html": False}))
 
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

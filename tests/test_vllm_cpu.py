@@ -16,11 +16,11 @@ from typing import Any
 
 import psutil
 import pytest
-from factories import make_pilot
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
 from pytest_osprey.engines.vllm import VLLMEngine
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
 
 PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")
 

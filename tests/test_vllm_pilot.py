@@ -14,12 +14,12 @@ import os
 from pathlib import Path
 
 import pytest
-from servers.pilot_run import servers_left
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import load_trace, render_prompt
+from testkit.pilot_run import servers_left
 
 ROOT = Path(__file__).resolve().parents[1]
 PILOT = ROOT / "examples" / "pilot-vllm-cpu.yaml"

@@ -1,9 +1,10 @@
-"""A stand-in inference server for process and engine tests (stdlib only).
+"""The fake SGLang / vLLM engine process of the process and engine tests (stdlib only): the
+routes of :class:`~testkit.fake_server.ScriptedServer`, played on the engine's host and port.
 
 Speaks just enough of SGLang's native API and vLLM's OpenAI API, and can be told to
 misbehave: be slow to become healthy, crash during boot, ignore SIGTERM, spawn children
-(also outside its process group). Run as a script, or through the fake ``sglang`` /
-``vllm`` packages under ``fakepkgs/`` which forward the engines' real command lines here.
+(also outside its process group). Run as a script, or through the fake ``sglang`` / ``vllm``
+packages under ``fakepkgs/`` which forward the engines' real command lines here.
 
 Whole-campaign tests cannot add flags (the command line is the engine's, checked by the
 fake SGLang parser), so further behaviour comes from the environment, all off by default:
@@ -43,10 +44,15 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+if not __package__:  # run as a script (tests start it by path): the checkout, for testkit
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testkit.fake_server import OnRequest, Reply, Routes, ScriptedServer, Seen
 
 # A child that sleeps; given an argument, it also ignores SIGTERM.
 CHILD = (
@@ -101,7 +107,7 @@ def sglang_events(body: dict[str, Any], n: int, *, incremental: bool, speculates
     pieces = [f"t{i} " for i in range(n)]
     logprobs = bool(body.get("return_logprob"))
     k = int(body.get("top_logprobs_num") or 0)
-    rows = [[-0.1 * (i % 3) - 0.05, ids[i], None] for i in range(n)]
+    rows: list[list[Any]] = [[-0.1 * (i % 3) - 0.05, ids[i], None] for i in range(n)]
     tops = [[rows[i], [rows[i][0] - 0.5 - 0.1 * (i % 4), ids[i] + 1, None]][:k]
             for i in range(n)]
     events: list[dict[str, Any]] = []
@@ -210,9 +216,6 @@ def main(argv: list[str] | None = None) -> None:
     fixed_text = env.get("OSPREY_FAKE_TEXT")
     use_lm = env.get("OSPREY_FAKE_LM") == "1"
     ignore_penalties = env.get("OSPREY_FAKE_IGNORE_PENALTIES_WHEN_SPECULATING") == "1"
-    generated = [0]
-    flush_fails = [int(env.get("OSPREY_FAKE_FLUSH_FAILS") or 0)]
-    count_lock = threading.Lock()
     _event(f"start {os.getpid()} {args.host} {args.port}")
     print("fake server argv:", " ".join(argv), flush=True)
     if args.ignore_sigterm:
@@ -233,169 +236,171 @@ def main(argv: list[str] | None = None) -> None:
             args.api_key = json.load(fh).get("api-key") or args.api_key
     key = args.api_key or os.environ.get("VLLM_API_KEY")
     print(f"server_args: api_key={key!r}", flush=True)  # as SGLang logs its arguments
-    t_start = time.monotonic()
-    counters = [0.0, 0.0, 0.0]  # drafts, draft tokens, accepted
-    speculates = bool(args.speculative_algorithm or args.speculative_config)
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *a: Any) -> None:
-            print("http:", format % a, flush=True)
-
-        def _authorized(self) -> bool:
-            if key and self.headers.get("Authorization") != f"Bearer {key}":
-                self._json(401, {"error": "bad key"})
-                return False
-            return True
-
-        def _json(self, code: int, obj: Any) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _sse(self, events: list[dict[str, Any]]) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for ev in events:
-                self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
-                self.wfile.flush()
-                time.sleep(0.01)
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-            self.close_connection = True
-
-        def _fault(self, kind: str | None) -> bool:
-            """Misbehave as told for this request; False when it should be answered well."""
-            if kind is None:
-                return False
-            if kind == "500":
-                self._json(500, {"error": "injected failure"})
-            elif kind == "hang":
-                time.sleep(3600)
-            else:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-                if kind == "malformed":
-                    self.wfile.write(b"data: {not json\n\ndata: [DONE]\n\n")
-                elif kind == "truncate":
-                    first = {"text": "t0 ", "output_ids": [100],
-                             "meta_info": {"prompt_tokens": 5, "completion_tokens": 1}}
-                    self.wfile.write(f"data: {json.dumps(first)}\n\n".encode())
-                else:
-                    raise ValueError(f"OSPREY_FAKE_FAULTS: unknown fault {kind!r}")
-                self.wfile.flush()
-                self.close_connection = True
-            return True
-
-        def _lm(self, params: dict[str, Any]) -> None:
-            ids, text, finish = fake_lm(params, ignore_penalties and speculates)
-            meta: dict[str, Any] = {"prompt_tokens": 5, "completion_tokens": len(ids),
-                                    "finish_reason": {"type": finish}}
-            if speculates:
-                steps = max(1, (len(ids) + 2) // 3)  # 3 drafts per step, 2 accepted
-                meta.update(spec_verify_ct=steps,
-                            spec_correct_drafts_histogram=[0, 0, steps, 0])
-            self._sse([{"text": text, "output_ids": ids, "meta_info": meta}])
-
-        def do_GET(self) -> None:
-            ready = not args.never_ready and time.monotonic() - t_start >= args.ready_after
-            if self.path in ("/health", "/health_generate"):
-                self._json(200 if ready else 503, {})
-            elif not self._authorized():
-                return
-            elif self.path == "/server_info":
-                # As SGLang 0.5.23: context_length null unless given (the served one is on
-                # /v1/models); speculative servers capped at 48 running requests.
-                self._json(200, {
-                    "version": "0.0.fake", "model_path": args.model, "dtype": args.dtype,
-                    "device": "cpu", "api_key": key,
-                    "speculative_algorithm": args.speculative_algorithm,
-                    "max_total_num_tokens": 4096, "context_length": None,
-                    "max_running_requests": 48 if speculates else None,
-                    "incremental_streaming_output": args.incremental,
-                    "enable_deterministic_inference": args.deterministic,
-                    "internal_states": [{"effective_max_running_requests_per_dp":
-                                         48 if speculates else 4096}],
-                })  # fmt: skip
-            elif self.path == "/version":
-                self._json(200, {"version": "0.0.fake"})
-            elif self.path == "/v1/models":
-                self._json(200, {"data": [{"id": "osprey-target", "max_model_len": 512}]})
-            elif self.path == "/metrics":
-                d, t, a = counters
-                body = (
-                    f'vllm:spec_decode_num_drafts_total{{engine="0"}} {d}\n'
-                    f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {t}\n'
-                    f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {a}\n'
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            else:
-                self._json(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            size = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(size) or b"{}")
-            if not self._authorized():
-                return
-            prompt = body.get("text", body.get("prompt"))
-            if self.path in ("/generate", "/v1/completions") and isinstance(prompt, str):
-                _event(f"prompt {os.getpid()} {json.dumps(prompt)}")
-            if self.path == "/flush_cache":
-                self._json(200, {})
-            elif self.path == "/reset_prefix_cache" and env.get("VLLM_SERVER_DEV_MODE") == "1":
-                with count_lock:
-                    flush_fails[0] -= 1
-                    failing = flush_fails[0] >= 0
-                self._json(200, {"success": not failing})
-            elif self.path == "/generate":
-                with count_lock:
-                    generated[0] += 1
-                    nth = generated[0]
-                _event(f"request {os.getpid()} {nth}")
-                time.sleep(delay_s)
-                if faults.get(nth) != "abort" and self._fault(faults.get(nth)):
-                    return
-                if use_lm:
-                    self._lm(body["sampling_params"])
-                    _event(f"answered {os.getpid()} {nth}")
-                    return
-                n = int(body["sampling_params"]["max_new_tokens"])
-                aborted = faults.get(nth) == "abort"
-                events = sglang_events(body, n, incremental=args.incremental,
-                                       speculates=speculates, text=fixed_text,
-                                       abort_after=1 if aborted else None)
-                self._sse(events)
-                _event(f"answered {os.getpid()} {nth}")
-                if crash_after and nth >= crash_after:
-                    _event(f"crash {os.getpid()}")
-                    os._exit(9)
-            elif self.path == "/v1/completions":
-                n = int(body["max_tokens"])
-                events = [{"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [100 + i],
-                                        "finish_reason": "length" if i == n - 1 else None}]}
-                          for i in range(n)]  # fmt: skip
-                if speculates:
-                    c = counters
-                    c[0] += n // 2
-                    c[1] += 2 * (n // 2)
-                    c[2] += n // 2
-                events.append({"choices": [], "usage": {"prompt_tokens": 5,
-                                                        "completion_tokens": n}})  # fmt: skip
-                self._sse(events)
-            else:
-                self._json(404, {"error": "not found"})
-
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    engine = _Engine(args, key, delay_s=delay_s, crash_after=crash_after, faults=faults,
+                     fixed_text=fixed_text, use_lm=use_lm, ignore_penalties=ignore_penalties,
+                     flush_fails=int(env.get("OSPREY_FAKE_FLUSH_FAILS") or 0),
+                     dev_mode=env.get("VLLM_SERVER_DEV_MODE") == "1")
+    server = ScriptedServer(engine.routes(), host=args.host, port=args.port,
+                            log=lambda line: print(line, flush=True))
     print(f"listening on {args.host}:{args.port}", flush=True)
     server.serve_forever()
+
+
+def _json(status: int, obj: Any) -> Reply:
+    return Reply(status, json_body=obj)
+
+
+def _sse(events: list[dict[str, Any]], then: Callable[[], None] | None = None) -> Reply:
+    """A stream as the engines send it: 10 ms between events, then [DONE]."""
+    timed: list[tuple[float, Any]] = [(0.01 if i else 0.0, ev) for i, ev in enumerate(events)]
+    return Reply(events=[*timed, (0.01, "[DONE]")], done=False, then=then)
+
+
+class _Engine:
+    """What the fake SGLang / vLLM server answers, route by route (one instance a process)."""
+
+    def __init__(self, args: argparse.Namespace, key: str | None, *, delay_s: float,
+                 crash_after: int, faults: dict[int, str], fixed_text: str | None,
+                 use_lm: bool, ignore_penalties: bool, flush_fails: int, dev_mode: bool
+                 ) -> None:
+        self.args, self.key = args, key
+        self.delay_s, self.crash_after, self.faults = delay_s, crash_after, faults
+        self.fixed_text, self.use_lm = fixed_text, use_lm
+        self.speculates = bool(args.speculative_algorithm or args.speculative_config)
+        self.ignore_penalties = ignore_penalties and self.speculates
+        self.flush_fails, self.dev_mode = flush_fails, dev_mode
+        self.generated = 0
+        self.counters = [0.0, 0.0, 0.0]  # drafts, draft tokens, accepted
+        self.t_start = time.monotonic()
+
+    def routes(self) -> Routes:
+        open_routes = {("GET", "/health"): self.health, ("GET", "/health_generate"): self.health}
+        keyed = {("GET", "/server_info"): self.server_info, ("GET", "/version"): self.version,
+                 ("GET", "/v1/models"): self.models, ("GET", "/metrics"): self.metrics,
+                 ("POST", "/flush_cache"): self.flush_cache, ("POST", "/generate"): self.generate,
+                 ("POST", "/v1/completions"): self.completions}  # fmt: skip
+        if self.dev_mode:  # vLLM has it only in its dev mode
+            keyed[("POST", "/reset_prefix_cache")] = self.reset_prefix_cache
+        routes: Routes = {r: OnRequest(fn) for r, fn in open_routes.items()}
+        routes.update({r: OnRequest(self._keyed(fn)) for r, fn in keyed.items()})
+        return routes
+
+    def _keyed(self, fn: Callable[[Seen], Reply]) -> Callable[[Seen], Reply]:
+        def answer(seen: Seen) -> Reply:
+            if self.key and seen.header("Authorization") != f"Bearer {self.key}":
+                return _json(401, {"error": "bad key"})
+            body = seen.body if seen.body is not None else {}
+            prompt = body.get("text", body.get("prompt")) if isinstance(body, dict) else None
+            if seen.path in ("/generate", "/v1/completions") and isinstance(prompt, str):
+                _event(f"prompt {os.getpid()} {json.dumps(prompt)}")
+            return fn(seen)
+
+        return answer
+
+    def health(self, seen: Seen) -> Reply:
+        args = self.args
+        ready = not args.never_ready and time.monotonic() - self.t_start >= args.ready_after
+        return _json(200 if ready else 503, {})
+
+    def server_info(self, seen: Seen) -> Reply:
+        # As SGLang 0.5.23: context_length null unless given (the served one is on
+        # /v1/models); speculative servers capped at 48 running requests.
+        args, spec = self.args, self.speculates
+        return _json(200, {
+            "version": "0.0.fake", "model_path": args.model, "dtype": args.dtype,
+            "device": "cpu", "api_key": self.key,
+            "speculative_algorithm": args.speculative_algorithm,
+            "max_total_num_tokens": 4096, "context_length": None,
+            "max_running_requests": 48 if spec else None,
+            "incremental_streaming_output": args.incremental,
+            "enable_deterministic_inference": args.deterministic,
+            "internal_states": [{"effective_max_running_requests_per_dp": 48 if spec else 4096}],
+        })  # fmt: skip
+
+    def version(self, seen: Seen) -> Reply:
+        return _json(200, {"version": "0.0.fake"})
+
+    def models(self, seen: Seen) -> Reply:
+        return _json(200, {"data": [{"id": "osprey-target", "max_model_len": 512}]})
+
+    def metrics(self, seen: Seen) -> Reply:
+        d, t, a = self.counters
+        return Reply(text=(
+            f'vllm:spec_decode_num_drafts_total{{engine="0"}} {d}\n'
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {t}\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {a}\n'
+        ), content_type="text/plain; version=0.0.4")
+
+    def flush_cache(self, seen: Seen) -> Reply:
+        return _json(200, {})
+
+    def reset_prefix_cache(self, seen: Seen) -> Reply:
+        self.flush_fails -= 1
+        return _json(200, {"success": self.flush_fails < 0})
+
+    def generate(self, seen: Seen) -> Reply:
+        self.generated += 1
+        nth = self.generated
+        pid = os.getpid()
+        _event(f"request {pid} {nth}")
+        reply = self._generate(seen.body, nth)
+        reply.delay += self.delay_s
+        return reply
+
+    def _generate(self, body: dict[str, Any], nth: int) -> Reply:
+        pid = os.getpid()
+        kind = self.faults.get(nth)
+        if kind is not None and kind != "abort":
+            return _fault(kind)
+
+        def answered() -> None:
+            _event(f"answered {pid} {nth}")
+            if not self.use_lm and self.crash_after and nth >= self.crash_after:
+                _event(f"crash {pid}")
+                os._exit(9)
+
+        if self.use_lm:
+            ids, text, finish = fake_lm(body["sampling_params"], self.ignore_penalties)
+            meta: dict[str, Any] = {"prompt_tokens": 5, "completion_tokens": len(ids),
+                                    "finish_reason": {"type": finish}}
+            if self.speculates:
+                steps = max(1, (len(ids) + 2) // 3)  # 3 drafts per step, 2 accepted
+                meta.update(spec_verify_ct=steps, spec_correct_drafts_histogram=[0, 0, steps, 0])
+            return _sse([{"text": text, "output_ids": ids, "meta_info": meta}], answered)
+        n = int(body["sampling_params"]["max_new_tokens"])
+        events = sglang_events(body, n, incremental=self.args.incremental,
+                               speculates=self.speculates, text=self.fixed_text,
+                               abort_after=1 if kind == "abort" else None)
+        return _sse(events, answered)
+
+    def completions(self, seen: Seen) -> Reply:
+        n = int(seen.body["max_tokens"])
+        events: list[dict[str, Any]] = [
+            {"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [100 + i],
+                          "finish_reason": "length" if i == n - 1 else None}]}
+            for i in range(n)]  # fmt: skip
+        if self.speculates:
+            c = self.counters
+            c[0] += n // 2
+            c[1] += 2 * (n // 2)
+            c[2] += n // 2
+        events.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+        return _sse(events)
+
+
+def _fault(kind: str) -> Reply:
+    """What a request planted with fault ``kind`` gets instead of a good stream."""
+    if kind == "500":
+        return _json(500, {"error": "injected failure"})
+    if kind == "hang":
+        return Reply(delay=3600)
+    if kind == "malformed":
+        return Reply(events=[(0.0, "{not json")])
+    if kind == "truncate":
+        first = {"text": "t0 ", "output_ids": [100],
+                 "meta_info": {"prompt_tokens": 5, "completion_tokens": 1}}
+        return Reply(events=[(0.0, first)], done=False)
+    raise ValueError(f"OSPREY_FAKE_FAULTS: unknown fault {kind!r}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Whole pilot runs for fault and security tests: ``python -m pytest --osprey-config=...`` in
-its own session, booting the fake SGLang server (tests/servers/fakepkgs) per condition.
+its own session, booting the fake SGLang server (testkit/fakepkgs) per condition.
 
 Each condition's fake server appends its events (pids, requests, answers) to its own file
-under an events folder (``OSPREY_FAKE_EVENTS``, see fake_server.py). Every process of a run
+under an events folder (``OSPREY_FAKE_EVENTS``, see fake_engine.py). Every process of a run
 carries that folder in its environment, which is how :meth:`PilotRun.leftovers` finds what
 survived a run, and how :meth:`PilotRun.cleanup` ends it without ever touching another
 process (never by name).
@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-SERVERS = Path(__file__).resolve().parent
+SERVERS = Path(__file__).resolve().parent  # testkit
 FAKEPKGS = SERVERS / "fakepkgs"
 # Plugins this venv carries that a pilot run does not need: seconds of start-up each.
 QUIET = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark",

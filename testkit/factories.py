@@ -1,8 +1,7 @@
 """Test factories shared by the suite: request records, pilots (in memory and as files), saved
 campaigns, traces and the tiny models.
 
-Imported by name (``from factories import make_record``): the root conftest.py puts tests/ on
-sys.path. Defaults are plain and valid; a test states what it cares about as overrides.
+Defaults are plain and valid; a test states what it cares about as overrides.
 """
 
 from __future__ import annotations
@@ -56,21 +55,27 @@ def pilot_layout(folder: Path, data: Mapping[str, Any]) -> Path:
 # --------------------------------------------------------------------------- records
 
 
-def make_record(condition: str = "base", prompt_id: str = "p0", **overrides: Any) -> RequestRecord:
+def make_record(condition: str = "base", prompt_id: str = "p0", *, measured: bool = True,
+                **overrides: Any) -> RequestRecord:
     """One greedy request at load ``low`` (x1), block 0. A completed one (``ok``, the default)
     took 1 s (``ttft_s``: a tenth of ``e2e_s``) for tokens [1, 2, 3]; a failed one
-    (``ok=False``) has an error and, unless given, no timings or output."""
+    (``ok=False``) has an error and, unless given, no timings or output. ``measured=False``
+    leaves out those defaults: the measurement is what the overrides say (else the record's own
+    defaults: no timings, no output, no error), for tests that set their own."""
     ok = overrides.get("ok", True)
     block = overrides.get("block", 0)
-    e2e = overrides.get("e2e_s", 1.0 if ok else None)
-    ids = overrides.get("output_ids", [1, 2, 3] if ok else [])
     fields: dict[str, Any] = {
         "run_id": "r", "block": block, "repetition": block, "load": "low", "concurrency": 1,
         "slice": "core", "domain": "d", "mode": "greedy", "sample_index": 0, "ok": ok,
-        "error": None if ok else "HTTP 500", "e2e_s": e2e,
-        "ttft_s": e2e / 10 if e2e is not None else None,
-        "output_ids": ids, "output_tokens": len(ids) if ok else None,
     }  # fmt: skip
+    if measured:
+        e2e = overrides.get("e2e_s", 1.0 if ok else None)
+        ids = overrides.get("output_ids", [1, 2, 3] if ok else [])
+        fields.update({
+            "error": None if ok else "HTTP 500", "e2e_s": e2e,
+            "ttft_s": e2e / 10 if e2e is not None else None,
+            "output_ids": ids, "output_tokens": len(ids) if ok else None,
+        })  # fmt: skip
     fields.update(overrides)
     return RequestRecord(condition=condition, prompt_id=prompt_id, **fields)
 
@@ -182,10 +187,15 @@ def write_trace(path: Path, n: int, max_new_tokens: int = 4) -> Path:
     return path
 
 
+def pilot_text(data: Mapping[str, Any]) -> str:
+    """``data`` as a pilot file's YAML text, as it is (no schema check)."""
+    return yaml.safe_dump(dict(data), sort_keys=False)
+
+
 def dump_pilot(path: Path, data: Mapping[str, Any]) -> Path:
     """``data`` written as a pilot file at ``path``, as it is (no schema check: for tests of
     what the loader makes of it)."""
-    path.write_text(yaml.safe_dump(dict(data), sort_keys=False), encoding="utf-8")
+    path.write_text(pilot_text(data), encoding="utf-8")
     return path
 
 
@@ -207,3 +217,32 @@ def write_pilot(
     path = folder / filename
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+def pilot_variant(
+    device: str, order: str, prompts: int, passes: int, tokens: int
+) -> dict[str, Any]:
+    """The shipped pilot.yaml on ``device``, cut down (``prompts`` prompts, ``passes``
+    passes, ``tokens`` new tokens at most), with every path made absolute."""
+    data: dict[str, Any] = yaml.safe_load((ROOT / "pilot.yaml").read_text(encoding="utf-8"))
+    data["name"] = f"gpu-check-{order}"
+    target = data["target"]
+    target["device"] = device
+    target["model"] = str(ROOT / target["model"])
+    for cond in data["conditions"].values():
+        if cond.get("drafter"):
+            cond["drafter"] = str(ROOT / cond["drafter"])
+    trace = data["trace"]
+    trace["files"] = [str(ROOT / f) for f in trace["files"]]
+    if trace.get("ids"):
+        trace["ids"] = trace["ids"][:prompts]
+    else:
+        trace["limit"] = prompts
+    data["max_new_tokens_cap"] = tokens
+    data["load"].update(passes=passes, warmup_requests=1, order=order)
+    sampled = data.get("sampling", {}).get("sampled")
+    if sampled:
+        # The smallest budget whose distribution check can still fail (a run refuses less).
+        sampled.update(prompts=min(prompts, 2), samples_per_prompt=4, max_new_tokens=8)
+    data["report"] = {"title": f"GPU check ({device}, {order})", "html": False}
+    return data

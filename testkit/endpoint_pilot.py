@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-from servers.scripted import Reply, ScriptedServer
+from testkit.factories import dump_pilot, pilot_data
+from testkit.fake_server import Reply, ScriptedServer
 
 
 def generate_reply(text: str = "ab", delay: float = 0.0) -> Callable[[Any], Reply]:
@@ -46,19 +46,17 @@ def write_endpoint_pilot(folder: Path, url: str, prompts: int = 3, *,
     endpoint: dict[str, Any] = {"url": url, "protocol": "sglang"}
     if key_env:
         endpoint["api_key_env"] = key_env
-    data: dict[str, Any] = {
-        "name": name,
-        "target": {"engine": "endpoint", "model": "m"},
-        "conditions": {"base": {"role": "baseline", "endpoint": endpoint},
-                       **{c: {"role": "candidate", "endpoint": endpoint} for c in candidates}},
-        "trace": {"files": ["trace.jsonl"]},
-        "load": {"levels": {"low": 1}, "warmup_requests": 0, "blocks": 1},
-        "report": {"html": html, **({"title": title} if title else {})},
-        **(extra or {}),
-    }
-    path = folder / "pilot.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
-    return path
+    data = pilot_data(
+        {"base": {"role": "baseline", "endpoint": endpoint},
+         **{c: {"role": "candidate", "endpoint": endpoint} for c in candidates}},
+        name=name,
+        target={"engine": "endpoint", "model": "m"},
+        trace={"files": ["trace.jsonl"]},
+        load={"levels": {"low": 1}, "warmup_requests": 0, "blocks": 1},
+        report={"html": html, **({"title": title} if title else {})},
+    )
+    data.update(extra or {})  # replaced whole, as given
+    return dump_pilot(folder / "pilot.yaml", data)
 
 
 def run_cli(argv: list[str]) -> int:

@@ -9,7 +9,7 @@ perf_counter is CLOCK_MONOTONIC, one clock for every process, so a client in ano
 can be compared with this log. Request number ``n`` (in arrival order) is written into the
 first token's text (``<n>``) so a client's output can be matched to its log entry.
 
-    python benchmarks/stub_server.py [--port 0] [--ttft-ms 40] [--gap-ms 20] [--chunks 1,3,2]
+    python -m testkit.timed_stream [--port 0] [--ttft-ms 40] [--gap-ms 20] [--chunks 1,3,2]
                                      [--jitter 0.2] [--seed 0]
 
 prints ``listening http://127.0.0.1:PORT`` once bound. Routes: POST /generate (SGLang:
@@ -19,25 +19,26 @@ POST /v1/completions (OpenAI/vLLM, deltas, ``token_ids`` when
 ``return_token_ids``, a usage chunk when ``stream_options.include_usage``), GET /log (every
 request so far, JSON), POST /reset (clear the log, restart numbering), GET /health.
 
-The HTTP/1.1 server is a hand-rolled asyncio Protocol (keep-alive, chunked responses): the
-project depends on no ASGI server, and this one does little per chunk (a timer callback, one
-``json.dumps``, one ``write``), so its own lag stays small next to the clients' at hundreds of
-streams. ``backlogged`` in the log counts chunks written while the socket's send buffer was
-full (their stamps are early); it stays 0 while clients keep up.
+The server is :class:`~testkit.fake_server.ScriptedServer` keeping connections alive (HTTP/1.1,
+chunked responses): the project depends on no ASGI server, and this one does little per chunk
+(a timer callback, one ``write``; the payloads are made on receipt), so its own lag stays
+small next to the clients' at hundreds of streams. ``backlogged`` in the log counts chunks
+written while the socket's send buffer was full (their stamps are early); it stays 0 while
+clients keep up.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import random
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from testkit.fake_server import OnRequest, Reply, ScriptedServer, Seen
 
 ID_BASE = 1000  # token i has id ID_BASE + i, in every request
 DEFAULT_TOKENS = 16
@@ -99,161 +100,70 @@ def request_number(text: str) -> int | None:
 
 @dataclass
 class Served:
-    """One generation request as the server saw it."""
+    """One generation request as the stub numbered and planned it; its stamps are the
+    server's (:class:`~testkit.fake_server.Seen`)."""
 
     n: int
     api: str  # "sglang" | "openai"
-    t_recv: float
     tokens: int
     plan: list[tuple[float, int]]
-    t_write: list[float] = field(default_factory=list)
-    t_end: float | None = None  # after the last byte of the response was written
-    complete: bool = False  # False: the client went away mid-stream
-    backlogged: int = 0  # chunks written while the socket's send buffer was full
+    seen: Seen
 
     def to_json(self) -> dict[str, Any]:
+        seen = self.seen
         return {
             "n": self.n,
             "api": self.api,
-            "t_recv": self.t_recv,
+            "t_recv": seen.t_recv,
             "tokens": self.tokens,
             "plan": [list(p) for p in self.plan],
-            "t_write": self.t_write,
-            "t_end": self.t_end,
-            "complete": self.complete,
-            "backlogged": self.backlogged,
+            "t_write": seen.t_write[: len(self.plan)],  # the content chunks' (not the tail's)
+            "t_end": seen.t_end,
+            "complete": seen.complete,
+            "backlogged": seen.backlogged,
         }
 
 
-class BadRequest(Exception):
-    pass
+class TimedStub:
+    """The stub's routes on a keep-alive :class:`~testkit.fake_server.ScriptedServer`."""
 
-
-class StubServer:
-    def __init__(self, schedule: Schedule, cumulative: bool = False) -> None:
+    def __init__(self, schedule: Schedule, cumulative: bool = False,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         self.schedule = schedule
         self.cumulative = cumulative  # SGLang's default streaming (else incremental)
         self.log: list[Served] = []
         self._next = 0
-        self._server: asyncio.Server | None = None
-        self._conns: set[_Connection] = set()
-        self.connections = 0  # accepted so far: tells whether clients keep them alive
-        self.port = 0
+        self.server = ScriptedServer({
+            ("POST", "/generate"): OnRequest(lambda seen: self._stream("sglang", seen)),
+            ("POST", "/v1/completions"): OnRequest(lambda seen: self._stream("openai", seen)),
+            ("GET", "/log"): OnRequest(lambda _: Reply(json_body={"requests": self.entries()})),
+            ("POST", "/reset"): OnRequest(lambda _: self.reset()),
+            ("GET", "/health"): Reply(json_body={"ok": True}),
+        }, host=host, port=port, keep_alive=True)  # fmt: skip
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        loop = asyncio.get_running_loop()
-        # A deep backlog: a closed-loop client opens hundreds of connections at once, and a
-        # dropped SYN would cost it a 1 s retransmit that no client could be blamed for.
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=4096)
-        self.port = self._server.sockets[0].getsockname()[1]
+    @property
+    def port(self) -> int:
+        return self.server.port
 
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for conn in list(self._conns):
-                conn.close()
-            await self._server.wait_closed()
+    @property
+    def connections(self) -> int:
+        """Accepted so far: tells whether clients keep them alive."""
+        return self.server.connections
 
     def entries(self) -> list[dict[str, Any]]:
         return [s.to_json() for s in list(self.log)]
 
-    def number(self) -> int:
-        n = self._next
-        self._next += 1
-        return n
-
-    def reset(self) -> None:
+    def reset(self) -> Reply:
         self.log.clear()
         self._next = 0
+        return Reply(json_body={"ok": True})
 
-
-class _Connection(asyncio.Protocol):
-    """One client connection: requests one after another (keep-alive), each answered in
-    full before the next is read. A Protocol, not streams: timer callbacks write the chunks
-    and the receipt is stamped in data_received, the earliest the server can see it."""
-
-    def __init__(self, stub: StubServer) -> None:
-        self.stub = stub
-        self.transport: asyncio.Transport | None = None
-        self.buf = b""
-        self.stream: _Stream | None = None
-        self.closing = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.stub._conns.add(self)
-        self.stub.connections += 1
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.stub._conns.discard(self)
-        if self.stream is not None:
-            self.stream.cancel()
-        self.transport = None
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        self.buf += data
-        if self.stream is None:
-            self._next_request(now)
-
-    def _next_request(self, now: float) -> None:
-        while self.stream is None and self.transport is not None and not self.closing:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            method, path, headers = _parse_head(self.buf[: end + 4])
-            size = int(headers.get("content-length") or 0)
-            if len(self.buf) < end + 4 + size:
-                return
-            raw = self.buf[end + 4 : end + 4 + size]
-            self.buf = self.buf[end + 4 + size :]
-            self.closing = headers.get("connection", "").lower() == "close"
-            try:
-                self._route(method, path.split("?", 1)[0], raw, now)
-            except BadRequest as exc:
-                self.write(_json_response(400, {"error": str(exc)}))
-            if self.stream is None and self.closing:
-                self.close()
-
-    def done(self) -> None:
-        """The current response is complete: serve what is waiting."""
-        self.stream = None
-        if self.closing:
-            self.close()
-        elif self.buf:
-            self._next_request(time.perf_counter())
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
-
-    def _route(self, method: str, path: str, raw: bytes, t_recv: float) -> None:
-        if (method, path) == ("POST", "/generate"):
-            self.stream = _Stream(self, "sglang", _json_body(raw), t_recv)
-        elif (method, path) == ("POST", "/v1/completions"):
-            self.stream = _Stream(self, "openai", _json_body(raw), t_recv)
-        elif (method, path) == ("GET", "/log"):
-            self.write(_json_response(200, {"requests": self.stub.entries()}))
-        elif (method, path) == ("POST", "/reset"):
-            self.stub.reset()
-            self.write(_json_response(200, {"ok": True}))
-        elif (method, path) == ("GET", "/health"):
-            self.write(_json_response(200, {"ok": True}))
-        else:
-            self.write(_json_response(404, {"error": f"no route {method} {path}"}))
-
-
-class _Stream:
-    """One streamed answer: each chunk is written by a timer callback at its planned time."""
-
-    def __init__(self, conn: _Connection, api: str, body: dict[str, Any], t_recv: float) -> None:
+    def _stream(self, api: str, seen: Seen) -> Reply:
+        body = seen.body
+        if not isinstance(body, dict):
+            return Reply(400, {"error": "body is not a JSON object"})
         if body.get("stream") is not True:
-            raise BadRequest("this stub only streams")
+            return Reply(400, {"error": "this stub only streams"})
         if api == "sglang":
             params = body.get("sampling_params") or {}
             tokens = int(params.get("max_new_tokens") or DEFAULT_TOKENS)
@@ -262,53 +172,24 @@ class _Stream:
             tokens = int(body.get("max_tokens") or DEFAULT_TOKENS)
             prompt = body.get("prompt")
         prompt_tokens = len(prompt.split()) if isinstance(prompt, str) else 0
-        stub = conn.stub
-        n = stub.number()
-        self.conn = conn
-        self.served = Served(n, api, t_recv, tokens, stub.schedule.plan(n, tokens))
-        stub.log.append(self.served)
-        self.events = _Events(api, n, tokens, prompt_tokens, body,
-                              incremental=not stub.cumulative)
-        self.step = 0
-        self.done = 0
-        self.loop = asyncio.get_running_loop()
-        self.timer: asyncio.TimerHandle | None = None
-        # Headers go out at once, as a streaming ASGI response sends them before the body.
-        conn.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
-        self._arm()
-
-    def _arm(self) -> None:
-        served = self.served
-        if self.step < len(served.plan):
-            due = served.t_recv + served.plan[self.step][0]
-            self.timer = self.loop.call_later(max(0.0, due - time.perf_counter()), self._write)
-        else:
-            tail = self.events.tail(len(served.plan))
-            self.conn.write(b"".join(_frame(e) for e in tail) + b"0\r\n\r\n")
-            served.t_end = time.perf_counter()
-            served.complete = True
-            self.conn.done()
-
-    def _write(self) -> None:
-        served = self.served
-        self.done += served.plan[self.step][1]
-        event = self.events.chunk(self.step, self.done, time.perf_counter() - served.t_recv)
-        self.conn.write(_frame(event))
-        served.t_write.append(time.perf_counter())
-        if self.conn.transport is not None and self.conn.transport.get_write_buffer_size():
-            served.backlogged += 1  # not all in the kernel yet: the stamp is early
-        self.step += 1
-        self._arm()
-
-    def cancel(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        n = self._next
+        self._next += 1
+        plan = self.schedule.plan(n, tokens)
+        self.log.append(Served(n, api, tokens, plan, seen))
+        payloads = Payloads(api, n, tokens, prompt_tokens, body, incremental=not self.cumulative)
+        events: list[tuple[float, Any]] = []
+        done = 0
+        before = 0.0
+        for step, (at, size) in enumerate(plan):
+            done += size
+            events.append((at - before, payloads.chunk(step, done, at)))
+            before = at
+        # The tail (usage, [DONE]) goes out with the last chunk.
+        events += [(0.0, tail) for tail in payloads.tail(len(plan))]
+        return Reply(events=events, done=False)
 
 
-class _Events:
+class Payloads:
     """The SSE payloads of one request, shaped as the real server shapes them."""
 
     def __init__(
@@ -405,55 +286,12 @@ class _Events:
         }
 
 
-def _frame(event: str) -> bytes:
-    data = f"data: {event}\n\n".encode()
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    method, path, _ = [*lines[0].split(" ", 2), "", ""][:3]
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return method, path, headers
-
-
-def _json_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("body is not a JSON object")
-    return body
-
-
-def _json_response(status: int, obj: Any) -> bytes:
-    data = json.dumps(obj).encode()
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
-    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-    return f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
-
-
 @contextlib.contextmanager
-def serve_in_thread(schedule: Schedule, cumulative: bool = False) -> Iterator[StubServer]:
+def serve_in_thread(schedule: Schedule, cumulative: bool = False) -> Iterator[TimedStub]:
     """The stub on its own event loop in a daemon thread (for tests; ``.log`` is live)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    stub = StubServer(schedule, cumulative)
-    try:
-        asyncio.run_coroutine_threadsafe(stub.start(), loop).result(10)
+    stub = TimedStub(schedule, cumulative)
+    with stub.server:
         yield stub
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(stub.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def schedule_args(ap: argparse.ArgumentParser) -> None:
@@ -485,23 +323,18 @@ def schedule_argv(schedule: Schedule) -> list[str]:
     ]  # fmt: skip
 
 
-async def _serve(schedule: Schedule, host: str, port: int, cumulative: bool) -> None:
-    stub = StubServer(schedule, cumulative)
-    await stub.start(host, port)
-    print(f"listening http://{host}:{stub.port}", flush=True)
-    await asyncio.Event().wait()
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--sglang-cumulative", action="store_true",
                     help="SGLang's default streaming: every chunk resends all so far")
     schedule_args(ap)
     args = ap.parse_args()
+    stub = TimedStub(schedule_from(args), args.sglang_cumulative, args.host, args.port)
+    print(f"listening http://{args.host}:{stub.port}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(schedule_from(args), args.host, args.port, args.sglang_cumulative))
+        stub.server.serve_forever()
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ import pytest
 from pytest_osprey.engines.base import BootSpec
 from pytest_osprey.engines.sglang import SGLangEngine
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import make_pilot
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PYTHON = os.environ.get("OSPREY_SGLANG_PYTHON")
 # The tests that boot real SGLang servers run where an environment is built (CI builds one).
 NEEDS_SGLANG = pytest.mark.skipif(
@@ -59,25 +60,23 @@ def pilot(condition: dict[str, Any] | None = None, **target: Any) -> Pilot:
     conditions: dict[str, Any] = {"baseline": {"role": "baseline"}}
     if condition is not None:
         conditions["cond"] = {"role": "candidate", **condition}
-    return Pilot.model_validate(
-        {
-            "target": {
-                "engine": "sglang",
-                "model": str(MODELS / "tiny-target"),
-                "python": PYTHON,
-                "dtype": "float32",
-                "mem_fraction": 0.3,
-                # One OpenMP thread: SGLang's CPU path runs several processes (HTTP, scheduler,
-                # detokenizer) beside the test client, and on 2 shared cores two spinning
-                # OpenMP threads were 10x slower per token than one.
-                "env": {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"},
-                "engine_args": CPU_ARGS,
-                "boot_timeout_s": 600,
-                **target,
-            },
-            "conditions": conditions,
-            "trace": {"files": ["unused.jsonl"]},
-        }
+    return make_pilot(
+        conditions,
+        target={
+            "engine": "sglang",
+            "model": str(MODELS / "tiny-target"),
+            "python": PYTHON,
+            "dtype": "float32",
+            "mem_fraction": 0.3,
+            # One OpenMP thread: SGLang's CPU path runs several processes (HTTP, scheduler,
+            # detokenizer) beside the test client, and on 2 shared cores two spinning
+            # OpenMP threads were 10x slower per token than one.
+            "env": {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"},
+            "engine_args": CPU_ARGS,
+            "boot_timeout_s": 600,
+            **target,
+        },
+        trace={"files": ["unused.jsonl"]},
     )
 
 

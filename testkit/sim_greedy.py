@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_osprey.results.records import RequestRecord
+from testkit.factories import make_record
 
 MarginModel = Callable[[np.random.Generator, int], np.ndarray]
 
@@ -68,9 +69,8 @@ HARMLESS = Run(sigma=0.01)  # the engine's own batch-to-batch numerics, as the c
 
 def _record(cond: str, pid: str, load: str, block: int, ids: list[int], margins: np.ndarray,
             top2: list[list[int]] | None) -> RequestRecord:
-    return RequestRecord(
-        run_id="sim", condition=cond, block=block, repetition=block, load=load, concurrency=1,
-        prompt_id=pid, slice="core", domain="d", mode="greedy", sample_index=0, ok=True,
+    return make_record(
+        cond, pid, measured=False, run_id="sim", block=block, load=load, ok=True,
         output_ids=ids, output_text=" ".join(map(str, ids)), started_at=float(block),
         top2_margin=[float(m) for m in margins] if top2 is not None else None, top2_ids=top2,
     )

@@ -150,9 +150,9 @@ def plan_pool(design: Design, size: int = 256, seed: int = 0) -> _PlanPool:
                                        list(np.argsort(key))), strict=True):
             rows[name].append(values)
         if q == 0:
-            for lvl in names:
-                blocks[lvl] = np.repeat(np.arange(len(plan.blocks[lvl])),
-                                        [len(b) for b in plan.blocks[lvl]]).astype(np.int64)
+            for level in names:
+                blocks[level] = np.repeat(np.arange(len(plan.blocks[level])),
+                                          [len(b) for b in plan.blocks[level]]).astype(np.int64)
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()}
     return _PlanPool(arr["order"], arr["cond"], arr["prompt"], arr["boot"], arr["pass"],
                      arr["seg"], arr["first"].astype(bool), arr["conc"], blocks,

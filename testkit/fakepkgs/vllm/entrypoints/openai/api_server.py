@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[5]))  # the checkout: testkit
+
+from testkit.fake_engine import main
+
+if __name__ == "__main__":
+    main()
