@@ -412,10 +412,10 @@ def test_embedded_without_nvml_uses_the_allocator(nvml: Any, fake_cuda: dict[str
     assert facts["basis"] == "allocator" and "Driver Not Loaded" in facts["nvml"]
 
 
-def test_embedded_cpu_fingerprint_says_weights() -> None:
+def test_embedded_cpu_fingerprint_says_weights(tmp_path: Path) -> None:
     pilot = _pilot()
     pilot = pilot.model_copy(update={"target": pilot.target.model_copy(update={"device": "cpu"})})
-    engine = TransformersEngine(pilot, "cand", BootSpec("cand", Path(".")))
+    engine = TransformersEngine(pilot, "cand", BootSpec("cand", tmp_path))
     engine.start()
     try:
         fp = engine.fingerprint()

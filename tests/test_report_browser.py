@@ -12,10 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_report_html import make_data, make_summary
 
 from pytest_osprey.report.html import CSP, write_html
 from pytest_osprey.report.plots import all_plots
+from testkit.report_campaign import make_data, make_summary
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -9,19 +9,19 @@ import json
 from typing import Any
 
 import pytest
-from test_summary_schema import _judge_as_the_plugin_does, _record_campaign, _write_project
 
 from pytest_osprey.report.markdown import GITHUB_LIMIT, markdown
 from pytest_osprey.results.folder import load_campaign
+from testkit.recorded_campaign import judge_as_the_plugin_does, record_campaign, write_project
 
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any, str]:
     root = tmp_path_factory.mktemp("md")
-    project = _write_project(root)
+    project = write_project(root)
     results = root / "results-folder"
-    _record_campaign(project, results)
-    _judge_as_the_plugin_does(project, results)
+    record_campaign(project, results)
+    judge_as_the_plugin_does(project, results)
     summary = json.loads((results / "summary.json").read_text("utf-8"))
     return summary, load_campaign(results).meta, (results / "report.md").read_text("utf-8")
 

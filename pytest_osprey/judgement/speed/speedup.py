@@ -22,7 +22,7 @@ influence values and added, with Satterthwaite degrees of freedom. With one boot
 per-boot offset cannot be told from the drafter's effect: the result says so.
 
 Arrays here are batched: a leading axis runs over independent campaigns, so the simulation
-(``benchmarks/speed_sim.py``) runs thousands of campaigns through the very same code.
+(``testkit/speed_sim.py``) runs thousands of campaigns through the very same code.
 """
 
 from __future__ import annotations
