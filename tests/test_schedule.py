@@ -40,7 +40,7 @@ def test_every_condition_sees_every_prompt_in_every_pass(order: str, passes: int
 
 
 def test_blocks_hold_exactly_the_level_and_are_stratified() -> None:
-    blocks = split_blocks(IDS, 4, STRATA, seed=1)
+    blocks = split_blocks(IDS, 4, STRATA, seed=1, fill=4)
     assert [len(b) for b in blocks] == [4] * 6  # ceil(21 / 4) blocks of 4 in flight
     assert sorted(len(set(b)) for b in blocks) == [3, 3, 3, 4, 4, 4]  # equal shares of prompts
     assert sorted({pid for b in blocks for pid in b}) == sorted(IDS)
@@ -48,12 +48,26 @@ def test_blocks_hold_exactly_the_level_and_are_stratified() -> None:
     assert all(owner[pid] == k for k, b in enumerate(blocks) for pid in b)  # copies stay home
     for b in blocks:  # 7 prompts per domain over 6 blocks of 3-4 prompts: 2+ domains each
         assert len({STRATA[pid] for pid in b}) >= 2
-    assert {len(b) for b in split_blocks(IDS, 1, STRATA)} == {1}  # one prompt per block
+    assert {len(b) for b in split_blocks(IDS, 1, STRATA, fill=1)} == {1}  # one prompt a block
+
+
+def test_unfilled_blocks_hold_at_least_their_size_and_never_repeat() -> None:
+    """Open-loop levels (no concurrency to reach): blocks of >= block_prompts distinct
+    prompts, one block when the size exceeds the trace."""
+    blocks = split_blocks(IDS, 4, STRATA, seed=1)
+    assert sorted(len(b) for b in blocks) == [4, 4, 4, 4, 5]
+    assert sorted(pid for b in blocks for pid in b) == sorted(IDS)
+    assert split_blocks(IDS, 100, STRATA) == (tuple(IDS),)
+    p = plan(block_prompts={"open": 100, "x": 4}, fill={"x": 4}, passes=1)
+    assert {len(s.prompt_ids) for s in p.stretches if s.level == "open"} == {21}
+    assert {len(s.prompt_ids) for s in p.stretches if s.level == "x"} == {4}
+    closed_large = split_blocks(IDS, 100, STRATA, fill=4)  # a block larger than c: no repeats
+    assert closed_large == (tuple(IDS),)
 
 
 @pytest.mark.parametrize("size", [32, 64, 128])
 def test_a_level_above_the_trace_cycles_it(size: int) -> None:
-    blocks = split_blocks(IDS, size, STRATA, seed=2)
+    blocks = split_blocks(IDS, size, STRATA, seed=2, fill=size)
     assert len(blocks) == 1 and len(blocks[0]) == size
     counts = Counter(blocks[0])
     assert set(counts) == set(IDS)  # every prompt, repeats differing by at most one
@@ -156,6 +170,7 @@ def test_looks_after_each_pass_or_each_boot() -> None:
                                 {"conditions": ["a", "a"]}, {"passes": 0},
                                 {"boots_per_condition": 0}, {"block_prompts": {}},
                                 {"block_prompts": {"low": 0}}, {"order": "abba"},
+                                {"fill": {"low": 0}},
                                 {"prompt_ids": ["x", "x"]}])
 def test_bad_plans_are_refused(kw: dict[str, object]) -> None:
     with pytest.raises(PlanError):

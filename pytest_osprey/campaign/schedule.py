@@ -98,17 +98,19 @@ def split_blocks(
     block_prompts: int,
     strata: Mapping[str, str] | None = None,
     seed: int | str = 0,
+    fill: int | None = None,
 ) -> tuple[tuple[str, ...], ...]:
-    """Split prompts into ``ceil(len / block_prompts)`` blocks of exactly ``block_prompts``
-    requests.
+    """Split prompts into blocks of ``block_prompts``.
 
     Prompts are shuffled within their stratum (e.g. slice or domain) and interleaved in
-    proportion, so strata spread evenly; the sequence is cut into as many chunks of distinct
-    prompts as there are blocks (sizes differing by <= 1, larger chunks first), and each
-    chunk is cycled to the block size (whole repeats, then a seeded draw without replacement
-    for the rest), so a closed-loop level's concurrency is reached in every stretch even when
-    the trace holds fewer prompts than that. Each block keeps its requests in trace order
-    (copies of a prompt adjacent).
+    proportion, so strata spread evenly; the sequence is cut into chunks of distinct prompts
+    (sizes differing by <= 1, larger chunks first). With ``fill`` (a closed-loop level's
+    concurrency) there are ``ceil(len / block_prompts)`` chunks and each is cycled up to
+    ``fill`` requests (whole repeats, then a seeded draw without replacement for the rest),
+    so the level's concurrency is reached in every stretch even when the trace holds fewer
+    prompts than that; with ``block_prompts == fill`` every block holds exactly that many.
+    Without, ``len // block_prompts`` chunks (at least one) of at least ``block_prompts``
+    prompts each. Each block keeps its requests in trace order (copies of a prompt adjacent).
     """
     ids = list(prompt_ids)
     if not ids:
@@ -127,7 +129,10 @@ def split_blocks(
         rng.shuffle(members)
         keyed += [((j + 0.5) / len(members), rng.random(), pid) for j, pid in enumerate(members)]
     dealt = [pid for _, _, pid in sorted(keyed)]
-    n_blocks = -(-len(ids) // block_prompts)
+    if fill is not None and fill < 1:
+        raise PlanError(f"fill must be >= 1, got {fill}")
+    n_blocks = (-(-len(ids) // block_prompts) if fill is not None
+                else max(1, len(ids) // block_prompts))
     small, extra = divmod(len(ids), n_blocks)
     place = {pid: i for i, pid in enumerate(ids)}
     out: list[tuple[str, ...]] = []
@@ -135,7 +140,7 @@ def split_blocks(
     for k in range(n_blocks):
         chunk = dealt[at:at + small + (k < extra)]
         at += len(chunk)
-        whole, rest = divmod(block_prompts, len(chunk))
+        whole, rest = divmod(max(fill or 0, len(chunk)), len(chunk))
         members = chunk * whole + rng.sample(chunk, rest)
         # Within a block, prompts keep their trace order (the queue order of a stretch).
         out.append(tuple(sorted(members, key=place.__getitem__)))
@@ -167,11 +172,15 @@ def plan_replay(
     order: Order = "interleaved",
     strata: Mapping[str, str] | None = None,
     seed: int | str = 0,
+    fill: Mapping[str, int] | None = None,
 ) -> ReplayPlan:
     """The campaign's stretches in execution order.
 
     ``block_prompts`` maps each load level (in the order levels run within a pass) to its
-    block size; pass the level's concurrency for a closed-loop level. Loop order: boot ->
+    block size; pass the level's concurrency for a closed-loop level. ``fill`` maps the
+    closed-loop levels to their concurrency: their blocks are cycled up to it
+    (:func:`split_blocks`); levels not in it (open loop) are not. By default every level is
+    filled to its block size. Loop order: boot ->
     pass -> level -> blocks (seeded random order) -> conditions (counterbalanced over the
     passes of a boot). Early-stopping looks: with one boot, after each pass; with b >= 2 boots,
     after each boot from the second on (an earlier look could not see boot-to-boot variation).
@@ -188,10 +197,11 @@ def plan_replay(
     if order not in ("interleaved", "sequential"):
         raise PlanError(f"order must be 'interleaved' or 'sequential', got {order!r}")
     # One partition per (boot, pass): the first keeps the seed of fixed-block plans.
+    fills = dict(block_prompts) if fill is None else dict(fill)
     partitions = {
         level: tuple(
             split_blocks(prompt_ids, size, strata,
-                         f"{seed}:{level}" + (f":{r}" if r else ""))
+                         f"{seed}:{level}" + (f":{r}" if r else ""), fills.get(level))
             for r in range(boots_per_condition * passes))
         for level, size in block_prompts.items()
     }
