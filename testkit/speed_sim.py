@@ -1,9 +1,12 @@
 """Simulated campaigns under time-correlated noise, replayed through the real replay planner.
 
 Every simulated campaign follows a plan from :func:`pytest_osprey.campaign.schedule.plan_replay`
-(blocks, stretches, condition order, boots), so the noise lands on requests in the order a
-campaign runs them. Requests are timed (closed loop: ``concurrency`` lanes per stretch), and
-noise is added in execution order:
+(blocks re-drawn every pass, cycled to the level's concurrency; stretches, condition order,
+boots), so the noise lands on requests in the order a campaign runs them. Requests are timed
+(closed loop: a block's ``concurrency`` requests start together on as many lanes; the
+runner's fillers keep that load until the last one ends, so a stall at any moment of the
+stretch hits every measured request still in flight), copies of a prompt in a stretch are
+combined as ``collect`` does, and noise is added in execution order:
 
 * per request: log-normal (or Student-t) noise, AR(1) within a stretch, a share of requests
   slowed ``slow_factor`` x, a long-memory AR(1) running across stretches;

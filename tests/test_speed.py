@@ -343,3 +343,45 @@ def test_percentile_bound_refuses_bad_input() -> None:
         latency_bound([1.0, math.nan], [0, 1], 0.9, 1.0)
     with pytest.raises(BoundError):
         latency_bound([1.0, 2.0], [0, 1], 1.5, 1.0)
+
+
+def test_a_look_without_degrees_of_freedom_decides_nothing() -> None:
+    """The first pass of a level whose one block holds the whole trace is one time unit:
+    its test has no df, so the look neither keeps nor stops for futility; it continues
+    (inconclusive at the last look)."""
+    plan = sequential_plan(4)
+    z = np.array([0.0, 9.0, -9.0])
+    assert decide(z, plan, 1).tolist() == [1, 2, 0]  # with df: futility stop, keep, drop
+    assert decide(z, plan, 1, np.zeros(3)).tolist() == [-1, -1, -1]
+    assert decide(z, plan, 4, np.zeros(3)).tolist() == [1, 1, 1]
+    assert decide(z, plan, 1, np.full(3, 7.0)).tolist() == [1, 2, 0]
+
+
+def test_records_of_a_cycled_x32_campaign_give_a_usable_interval() -> None:
+    """Records laid out as the runner writes them from the plan (x32 on 50 prompts, 4 passes:
+    two blocks of 32 a pass, repeats included), judged from the records: the copies become
+    cells, 8 time units give df 7 and a finite interval around a true 1.3x (fixed blocks
+    had one block, df 0)."""
+    from pytest_osprey.campaign.schedule import plan_facts, plan_replay
+    from pytest_osprey.judgement.speed.gate import paired
+    from testkit.factories import make_record, saved_campaign
+
+    ids = [f"p{i:02d}" for i in range(50)]
+    plan = plan_replay(ids, ["base", "cand"], {"x32": 32}, passes=4, seed=1)
+    rng = np.random.default_rng(9)
+    base = dict(zip(ids, np.exp(rng.normal(0.0, 0.5, 50)), strict=True))
+    records = []
+    for s in plan.stretches:
+        shock = math.exp(0.05 * rng.standard_normal())  # shared by the stretch
+        factor = 1.0 if s.condition == "base" else 1 / 1.3
+        for pid in s.prompt_ids:  # (the runner also records each occurrence's ``copy``)
+            e2e = float(base[pid] * factor * shock * math.exp(0.1 * rng.standard_normal()))
+            records.append(make_record(s.condition, pid, block=s.block, repetition=s.pass_index,
+                                       load="x32", concurrency=32, boot=s.boot,
+                                       stretch=s.index, e2e_s=e2e))
+    assert len(records) == 2 * 4 * 64
+    data = paired(saved_campaign(records, plan=plan_facts(plan)), "base", "cand", "x32")
+    res = speed_test(data, threshold=1.0)
+    assert res.n_prompts == 50 and res.n_time_units == 8 and res.gating.df == 7
+    assert 1.0 < res.gating.ci_low < 1.3 < res.gating.ci_high < 1.6
+    assert res.outcome == "pass"
