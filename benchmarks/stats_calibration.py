@@ -192,7 +192,7 @@ def advice_table(sims: int, seed: int, quick: bool) -> list[str]:
         ids = tuple(f"p{i}" for i in range(d.prompts))
         for i in range(c.reference["concurrent"].shape[0]):
             data = PairedLatencies(c.reference["concurrent"][i], c.candidate["concurrent"][i],
-                                   c.blocks["concurrent"], ids)
+                                   c.blocks["concurrent"], ids, c.units["concurrent"][i])
             res = speed_test(data, 1.0)
             a = advise(res, levels=2)
             if a is not None:

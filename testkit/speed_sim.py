@@ -1,9 +1,12 @@
 """Simulated campaigns under time-correlated noise, replayed through the real replay planner.
 
 Every simulated campaign follows a plan from :func:`pytest_osprey.campaign.schedule.plan_replay`
-(blocks, stretches, condition order, boots), so the noise lands on requests in the order a
-campaign runs them. Requests are timed (closed loop: ``concurrency`` lanes per stretch), and
-noise is added in execution order:
+(blocks re-drawn every pass, cycled to the level's concurrency; stretches, condition order,
+boots), so the noise lands on requests in the order a campaign runs them. Requests are timed
+(closed loop: a block's ``concurrency`` requests start together on as many lanes; the
+runner's fillers keep that load until the last one ends, so a stall at any moment of the
+stretch hits every measured request still in flight), copies of a prompt in a stretch are
+combined as ``collect`` does, and noise is added in execution order:
 
 * per request: log-normal (or Student-t) noise, AR(1) within a stretch, a share of requests
   slowed ``slow_factor`` x, a long-memory AR(1) running across stretches;
@@ -93,17 +96,21 @@ class Design:
 @dataclass(frozen=True)
 class Campaigns:
     """Simulated latencies per level: ``(campaigns, boots, passes, prompts)`` per condition,
-    prompts in block order (``blocks`` gives each position's block)."""
+    copies of a prompt in a stretch combined as ``collect`` does (geometric mean), prompts
+    in first-pass block order (``blocks`` gives each position's first-pass block, the same in
+    every plan); ``units`` each cell's time unit ``(campaigns, boots, passes, prompts)``."""
 
     reference: dict[str, FloatArray]
     candidate: dict[str, FloatArray]
     blocks: dict[str, IntArray]
     design: Design
+    units: dict[str, IntArray]
 
 
 @dataclass(frozen=True)
 class _PlanPool:
-    order: IntArray  # (pool, slots): execution slot of each canonical slot
+    cell: IntArray  # (pool, slots): canonical cell of each execution slot
+    units: dict[str, IntArray]  # level -> (pool, boots, passes, prompts) time unit
     cond: IntArray  # (pool, slots) per execution slot
     prompt: IntArray
     boot: IntArray
@@ -123,16 +130,20 @@ def plan_pool(design: Design, size: int = 256, seed: int = 0) -> _PlanPool:
     strata = {pid: ("unusual" if i % 7 == 6 else "core") for i, pid in enumerate(ids)}
     levels = dict(design.levels)
     names = design.level_names()
+    n, n_b, n_p = design.prompts, design.boots, design.passes
     rows: dict[str, list[list[int]]] = {k: [] for k in
                                         ("cond", "prompt", "boot", "pass", "seg", "first",
-                                         "conc", "order")}
+                                         "conc", "cell")}
     blocks: dict[str, IntArray] = {}
+    units = {lvl: np.zeros((size, n_b, n_p, n), dtype=np.int64) for lvl in names}
     for q in range(size):
         plan = plan_replay(ids, CONDITIONS, levels, design.passes, design.boots, design.order,
                            strata, seed=f"{seed}:{q}")
         cond, prompt, boot, pas, seg, first, conc, key = [], [], [], [], [], [], [], []
-        position = {lvl: {pid: j for j, pid in enumerate(pid for b in plan.blocks[lvl]
-                                                           for pid in b)} for lvl in names}
+        # Canonical position: first occurrence in the first pass's blocks, in block order
+        # (chunk sizes are fixed by the design, so position j's first block is too).
+        position = {lvl: {pid: j for j, pid in enumerate(dict.fromkeys(
+            pid for b in plan.blocks[lvl] for pid in b))} for lvl in names}
         for s in plan.stretches:
             c = CONDITIONS.index(s.condition)
             lvl = names.index(s.level)
@@ -144,17 +155,20 @@ def plan_pool(design: Design, size: int = 256, seed: int = 0) -> _PlanPool:
                 seg.append(s.index)
                 first.append(int(j == 0))
                 conc.append(levels[s.level])
-                key.append((((lvl * 2 + c) * design.boots + s.boot) * design.passes
-                             + s.pass_index) * design.prompts + position[s.level][pid])
-        for name, values in zip(rows, (cond, prompt, boot, pas, seg, first, conc,
-                                       list(np.argsort(key))), strict=True):
+                pos = position[s.level][pid]
+                key.append((((lvl * 2 + c) * n_b + s.boot) * n_p + s.pass_index) * n + pos)
+                units[s.level][q, s.boot, s.pass_index, pos] = (
+                    (s.boot * n_p + s.pass_index) * len(plan.blocks[s.level]) + s.block)
+        for name, values in zip(rows, (cond, prompt, boot, pas, seg, first, conc, key),
+                                strict=True):
             rows[name].append(values)
         if q == 0:
             for level in names:
-                blocks[level] = np.repeat(np.arange(len(plan.blocks[level])),
-                                          [len(b) for b in plan.blocks[level]]).astype(np.int64)
+                first_block = {pid: k for k, b in enumerate(plan.blocks[level]) for pid in b}
+                blocks[level] = np.asarray([first_block[pid] for pid in position[level]],
+                                           dtype=np.int64)
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()}
-    return _PlanPool(arr["order"], arr["cond"], arr["prompt"], arr["boot"], arr["pass"],
+    return _PlanPool(arr["cell"], units, arr["cond"], arr["prompt"], arr["boot"], arr["pass"],
                      arr["seg"], arr["first"].astype(bool), arr["conc"], blocks,
                      int(arr["seg"].max()) + 1)
 
@@ -178,7 +192,7 @@ def simulate(
     """``n_sims`` campaigns of ``design`` under ``noise`` at a true ``speedup``."""
     rng = np.random.default_rng(seed)
     pool = plan_pool(design, pool_size)
-    pick = rng.integers(0, pool.order.shape[0], n_sims)
+    pick = rng.integers(0, pool.cell.shape[0], n_sims)
     cond, prompt = pool.cond[pick], pool.prompt[pick]
     boot, pas, seg = pool.boot[pick], pool.pass_index[pick], pool.segment[pick]
     first, conc = pool.first[pick], pool.conc[pick]
@@ -244,13 +258,19 @@ def simulate(
         timed += noise.drift_sd * math.sqrt(2) * np.sin(2 * math.pi * u + phase)
     latency *= np.exp(timed)
 
-    canonical = np.take_along_axis(latency, pool.order[pick], axis=1)
+    # Copies of a prompt in a stretch combine into one cell by the mean of logs (collect).
     n_lvl = len(design.levels)
-    dense = canonical.reshape(n_sims, n_lvl, 2, design.boots, design.passes, design.prompts)
+    n_cells = n_lvl * 2 * design.boots * design.passes * design.prompts
+    flat = (s_idx * n_cells + pool.cell[pick]).ravel()
+    sums = np.bincount(flat, weights=np.log(latency).ravel(), minlength=n_sims * n_cells)
+    counts = np.bincount(flat, minlength=n_sims * n_cells)
+    dense = np.exp(sums / np.maximum(counts, 1)).reshape(
+        n_sims, n_lvl, 2, design.boots, design.passes, design.prompts)
     names = design.level_names()
     return Campaigns({n: dense[:, i, 0] for i, n in enumerate(names)},
                      {n: dense[:, i, 1] for i, n in enumerate(names)},
-                     dict(pool.blocks), design)
+                     dict(pool.blocks), design,
+                     {n: pool.units[n][pick] for n in names})
 
 
 def _timeline(
@@ -337,19 +357,22 @@ def z_scores(
     c: Campaigns, level: str, metric: Metric, log_values: list[float | FloatArray], look: int = 0
 ) -> tuple[list[FloatArray], FloatArray]:
     """Per log value v: z of the deciding test of log speedup vs v (normal scale), and the
-    number of clusters, at ``look`` (0: all data)."""
+    degrees of freedom of the first value's test, at ``look`` (0: all data)."""
     from pytest_osprey.judgement.speed.sequential import z_from_p
     from pytest_osprey.judgement.speed.speedup import deciding_t, p_value
 
-    ref, cand = c.reference[level], c.candidate[level]
+    ref, cand, units = c.reference[level], c.candidate[level], c.units[level]
     if look:
         n_looks = looks_of(c.design)
         ref, cand = _upto(ref, c.design, look, n_looks), _upto(cand, c.design, look, n_looks)
+        units = units[:, : ref.shape[1]]
     out = []
+    first_df = np.zeros(0)
     for v in log_values:
-        t, df = deciding_t(ref, cand, c.blocks[level], metric, v)
+        t, df = deciding_t(ref, cand, units, metric, v)
         out.append(z_from_p(p_value(t, df)))
-    return out, np.zeros(0)
+        first_df = df if first_df.size == 0 else first_df
+    return out, first_df
 
 
 def drift_state(c: Campaigns, look: int = 0) -> tuple[npt.NDArray[np.bool_], FloatArray]:
@@ -417,8 +440,8 @@ def sequential_outcomes(
     code = np.full(n, -1, dtype=np.int64)
     used = np.full(n, looks, dtype=np.int64)
     for look in range(1, looks + 1):
-        (z,), _ = z_scores(c, c.design.primary, metric, [math.log(threshold)], look)
-        now = decide(z, plan, look)
+        (z,), df = z_scores(c, c.design.primary, metric, [math.log(threshold)], look)
+        now = decide(z, plan, look, df)
         if drift:
             vetoed = _drift_vetoed(c, now == KEEP, threshold, metric,
                                    float(stats.norm.isf(alpha)), look)

@@ -24,32 +24,68 @@ def plan(**kw: object) -> ReplayPlan:
 
 @pytest.mark.parametrize("order", ["interleaved", "sequential"])
 @pytest.mark.parametrize(("passes", "boots"), [(1, 1), (2, 1), (3, 2), (4, 3)])
-def test_every_condition_sees_every_prompt_equally_often(order: str, passes: int,
+def test_every_condition_sees_every_prompt_in_every_pass(order: str, passes: int,
                                                          boots: int) -> None:
     p = plan(order=order, passes=passes, boots_per_condition=boots)
-    seen = Counter((s.condition, s.level, pid) for s in p.stretches for pid in s.prompt_ids)
-    assert set(seen.values()) == {passes * boots}
-    assert len(seen) == 3 * len(LEVELS) * len(IDS)
-    # ... and once per (boot, pass): the data layout (boot, pass, prompt) has no holes.
     cells = Counter((s.condition, s.level, s.boot, s.pass_index, pid)
                     for s in p.stretches for pid in s.prompt_ids)
-    assert set(cells.values()) == {1}
-
-
-def test_blocks_are_fixed_sized_and_stratified() -> None:
-    blocks = split_blocks(IDS, 4, STRATA, seed=1)
-    assert sorted(len(b) for b in blocks) == [4, 4, 4, 4, 5]  # every block reaches 4 in flight
-    assert sorted(pid for b in blocks for pid in b) == sorted(IDS)
-    for b in blocks:  # 7 prompts per domain dealt over 5 blocks: 1 or 2 of each in each block
-        assert {STRATA[pid] for pid in b} == {"chat", "code", "math"}
-    assert {len(b) for b in split_blocks(IDS, 1, STRATA)} == {1}  # one prompt per block
-    assert len(split_blocks(IDS[:3], 4)) == 1  # fewer prompts than the block: one block
-
-
-def test_blocks_do_not_change_between_passes_and_boots() -> None:
-    p = plan(passes=2, boots_per_condition=2)
+    # Every prompt in every (condition, level, boot, pass): the data layout has no holes ...
+    assert len(cells) == 3 * len(LEVELS) * boots * passes * len(IDS)
+    # ... and the conditions replay the very same requests (copies included) in each.
+    per_cond: dict[str, Counter[tuple[str, int, int, int, str]]] = {}
     for s in p.stretches:
-        assert s.prompt_ids == p.blocks[s.level][s.block]
+        per_cond.setdefault(s.condition, Counter()).update(
+            (s.level, s.boot, s.pass_index, s.block, pid) for pid in s.prompt_ids)
+    assert per_cond["base"] == per_cond["cand"] == per_cond["alt"]
+
+
+def test_blocks_hold_exactly_the_level_and_are_stratified() -> None:
+    blocks = split_blocks(IDS, 4, STRATA, seed=1, fill=4)
+    assert [len(b) for b in blocks] == [4] * 6  # ceil(21 / 4) blocks of 4 in flight
+    assert sorted(len(set(b)) for b in blocks) == [3, 3, 3, 4, 4, 4]  # equal shares of prompts
+    assert sorted({pid for b in blocks for pid in b}) == sorted(IDS)
+    owner = {pid: k for k, b in enumerate(blocks) for pid in b}
+    assert all(owner[pid] == k for k, b in enumerate(blocks) for pid in b)  # copies stay home
+    for b in blocks:  # 7 prompts per domain over 6 blocks of 3-4 prompts: 2+ domains each
+        assert len({STRATA[pid] for pid in b}) >= 2
+    assert {len(b) for b in split_blocks(IDS, 1, STRATA, fill=1)} == {1}  # one prompt a block
+
+
+def test_unfilled_blocks_hold_at_least_their_size_and_never_repeat() -> None:
+    """Open-loop levels (no concurrency to reach): blocks of >= block_prompts distinct
+    prompts, one block when the size exceeds the trace."""
+    blocks = split_blocks(IDS, 4, STRATA, seed=1)
+    assert sorted(len(b) for b in blocks) == [4, 4, 4, 4, 5]
+    assert sorted(pid for b in blocks for pid in b) == sorted(IDS)
+    assert split_blocks(IDS, 100, STRATA) == (tuple(IDS),)
+    p = plan(block_prompts={"open": 100, "x": 4}, fill={"x": 4}, passes=1)
+    assert {len(s.prompt_ids) for s in p.stretches if s.level == "open"} == {21}
+    assert {len(s.prompt_ids) for s in p.stretches if s.level == "x"} == {4}
+    closed_large = split_blocks(IDS, 100, STRATA, fill=4)  # a block larger than c: no repeats
+    assert closed_large == (tuple(IDS),)
+
+
+@pytest.mark.parametrize("size", [32, 64, 128])
+def test_a_level_above_the_trace_cycles_it(size: int) -> None:
+    blocks = split_blocks(IDS, size, STRATA, seed=2, fill=size)
+    assert len(blocks) == 1 and len(blocks[0]) == size
+    counts = Counter(blocks[0])
+    assert set(counts) == set(IDS)  # every prompt, repeats differing by at most one
+    assert max(counts.values()) - min(counts.values()) <= 1
+    p = plan(block_prompts={"x": size}, passes=2)
+    for s in p.stretches:
+        assert len(s.prompt_ids) == size
+
+
+def test_blocks_are_drawn_afresh_every_pass_and_boot() -> None:
+    p = plan(passes=3, boots_per_condition=2)
+    for s in p.stretches:
+        assert s.prompt_ids == p.partitions[s.level][s.boot * 3 + s.pass_index][s.block]
+        assert p.block_of(s.level, s.boot, s.pass_index)[s.prompt_ids[0]] == s.block
+    assert p.blocks["concurrent"] == p.partitions["concurrent"][0]
+    seen = {frozenset(frozenset(b) for b in part) for part in p.partitions["concurrent"]}
+    assert len(seen) == 6  # membership changes every pass: time units grow with passes
+    assert plan(seed=5).partitions == plan(seed=5).partitions
 
 
 def test_interleaved_stretches_are_one_block_of_one_condition_in_a_row() -> None:
@@ -134,6 +170,7 @@ def test_looks_after_each_pass_or_each_boot() -> None:
                                 {"conditions": ["a", "a"]}, {"passes": 0},
                                 {"boots_per_condition": 0}, {"block_prompts": {}},
                                 {"block_prompts": {"low": 0}}, {"order": "abba"},
+                                {"fill": {"low": 0}},
                                 {"prompt_ids": ["x", "x"]}])
 def test_bad_plans_are_refused(kw: dict[str, object]) -> None:
     with pytest.raises(PlanError):

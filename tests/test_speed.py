@@ -60,10 +60,22 @@ def test_collect_builds_the_boot_pass_prompt_layout() -> None:
     assert data.blocks.tolist() == [0, 1]
 
 
+def test_collect_combines_copies_and_numbers_time_units() -> None:
+    """A block that cycled the trace holds a prompt twice: one cell, the copies' geometric
+    mean; time units are (boot, pass, block), whatever the block's index means per pass."""
+    rows = [("base", "a", 1.0, 0, 0), ("base", "a", 4.0, 0, 0), ("cand", "a", 1.0, 0, 0),
+            ("base", "b", 3.0, 0, 1), ("cand", "b", 1.5, 0, 1), ("base", "a", 2.0, 1, 1),
+            ("cand", "a", 2.0, 1, 1)]  # (condition, prompt, latency, pass, block)
+    reqs = [Request(c, pid, lat, True, 0, p, blk, i) for i, (c, pid, lat, p, blk) in
+            enumerate(rows)]
+    data = collect(reqs, "base", "cand")
+    assert data.reference[0, 0, 0] == pytest.approx(2.0)  # sqrt(1 * 4)
+    assert data.time_units.tolist() == [[[0, 1], [2, -1]]]  # b did not run in pass 2
+    assert data.blocks.tolist() == [0, 1]  # first-pass blocks (the drift check's clusters)
+
+
 def test_collect_refuses_inconsistent_records() -> None:
     one = Request("base", "a", 1.0, True, 0, 0, 0, 0)
-    with pytest.raises(SpeedError, match="two requests"):
-        collect([one, one], "base", "cand")
     with pytest.raises(SpeedError, match="blocks"):
         collect([one, Request("cand", "a", 1.0, True, 0, 0, 3, 1)], "base", "cand")
     with pytest.raises(SpeedError, match="no request"):
@@ -111,15 +123,33 @@ def test_total_time_gate_catches_a_drafter_that_raises_gpu_time() -> None:
     assert total.total_time.estimate < 1.0 and total.outcome != "pass"
 
 
-def test_cluster_variance_is_statsmodels_cluster_robust_covariance() -> None:
+@pytest.mark.parametrize("seed", [3, 5, 8])
+def test_variance_is_statsmodels_two_way_cluster_robust_covariance(seed: int) -> None:
+    """The observations (pass x prompt log ratios) regressed on a constant, clustered by
+    prompt and by time unit (blocks drawn afresh every pass): statsmodels' two-way
+    covariance, floored at the larger one-way one; df = min(prompts, units) - 1."""
     sm = pytest.importorskip("statsmodels.api")
-    data = campaign(1.1, passes=2, seed=3)
-    batch = speed_batch(data.reference[None], data.candidate[None], data.blocks, "per_prompt")
-    d = np.log(data.reference).mean(axis=(0, 1)) - np.log(data.candidate).mean(axis=(0, 1))
-    fit = sm.OLS(d, np.ones((21, 1))).fit(cov_type="cluster", cov_kwds={"groups": BLOCKS})
-    assert batch.log_estimate[0] == pytest.approx(fit.params[0])
-    assert batch.var[0] == pytest.approx(fit.cov_params()[0, 0])
-    assert batch.df[0] == 4  # blocks - 1
+    rng = np.random.default_rng(seed)
+    passes = 3
+    data = campaign(1.1, passes=passes, seed=seed, gains=np.exp(rng.normal(0.1, 0.2, 21)))
+    # Each pass: the 21 prompts re-dealt into 5 blocks; a shock per (pass, block) unit.
+    units = np.stack([rng.permutation(BLOCKS) + 5 * p for p in range(passes)])[None]
+    shock = np.exp(0.1 * rng.standard_normal(5 * passes))[units]
+    ref = data.reference * shock
+    batch = speed_batch(ref[None], data.candidate[None], units, "per_prompt")
+    d = (np.log(ref) - np.log(data.candidate)).ravel()
+    prompt = np.tile(np.arange(21), passes)
+    x = np.ones((d.size, 1))
+
+    def cov(groups: np.ndarray) -> float:
+        fit = sm.OLS(d, x).fit(cov_type="cluster", cov_kwds={"groups": groups})
+        return float(fit.cov_params()[0, 0])
+
+    two = cov(np.column_stack([prompt, units.ravel()]))
+    one_way = max(cov(prompt), cov(units.ravel()))
+    assert batch.log_estimate[0] == pytest.approx(d.mean())
+    assert batch.var[0] == pytest.approx(max(two, one_way))
+    assert batch.df[0] == 14  # min(21 prompts, 15 time units) - 1
 
 
 @pytest.mark.parametrize("metric", ["per_prompt", "total_time"])
@@ -313,3 +343,45 @@ def test_percentile_bound_refuses_bad_input() -> None:
         latency_bound([1.0, math.nan], [0, 1], 0.9, 1.0)
     with pytest.raises(BoundError):
         latency_bound([1.0, 2.0], [0, 1], 1.5, 1.0)
+
+
+def test_a_look_without_degrees_of_freedom_decides_nothing() -> None:
+    """The first pass of a level whose one block holds the whole trace is one time unit:
+    its test has no df, so the look neither keeps nor stops for futility; it continues
+    (inconclusive at the last look)."""
+    plan = sequential_plan(4)
+    z = np.array([0.0, 9.0, -9.0])
+    assert decide(z, plan, 1).tolist() == [1, 2, 0]  # with df: futility stop, keep, drop
+    assert decide(z, plan, 1, np.zeros(3)).tolist() == [-1, -1, -1]
+    assert decide(z, plan, 4, np.zeros(3)).tolist() == [1, 1, 1]
+    assert decide(z, plan, 1, np.full(3, 7.0)).tolist() == [1, 2, 0]
+
+
+def test_records_of_a_cycled_x32_campaign_give_a_usable_interval() -> None:
+    """Records laid out as the runner writes them from the plan (x32 on 50 prompts, 4 passes:
+    two blocks of 32 a pass, repeats included), judged from the records: the copies become
+    cells, 8 time units give df 7 and a finite interval around a true 1.3x (fixed blocks
+    had one block, df 0)."""
+    from pytest_osprey.campaign.schedule import plan_facts, plan_replay
+    from pytest_osprey.judgement.speed.gate import paired
+    from testkit.factories import make_record, saved_campaign
+
+    ids = [f"p{i:02d}" for i in range(50)]
+    plan = plan_replay(ids, ["base", "cand"], {"x32": 32}, passes=4, seed=1)
+    rng = np.random.default_rng(9)
+    base = dict(zip(ids, np.exp(rng.normal(0.0, 0.5, 50)), strict=True))
+    records = []
+    for s in plan.stretches:
+        shock = math.exp(0.05 * rng.standard_normal())  # shared by the stretch
+        factor = 1.0 if s.condition == "base" else 1 / 1.3
+        for pid in s.prompt_ids:  # (the runner also records each occurrence's ``copy``)
+            e2e = float(base[pid] * factor * shock * math.exp(0.1 * rng.standard_normal()))
+            records.append(make_record(s.condition, pid, block=s.block, repetition=s.pass_index,
+                                       load="x32", concurrency=32, boot=s.boot,
+                                       stretch=s.index, e2e_s=e2e))
+    assert len(records) == 2 * 4 * 64
+    data = paired(saved_campaign(records, plan=plan_facts(plan)), "base", "cand", "x32")
+    res = speed_test(data, threshold=1.0)
+    assert res.n_prompts == 50 and res.n_time_units == 8 and res.gating.df == 7
+    assert 1.0 < res.gating.ci_low < 1.3 < res.gating.ci_high < 1.6
+    assert res.outcome == "pass"

@@ -23,6 +23,7 @@ from testkit.speed_sim import (
     KEEP,
     REFERENCE_NOISE,
     SHIPPED,
+    Design,
     Noise,
     fixed_outcomes,
     noise_models,
@@ -189,3 +190,59 @@ def test_shock_noise_is_shared_by_a_stretch() -> None:
 
     assert pass_shift(base) < 0.02
     assert pass_shift(replace(base, shock_sd=0.2)) == pytest.approx(0.2 * math.sqrt(2), rel=0.2)
+
+
+# --------------------------------------------------------------------------- any concurrency
+
+
+def concurrency_design(c: int, passes: int = 4) -> Design:
+    """50 prompts at one closed-loop level c (blocks of c, re-drawn every pass)."""
+    return Design(prompts=50, levels=((f"x{c}", c),), primary=f"x{c}", passes=passes)
+
+
+def mc_se(rate: float, n: int) -> float:
+    return math.sqrt(rate * (1 - rate) / n)
+
+
+@pytest.mark.parametrize("c", [1, 8, 32, 128])
+@pytest.mark.parametrize("model", ["ar0.3+shock5%", "inflight@4", "heavy-t3", "mixed"])
+def test_false_keep_at_any_concurrency(c: int, model: str) -> None:
+    """At a true speedup equal to the threshold, shared-in-time noise included (a stall hits
+    every request in flight, x128 cycles the 50-prompt trace): false KEEP of the gate's fixed
+    test and of the group-sequential one within alpha + 3 Monte-Carlo s.e. (the benchmark,
+    benchmarks/speed_concurrency.py, runs 2000 campaigns per cell against alpha + 2 s.e.)."""
+    n = 400
+    camp = simulate(concurrency_design(c), MODELS[model], 1.0, n, seed=c * 1000 + len(model),
+                    pool_size=32)
+    limit = ALPHA + 3 * mc_se(ALPHA, n)
+    fixed = float(np.mean(fixed_outcomes(camp, 1.0) == KEEP))
+    seq = float(np.mean(sequential_outcomes(camp, 1.0)[0] == KEEP))
+    assert fixed <= limit and seq <= limit, (fixed, seq, limit)
+
+
+def test_power_at_1_3x_on_50_prompts_at_x32() -> None:
+    """A true 1.3x, 50 prompts, 4 passes at x32 (two blocks of 32 a pass, 8 time units):
+    KEEP in >= 80% of campaigns, fixed and group-sequential, within 3 s.e."""
+    n = 300
+    camp = simulate(concurrency_design(32), REFERENCE_NOISE, 1.3, n, seed=32, pool_size=32)
+    limit = 0.8 - 3 * mc_se(0.8, n)
+    assert float(np.mean(fixed_outcomes(camp, 1.0) == KEEP)) >= limit
+    assert float(np.mean(sequential_outcomes(camp, 1.0)[0] == KEEP)) >= limit
+
+
+def test_evidence_grows_with_passes_at_x32() -> None:
+    """Blocks re-drawn every pass: time units and df grow with passes (fixed blocks gave
+    df = 50 // 32 - 1 = 0 at any number of passes), and the interval narrows."""
+    from pytest_osprey.judgement.speed.speedup import speed_batch
+
+    widths, dfs = [], []
+    for passes in (2, 4, 8):
+        camp = simulate(concurrency_design(32, passes), REFERENCE_NOISE, 1.3, 200, seed=passes,
+                        pool_size=16)
+        b = speed_batch(camp.reference["x32"], camp.candidate["x32"], camp.units["x32"],
+                        "per_prompt")
+        dfs.append(set(b.df.tolist()))
+        widths.append(float(np.median(stats.t.ppf(0.975, b.df) * np.sqrt(b.var))))
+    assert dfs == [{3.0}, {7.0}, {15.0}]  # min(50 prompts, 2 x passes units) - 1
+    assert widths[0] > widths[1] > widths[2]
+    assert widths[1] < math.log(1.2)  # a usable interval: half-width under 20% at 4 passes

@@ -106,6 +106,8 @@ class Campaign:
             {level: load.block_size(level) for level in load.levels}, load.passes,
             load.boots_per_condition, "interleaved" if load.interleaved else "sequential",
             strata={p.id: p.slice for p in self.trace.prompts}, seed=load.seed,
+            fill={level: max(1, load.concurrency(level)) for level in load.levels
+                  if load.rate(level) is None},  # closed loop: c measured requests a block
         )
 
     def run(self) -> SavedCampaign:

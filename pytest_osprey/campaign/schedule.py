@@ -4,15 +4,22 @@ Noise on a shared machine is shared in time: a slow second, a stall, a neighbour
 every request in flight. The plan makes such noise hit every condition alike and keeps what
 it cannot cancel inside a unit the statistics can count:
 
-* The trace's prompts are split once (seeded, stratified) into fixed **blocks** per load
-  level, of ``block_prompts`` prompts (by default the level's concurrency: at concurrency 1
-  a block is one prompt, i.e. request-level alternation between conditions).
-* For each boot, each pass over the trace and each level, the blocks run in a seeded random
-  order, and within a block every condition replays the block's prompts as one short
-  **stretch**, the conditions in a counterbalanced order (each first equally often over the
-  passes). A shock during a stretch then lands in one block's comparison, never in all.
-* A **cluster** (the statistics' unit of independence) is one block within one boot: its
-  prompts with all their passes. Boot-wide offsets need ``boots_per_condition`` >= 2 to be
+* For each boot, each pass over the trace and each load level, the trace's prompts are
+  split afresh (seeded, stratified) into **blocks** of exactly ``block_prompts`` measured
+  requests (by default the level's concurrency: at concurrency 1 a block is one prompt,
+  i.e. request-level alternation between conditions). There are ``ceil(prompts / size)``
+  blocks; each takes an equal share of the distinct prompts (sizes differing by <= 1) and
+  cycles them to fill its size, so a level of 128 runs on a 50-prompt trace, every prompt is
+  measured in every pass, and all copies of a prompt in a pass sit in one block.
+* The blocks run in a seeded random order, and within a block every condition replays the
+  block's requests as one short **stretch**, the conditions in a counterbalanced order
+  (each first equally often over the passes). A shock during a stretch then lands in one
+  block's comparison, never in all.
+* The statistics count two kinds of unit: a **time unit** (one block in one pass of one
+  boot: the conditions' stretches of it, adjacent in time) holds whatever noise is shared in
+  time; a **prompt** holds its stable effect over passes. Re-partitioning every pass makes
+  the time units grow with passes, not only with prompts / concurrency (see
+  docs/speed-calibration.md). Boot-wide offsets need ``boots_per_condition`` >= 2 to be
   estimated; with one boot they are confounded with the drafter.
 * ``order="sequential"`` (conditions that cannot be resident together, one server at a
   time): per boot each condition replays everything as one contiguous stretch, the
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..results.campaign_file import PlanFacts
@@ -43,7 +50,10 @@ class Stretch:
     ``stretch_id`` names the contiguous run of one condition the entry belongs to: in the
     interleaved order every entry is its own stretch; in the sequential order all entries of
     a condition within a boot share one id (one contiguous run). ``look`` is the first
-    early-stopping look whose data include this entry (1-based).
+    early-stopping look whose data include this entry (1-based). ``prompt_ids`` lists the
+    stretch's measured requests in queue order; a prompt repeats when the level's block is
+    larger than the share of the trace it holds (the runner records the occurrence as the
+    record's ``copy``). ``block`` indexes the partition of this boot and pass.
     """
 
     index: int
@@ -59,7 +69,11 @@ class Stretch:
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """Every stretch of a campaign in execution order, and the blocks they replay."""
+    """Every stretch of a campaign in execution order, and the blocks they replay.
+
+    ``partitions[level][boot * passes + pass]`` is that pass's blocks; ``blocks`` the first
+    pass's (what campaign.json records as the plan's blocks).
+    """
 
     stretches: tuple[Stretch, ...]
     blocks: Mapping[str, tuple[tuple[str, ...], ...]]  # level -> block -> prompt ids
@@ -69,10 +83,14 @@ class ReplayPlan:
     order: Order
     looks: int
     seed: int | str
+    partitions: Mapping[str, tuple[tuple[tuple[str, ...], ...], ...]] = field(
+        default_factory=dict)
 
-    def block_of(self, level: str) -> dict[str, int]:
-        """Prompt id -> block index at ``level``."""
-        return {pid: k for k, ids in enumerate(self.blocks[level]) for pid in ids}
+    def block_of(self, level: str, boot: int = 0, pass_index: int = 0) -> dict[str, int]:
+        """Prompt id -> block index at ``level`` in that boot's pass."""
+        blocks = (self.partitions[level][boot * self.passes + pass_index]
+                  if level in self.partitions else self.blocks[level])
+        return {pid: k for k, ids in enumerate(blocks) for pid in ids}
 
 
 def split_blocks(
@@ -80,13 +98,19 @@ def split_blocks(
     block_prompts: int,
     strata: Mapping[str, str] | None = None,
     seed: int | str = 0,
+    fill: int | None = None,
 ) -> tuple[tuple[str, ...], ...]:
-    """Split prompts into ``len // block_prompts`` blocks (at least one), sizes differing by <= 1.
+    """Split prompts into blocks of ``block_prompts``.
 
-    Every block holds at least ``block_prompts`` prompts (when there are that many), so a
-    closed-loop level's concurrency is reached in every stretch. Prompts are shuffled within
-    their stratum (e.g. slice or domain) and dealt round-robin, so strata spread evenly; each
-    block keeps its prompts in trace order.
+    Prompts are shuffled within their stratum (e.g. slice or domain) and interleaved in
+    proportion, so strata spread evenly; the sequence is cut into chunks of distinct prompts
+    (sizes differing by <= 1, larger chunks first). With ``fill`` (a closed-loop level's
+    concurrency) there are ``ceil(len / block_prompts)`` chunks and each is cycled up to
+    ``fill`` requests (whole repeats, then a seeded draw without replacement for the rest),
+    so the level's concurrency is reached in every stretch even when the trace holds fewer
+    prompts than that; with ``block_prompts == fill`` every block holds exactly that many.
+    Without, ``len // block_prompts`` chunks (at least one) of at least ``block_prompts``
+    prompts each. Each block keeps its requests in trace order (copies of a prompt adjacent).
     """
     ids = list(prompt_ids)
     if not ids:
@@ -99,18 +123,28 @@ def split_blocks(
     groups: dict[str, list[str]] = {}
     for pid in ids:
         groups.setdefault((strata or {}).get(pid, ""), []).append(pid)
-    dealt: list[str] = []
+    keyed: list[tuple[float, float, str]] = []
     for key in sorted(groups):
         members = groups[key]
         rng.shuffle(members)
-        dealt.extend(members)
-    n_blocks = max(1, len(ids) // block_prompts)
-    blocks: list[list[str]] = [[] for _ in range(n_blocks)]
-    for i, pid in enumerate(dealt):
-        blocks[i % n_blocks].append(pid)
-    # Within a block, prompts keep their trace order (the queue order of a stretch).
+        keyed += [((j + 0.5) / len(members), rng.random(), pid) for j, pid in enumerate(members)]
+    dealt = [pid for _, _, pid in sorted(keyed)]
+    if fill is not None and fill < 1:
+        raise PlanError(f"fill must be >= 1, got {fill}")
+    n_blocks = (-(-len(ids) // block_prompts) if fill is not None
+                else max(1, len(ids) // block_prompts))
+    small, extra = divmod(len(ids), n_blocks)
     place = {pid: i for i, pid in enumerate(ids)}
-    return tuple(tuple(sorted(b, key=place.__getitem__)) for b in blocks)
+    out: list[tuple[str, ...]] = []
+    at = 0
+    for k in range(n_blocks):
+        chunk = dealt[at:at + small + (k < extra)]
+        at += len(chunk)
+        whole, rest = divmod(max(fill or 0, len(chunk)), len(chunk))
+        members = chunk * whole + rng.sample(chunk, rest)
+        # Within a block, prompts keep their trace order (the queue order of a stretch).
+        out.append(tuple(sorted(members, key=place.__getitem__)))
+    return tuple(out)
 
 
 def _balanced_orders(conditions: Sequence[str], n: int, rng: random.Random) -> list[list[str]]:
@@ -138,11 +172,15 @@ def plan_replay(
     order: Order = "interleaved",
     strata: Mapping[str, str] | None = None,
     seed: int | str = 0,
+    fill: Mapping[str, int] | None = None,
 ) -> ReplayPlan:
     """The campaign's stretches in execution order.
 
     ``block_prompts`` maps each load level (in the order levels run within a pass) to its
-    block size; pass the level's concurrency for a closed-loop level. Loop order: boot ->
+    block size; pass the level's concurrency for a closed-loop level. ``fill`` maps the
+    closed-loop levels to their concurrency: their blocks are cycled up to it
+    (:func:`split_blocks`); levels not in it (open loop) are not. By default every level is
+    filled to its block size. Loop order: boot ->
     pass -> level -> blocks (seeded random order) -> conditions (counterbalanced over the
     passes of a boot). Early-stopping looks: with one boot, after each pass; with b >= 2 boots,
     after each boot from the second on (an earlier look could not see boot-to-boot variation).
@@ -158,10 +196,16 @@ def plan_replay(
                         f"{boots_per_condition}")
     if order not in ("interleaved", "sequential"):
         raise PlanError(f"order must be 'interleaved' or 'sequential', got {order!r}")
-    blocks = {
-        level: split_blocks(prompt_ids, size, strata, f"{seed}:{level}")
+    # One partition per (boot, pass): the first keeps the seed of fixed-block plans.
+    fills = dict(block_prompts) if fill is None else dict(fill)
+    partitions = {
+        level: tuple(
+            split_blocks(prompt_ids, size, strata,
+                         f"{seed}:{level}" + (f":{r}" if r else ""), fills.get(level))
+            for r in range(boots_per_condition * passes))
         for level, size in block_prompts.items()
     }
+    blocks = {level: parts[0] for level, parts in partitions.items()}
     rng = random.Random(f"plan:{seed}")
     boots = boots_per_condition
     looks = passes if boots == 1 and order == "interleaved" else max(1, boots - 1)
@@ -173,8 +217,9 @@ def plan_replay(
         return max(1, boot)
 
     def add(boot: int, p: int, level: str, block: int, cond: str, stretch_id: int) -> None:
-        out.append(Stretch(len(out), boot, p, level, block, cond, blocks[level][block],
-                           stretch_id, look_of(boot, p)))
+        ids = partitions[level][boot * passes + p][block]
+        out.append(Stretch(len(out), boot, p, level, block, cond, ids, stretch_id,
+                           look_of(boot, p)))
 
     if order == "interleaved":
         for boot in range(boots):
@@ -202,7 +247,7 @@ def plan_replay(
                         for k in sequence:
                             add(boot, p, level, k, cond, stretch_id)
                 stretch_id += 1
-    return ReplayPlan(tuple(out), blocks, conds, passes, boots, order, looks, seed)
+    return ReplayPlan(tuple(out), blocks, conds, passes, boots, order, looks, seed, partitions)
 
 
 def plan_facts(plan: ReplayPlan) -> PlanFacts:

@@ -326,10 +326,11 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "`decision.early_stop`: the group-sequential decision at the campaign's last look",
         "completion-latency speedup, reference / candidate, by `decision.speedup_metric`: "
         "per_prompt (geometric mean of per-prompt ratios) or total_time (ratio of summed "
-        "latencies) (ratio; > 1 is faster); CI: cluster-robust t over the plan's blocks "
-        "(total_time: Fieller)",
+        "latencies) (ratio; > 1 is faster); CI: t with a variance clustered by prompt and by "
+        "time unit (a block in one pass; total_time: Fieller)",
         "`limits.speedup_min` against the baseline, 1.0 against another reference (ratio)",
-        "`method`, `metric`, `n_prompts`, `n_clusters` (blocks), `n_boots`, `n_passes`, "
+        "`method`, `metric`, `n_prompts`, `n_clusters` (min of prompts and time units: what df "
+        "rests on), `n_time_units` ((boot, pass, block) units), `n_boots`, `n_passes`, "
         "`per_prompt` and `total_time` (each `estimate`, `ci`, `p_value`, `df`, `outcome`), "
         "`time_share` and `boot_share` (shares of the estimate's variance due to pass-to-pass "
         "and boot-to-boot variation), `boot_confounded` (one boot per condition: a boot "

@@ -7,8 +7,10 @@ effect is estimated conditionally on the result being inconclusive: the speedup 
 the observed t statistic is the median (or a quartile) of the t statistics that end
 inconclusive - a median-unbiased estimate given the selection (noncentral t, truncated to
 the inconclusive region). The sample size for 80% power then follows from the variance
-components (stable block-to-block variation, which only more prompts reduce, and
-pass-to-pass variation, which more passes reduce too) and the t-test's degrees of freedom.
+components (stable prompt-to-prompt variation, which only more prompts reduce;
+pass-to-pass variation, which more passes reduce too; what noise shared in time adds, which
+falls with the number of time units, prompts x passes) and the t-test's degrees of freedom
+(min(prompts, time units) - 1: more passes raise it too).
 
 The range reported runs from the optimistic quartile to the pessimistic one; the central
 value is the one validated (tests/test_speed_simulation.py: at a true 1.2x its median is
@@ -118,12 +120,23 @@ def advise(
     n = result.n_prompts
     between, within = comp.between, comp.within
 
-    def var_at(prompts: float, npasses: float) -> float:
+    def prompt_var(prompts: float, npasses: float) -> float:
         clusters = k * prompts / n
         return (between + within / (npasses * boots)) / clusters + comp.boot_var
 
     if between + within <= 0:  # no components (one pass, degenerate): scale the variance
         between = gate.se_log**2 * k - comp.boot_var * k
+    # What the time units add beyond the prompt part (shared-in-time noise): it falls with
+    # the number of units, i.e. with prompts x passes (a block holds a fixed number).
+    excess = max(gate.se_log**2 - prompt_var(n, passes), 0.0)
+    units = comp.time_units if comp.time_units > 0 else k
+
+    def var_at(prompts: float, npasses: float) -> float:
+        return prompt_var(prompts, npasses) + excess * (n * passes) / (prompts * npasses)
+
+    def df_at(prompts: float, npasses: float) -> float:
+        grown = units * (prompts * npasses) / (n * passes)
+        return max(min(k * prompts / n, grown) - 1, 1.0)
 
     prompts_out: list[int | None] = []
     passes_out: list[int | None] = []
@@ -133,11 +146,10 @@ def advise(
         speedups.append(math.exp(log_thr + delta))
 
         def by_prompts(m: int, delta: float = delta) -> float:
-            clusters = k * m / n
-            return _power(delta, var_at(m, passes), max(clusters - 1, 1.0), alpha)
+            return _power(delta, var_at(m, passes), df_at(m, passes), alpha)
 
         def by_passes(p: int, delta: float = delta) -> float:
-            return _power(delta, var_at(n, p), df, alpha)
+            return _power(delta, var_at(n, p), df_at(n, p), alpha)
 
         total = _smallest(by_prompts, n + 1, MAX_PROMPTS, power)
         prompts_out.append(None if total is None else total - n)

@@ -33,8 +33,9 @@ from .speedup import (
 
 
 def blocks_of(data: SavedCampaign, level: str) -> dict[str, int]:
-    """Prompt id -> its block at ``level`` (the plan's; one block per prompt for campaigns
-    recorded before plans)."""
+    """Prompt id -> its block at ``level`` in the first pass (the plan's; one block per prompt
+    for campaigns recorded before plans). Later passes re-partition: a record's ``block`` is
+    its block in its own pass."""
     plan = data.meta.plan
     if plan is not None and plan.blocks.get(level):
         return plan.block_of(level)
@@ -45,6 +46,7 @@ def blocks_of(data: SavedCampaign, level: str) -> dict[str, int]:
 def _requests(data: SavedCampaign, level: str, conditions: tuple[str, ...],
               slice_: str | None = None, upto_look: int | None = None) -> list[Request]:
     block = blocks_of(data, level)
+    planned = data.meta.plan is not None  # records carry their pass's block
     out = []
     for r in data.records:
         if r.mode != "greedy" or r.load != level or r.condition not in conditions:
@@ -54,8 +56,8 @@ def _requests(data: SavedCampaign, level: str, conditions: tuple[str, ...],
         if upto_look is not None and _look_of(data, r) > upto_look:
             continue
         out.append(Request(r.condition, r.prompt_id, r.e2e_s, r.ok and r.e2e_s is not None,
-                           r.boot, r.repetition, block[r.prompt_id], r.stretch or 0,
-                           r.started_at or 0.0))
+                           r.boot, r.repetition, r.block if planned else block[r.prompt_id],
+                           r.stretch or 0, r.started_at or 0.0))
     return out
 
 
@@ -148,12 +150,14 @@ def _details(res: SpeedResult) -> dict[str, Any]:
 
     comp = res.components
     out: dict[str, Any] = {
-        "method": f"cluster-robust t-test over {res.n_clusters} blocks (df {res.gating.df:.1f})"
+        "method": f"two-way cluster-robust t-test over {res.n_prompts} prompts x "
+                  f"{res.n_time_units} time units (df {res.gating.df:.1f})"
                   + (f", between-boot component over {res.n_boots} boots"
                      if res.n_boots > 1 else ""),
         "metric": res.metric,
         "n_prompts": res.n_prompts,
         "n_clusters": res.n_clusters,
+        "n_time_units": res.n_time_units,
         "n_boots": res.n_boots,
         "n_passes": res.n_passes,
         "per_prompt": metric(res.per_prompt),
@@ -208,9 +212,9 @@ def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResu
         f"completion-latency speedup ({name[res.metric]}) {_ratio(gate.estimate)}x, "
         f"{pilot.decision.confidence:.0%} CI [{_ratio(gate.ci_low)}, {_ratio(gate.ci_high)}] vs "
         f"minimum {threshold:.3f}x; {name[other.metric]} {_ratio(other.estimate)}x; "
-        f"{res.n_prompts} prompts in {res.n_clusters} blocks x {res.n_passes} passes"
+        f"{res.n_prompts} prompts x {res.n_passes} passes in {res.n_time_units} time units"
         + (f" x {res.n_boots} boots" if res.n_boots > 1 else "")
-        + f"; one-sided p={p_value:.3g} (cluster-robust t, df {gate.df:.1f})"
+        + f"; one-sided p={p_value:.3g} (two-way cluster-robust t, df {gate.df:.1f})"
     )
     if res.reason:
         summary += f"; {res.reason}"

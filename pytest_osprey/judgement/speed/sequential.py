@@ -171,9 +171,16 @@ def z_from_p(p: FloatArray) -> FloatArray:
     return np.asarray(-special.ndtri(np.clip(p, 1e-300, 1.0)), dtype=np.float64)
 
 
-def decide(z: FloatArray, plan: SequentialPlan, look: int) -> npt.NDArray[np.int64]:
+def decide(
+    z: FloatArray, plan: SequentialPlan, look: int, df: FloatArray | None = None
+) -> npt.NDArray[np.int64]:
     """Vectorised decision codes at ``look`` (1-based) from z against the threshold:
-    2 keep, 0 drop, 1 inconclusive (a stop at an interim look, or the last look), -1 continue."""
+    2 keep, 0 drop, 1 inconclusive (a stop at an interim look, or the last look), -1 continue.
+
+    With ``df`` (the deciding test's degrees of freedom), a look whose test has none - one
+    time unit so far, e.g. the first pass of a level whose block holds the whole trace -
+    decides nothing: it continues (inconclusive at the last look), never stops for futility.
+    """
     k = look - 1
     out = np.full(z.shape, -1, dtype=np.int64)
     if look == plan.looks:
@@ -182,6 +189,8 @@ def decide(z: FloatArray, plan: SequentialPlan, look: int) -> npt.NDArray[np.int
         out[np.abs(z) < plan.stop[k]] = 1
     out[z <= -plan.drop[k]] = 0
     out[z >= plan.keep[k]] = 2
+    if df is not None:
+        out[np.broadcast_to(df < 1, out.shape)] = 1 if look == plan.looks else -1
     return out
 
 
@@ -233,7 +242,7 @@ def sequential_look(
         raise SpeedError(f"look {look} outside the plan's 1..{plan.looks}")
     res = speed_test(data, threshold, confidence, metric, drift)
     z = float(z_from_p(np.array([res.gating.p_value]))[0])
-    code = int(decide(np.array([z]), plan, look)[0])
+    code = int(decide(np.array([z]), plan, look, np.array([res.gating.df]))[0])
     if code == 2 and (res.n_clusters < 2
                       or (drift is not None and drift.vetoes(res.gating.ci_low, threshold))):
         code = 1 if look == plan.looks else -1

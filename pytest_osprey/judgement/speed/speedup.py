@@ -1,25 +1,26 @@
 """Speed statistics that count the time structure of a campaign (pure numpy/scipy).
 
-Design (see :mod:`pytest_osprey.campaign.schedule`): prompts are grouped into blocks; within
-a boot, every pass replays each block once per condition as short adjacent stretches. Noise
-shared in time (stretch shocks, correlated noise within a stretch, stalls hitting every
-request in flight) therefore stays inside one **cluster** = one block within one boot, with
-all its passes. The deciding test of each metric is a cluster-robust t-test of its log
-speedup against ``log(threshold)``:
+Design (see :mod:`pytest_osprey.campaign.schedule`): every pass splits the prompts afresh
+into blocks of the level's concurrency; the conditions replay each block as adjacent short
+stretches. Noise shared in time (stretch shocks, correlated noise within a stretch, stalls
+hitting every request in flight) therefore stays inside one **time unit** = one block in
+one pass of one boot, and a prompt's stable effect recurs in every pass. The deciding test
+of each metric is a t-test of its log speedup against ``log(threshold)`` with a variance
+clustered two ways, by prompt and by time unit (Cameron, Gelbach & Miller), and
+``df = min(prompts, time units) - 1``:
 
-* ``per_prompt``: the mean over prompts of the per-prompt log ratio (mean log reference
-  latency minus mean log candidate latency over passes) - a geometric-mean speedup that
-  counts every prompt equally;
+* ``per_prompt``: the mean over prompts of the per-prompt log ratio (per pass, reference
+  minus candidate log latency, averaged over passes) - a geometric-mean speedup that counts
+  every prompt equally;
 * ``total_time``: the log ratio of summed latencies (per prompt, its mean latency over
   passes) - the GPU time saved, where long prompts weigh more.
 
-Each metric is written as a sum of per-cluster influence values (exact for ``per_prompt``,
-first-order for the ratio of sums); their CR1 variance with ``df = clusters - 1`` is the
-cluster-robust covariance of an intercept-only regression (statsmodels' ``cov_type="cluster"``
-gives the same number). With b >= 2 boots per condition, clusters are crossed blocks x boots:
-a between-boot component is estimated by the method of moments from the two-way table of
-influence values and added, with Satterthwaite degrees of freedom. With one boot a persistent
-per-boot offset cannot be told from the drafter's effect: the result says so.
+Each metric is written as a sum of influence values of (boot, pass, prompt) observations
+(exact for ``per_prompt``, first-order for the ratio of sums). With b >= 2 boots per
+condition a between-boot component is estimated by the method of moments from the two-way
+(boot x prompt) table of influence values and added, with Satterthwaite degrees of freedom.
+With one boot a persistent per-boot offset cannot be told from the drafter's effect: the
+result says so. docs/speed-calibration.md gives the design's reasons and its calibration.
 
 Arrays here are batched: a leading axis runs over independent campaigns, so the simulation
 (``testkit/speed_sim.py``) runs thousands of campaigns through the very same code.
@@ -42,7 +43,6 @@ from .data import (
     Request,
     SpeedError,
     collect,
-    onehot,
 )
 from .drift import Drift
 
@@ -65,10 +65,11 @@ DF_QUANTILE = 0.25  # boots: df evaluated at the boot mean square / its chi2 low
 class Batch:
     """Per-campaign arrays (leading axis: campaigns) of one metric's log estimate.
 
-    ``var``: variance of the log estimate, blocks (boots averaged, CR1) plus the between-boot
-    component ``boot_var`` (0 with one boot), with ``df``. ``between`` and ``within`` are
-    variance components per cluster in the estimate's units: stable block-to-block variation
-    and the variation of one pass between passes (for advice and the time share).
+    ``var``: variance of the log estimate, clustered by prompt and by time unit (two-way,
+    boots averaged) plus the between-boot component ``boot_var`` (0 with one boot), with
+    ``df``. ``between`` and ``within`` are variance components per prompt in the estimate's
+    units: stable prompt-to-prompt variation and the variation of one pass between passes
+    (for advice and the time share). ``clusters``: prompts with data.
     """
 
     log_estimate: FloatArray
@@ -79,7 +80,8 @@ class Batch:
     within: FloatArray
     clusters: FloatArray
     boots: int
-    passes: FloatArray  # mean passes per cluster with data
+    passes: FloatArray  # mean passes per (boot, prompt) with data
+    units: FloatArray  # time units with data
 
 
 def _nanmean(x: FloatArray, axis: int) -> FloatArray:
@@ -88,47 +90,89 @@ def _nanmean(x: FloatArray, axis: int) -> FloatArray:
         return np.asarray(np.nanmean(x, axis=axis), dtype=np.float64)
 
 
-@dataclass(frozen=True)
-class _Cells:
-    """Cell (boot x block) sums: per_prompt: (sum of log ratios, prompt count); total_time:
-    (sum of reference means, sum of candidate means). ``*_p``: the same per pass."""
+def _influence(
+    ref: FloatArray, cand: FloatArray, metric: Metric
+) -> tuple[FloatArray, FloatArray, npt.NDArray[np.bool_], FloatArray, FloatArray]:
+    """(log estimate (S,), influence values (S,B,P,n), paired mask, observation weights,
+    per-observation shares of the metric's sums) of each campaign.
 
-    first: FloatArray  # (S,B,K)
-    second: FloatArray
-    first_p: FloatArray  # (S,B,P,K)
-    second_p: FloatArray
-    present: npt.NDArray[np.bool_]  # (S,K): the block has paired data in some boot
-    cells: FloatArray  # (S,): boots x present blocks
-
-
-def _cells(ref: FloatArray, cand: FloatArray, per_block: FloatArray, metric: Metric) -> _Cells:
-    mean_ref, mean_cand = _nanmean(ref, 2), _nanmean(cand, 2)  # (S,B,n) over passes
-    ok = np.isfinite(mean_ref) & np.isfinite(mean_cand)
-    ok_p = np.isfinite(ref) & np.isfinite(cand)
-    count = ok.astype(np.float64) @ per_block
-    present = count.sum(axis=1) > 0
-    cells = np.maximum(present.sum(axis=1), 1) * ref.shape[1]
+    An observation is one (boot, pass, prompt) cell with both conditions. Every (boot,
+    prompt) with data weighs alike, its passes share that weight (``w``, summing to 1).
+    ``per_prompt``: the weighted mean of log ratios; ``total_time``: the log ratio of the
+    summed per-(boot, prompt) mean latencies (``shares`` = (reference, candidate) parts).
+    The influence values sum to 0 and, to first order, to the estimate's error.
+    """
+    ok = np.isfinite(ref) & np.isfinite(cand)
+    n_p = ok.sum(axis=2, keepdims=True).astype(np.float64)  # (S,B,1,n) passes per cell
+    n_cells = np.maximum((n_p > 0).sum(axis=(1, 2, 3)), 1).astype(np.float64)
+    w = np.where(ok, 1.0 / (n_cells[:, None, None, None] * np.maximum(n_p, 1.0)), 0.0)
     if metric == "per_prompt":
-        la, lb = np.log(ref), np.log(cand)
-        d = np.where(ok, _nanmean(la, 2) - _nanmean(lb, 2), 0.0)
-        return _Cells(d @ per_block, count, np.where(ok_p, la - lb, 0.0) @ per_block,
-                      ok_p.astype(np.float64) @ per_block, present, cells)
-    return _Cells(np.where(ok, mean_ref, 0.0) @ per_block,
-                  np.where(ok, mean_cand, 0.0) @ per_block,
-                  np.where(ok_p, ref, 0.0) @ per_block, np.where(ok_p, cand, 0.0) @ per_block,
-                  present, cells)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = np.where(ok, np.log(ref) - np.log(cand), 0.0)
+        est = (w * d).sum(axis=(1, 2, 3))
+        psi = w * (d - est[:, None, None, None])
+        return est, psi, ok, w, np.stack([w * d, w])
+    a = np.where(ok, ref, 0.0) / np.maximum(n_p, 1.0)
+    c = np.where(ok, cand, 0.0) / np.maximum(n_p, 1.0)
+    ta, tb = a.sum(axis=(1, 2, 3)), c.sum(axis=(1, 2, 3))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est = np.log(ta / tb)
+        psi = (a / np.where(ta > 0, ta, 1.0)[:, None, None, None]
+               - c / np.where(tb > 0, tb, 1.0)[:, None, None, None])
+    return est, psi, ok, w, np.stack([a, c])
+
+
+@dataclass(frozen=True)
+class _Variance:
+    var: FloatArray  # (S,) two-way cluster-robust, plus the between-boot component
+    df: FloatArray
+    boot_var: FloatArray
+    between_rows: FloatArray  # variance of per-prompt mean values (mean form)
+    prompts: FloatArray  # prompt clusters with data
+    units: FloatArray  # time units with data
+
+
+def _two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Variance:
+    """Variance of ``sum(psi)`` clustered two ways (Cameron, Gelbach & Miller 2011): by prompt
+    (its stable effect recurs in every pass) and by time unit (noise shared in time), minus
+    their intersection (one cell), each with its CR1 factor; never below either one-way
+    variance (the difference can fall under both by chance). df = min(prompts, time units) - 1:
+    the scarcer dimension bounds what the data can say about its component. With b >= 2
+    boots, the prompt part carries the two-way method-of-moments between-boot component of
+    ``_mean_variance`` (its df when smaller).
+    """
+    n_sims, n_boots = psi.shape[0], psi.shape[1]
+    present: npt.NDArray[np.bool_] = np.asarray(ok.any(axis=(1, 2)))  # (S,n)
+    k = np.maximum(present.sum(axis=1).astype(np.float64), 1.0)
+    values = psi.sum(axis=2) * (n_boots * k)[:, None, None]  # (S,B,n) mean form
+    var_pb, df_p, boot_var, between_rows = _mean_variance(values, present)
+    var_p = var_pb - boot_var
+    u = np.broadcast_to(units, psi.shape)
+    valid = ok & (u >= 0)
+    n_units = int(u.max()) + 1 if u.size else 1
+    flat = (np.arange(n_sims)[:, None, None, None] * n_units + u)[valid]
+    sums = np.bincount(flat, weights=psi[valid], minlength=n_sims * n_units)
+    seen = np.bincount(flat, minlength=n_sims * n_units).reshape(n_sims, n_units) > 0
+    g = seen.sum(axis=1).astype(np.float64)
+    var_t = (sums.reshape(n_sims, n_units) ** 2).sum(axis=1) * g / np.maximum(g - 1, 1.0)
+    n_obs = valid.sum(axis=(1, 2, 3)).astype(np.float64)
+    var_i = (np.where(valid, psi, 0.0) ** 2).sum(axis=(1, 2, 3)) * n_obs / np.maximum(
+        n_obs - 1, 1.0)
+    var = np.maximum(var_p + var_t - var_i, np.maximum(var_p, var_t)) + boot_var
+    df = np.minimum(df_p, np.maximum(g - 1, 0.0))
+    return _Variance(var, df, boot_var, between_rows, present.sum(axis=1).astype(np.float64), g)
 
 
 def _mean_variance(
     values: FloatArray, present: npt.NDArray[np.bool_]
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """Variance of the grand mean of centred cell values ``(S, boots, blocks)``.
+    """Variance of the grand mean of centred cell values ``(S, boots, clusters)``.
 
-    Returns (var, df, boot_var, between-block variance of block means). Blocks: CR1 over the
-    block means (boots averaged), df = blocks - 1. Boots (b >= 2): two-way method of moments
-    - boot means' variance minus the interaction mean square / blocks estimates the
-    between-boot component (truncated at 0), added with Satterthwaite degrees of freedom
-    (evaluated at an upper value of the boot component, see below).
+    Returns (var, df, boot_var, between-cluster variance of cluster means). Clusters: CR1
+    over the cluster means (boots averaged), df = clusters - 1. Boots (b >= 2): two-way
+    method of moments - boot means' variance minus the interaction mean square / clusters
+    estimates the between-boot component (truncated at 0), added with Satterthwaite degrees
+    of freedom (evaluated at an upper value of the boot component, see below).
     """
     from scipy import stats
 
@@ -161,76 +205,61 @@ def _mean_variance(
 
 
 def speed_batch(
-    reference: FloatArray, candidate: FloatArray, blocks: IntArray, metric: Metric
+    reference: FloatArray, candidate: FloatArray, units: IntArray, metric: Metric
 ) -> Batch:
-    """Log estimate, its cluster-robust variance and variance components, per campaign.
+    """Log estimate, its two-way cluster-robust variance and variance components, per
+    campaign.
 
     ``reference``/``candidate``: latencies ``(campaigns, boots, passes, prompts)``, NaN for
-    missing. Values per cell are influence values of the log estimate (exact for
-    ``per_prompt``, first order for ``total_time``), so ``var`` is the usual CR1 variance.
+    missing; ``units``: each cell's time unit, broadcastable to that shape.
     """
     if metric not in METRICS:
         raise SpeedError(f"metric must be one of {METRICS}, got {metric!r}")
-    c = _cells(reference, candidate, onehot(blocks), metric)
-    cells = c.cells[:, None, None]
-    if metric == "per_prompt":
-        total = np.maximum(c.second.sum(axis=(1, 2)), 1.0)
-        est = c.first.sum(axis=(1, 2)) / total
-        unit = (total / c.cells)[:, None, None]  # mean prompts per cell
-        psi = (c.first - c.second * est[:, None, None]) / unit
-        psi_p = (c.first_p - c.second_p * est[:, None, None, None]) / unit[..., None]
-        psi_p = np.where(c.second_p > 0, psi_p, np.nan)
-    else:
-        ta, tb = c.first.sum(axis=(1, 2)), c.second.sum(axis=(1, 2))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            est = np.log(ta / tb)
-        sa = cells / np.where(ta > 0, ta, 1.0)[:, None, None]
-        sb = cells / np.where(tb > 0, tb, 1.0)[:, None, None]
-        psi = c.first * sa - c.second * sb
-        psi_p = c.first_p * sa[..., None] - c.second_p * sb[..., None]
-        psi_p = np.where(c.second_p > 0, psi_p, np.nan)
-    var, df, boot_var, between_rows = _mean_variance(psi, c.present)
-    dev = psi_p - _nanmean(psi_p, 2)[:, :, None, :]
-    n_p = np.isfinite(psi_p).sum(axis=2)  # (S,B,K)
+    est, psi, ok, w, _ = _influence(reference, candidate, metric)
+    v = _two_way(psi, ok, units)
+    # Pass-to-pass variation of one observation, in the units of a prompt's mean value.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = np.where(ok, psi / np.where(w > 0, w, 1.0), np.nan)  # (S,B,P,n)
+    dev = x - _nanmean(x, 2)[:, :, None, :]
+    n_p = ok.sum(axis=2)  # (S,B,n)
     dof_w = np.maximum(n_p - 1, 0).sum(axis=(1, 2))
     with np.errstate(invalid="ignore", divide="ignore"):
         within = np.where(dof_w > 0, np.nansum(dev**2, axis=(1, 2, 3)) / dof_w, np.nan)
     mean_passes = _nanmean(np.where(n_p > 0, n_p, np.nan).reshape(n_p.shape[0], -1), 1)
     n_boots = reference.shape[1]
-    between = np.maximum(between_rows - np.nan_to_num(within / (mean_passes * n_boots)), 0.0)
-    clusters = c.present.sum(axis=1).astype(np.float64)
-    return Batch(est, var, df, boot_var, between, within, clusters, n_boots, mean_passes)
+    between = np.maximum(v.between_rows - np.nan_to_num(within / (mean_passes * n_boots)), 0.0)
+    return Batch(est, v.var, v.df, v.boot_var, between, within, v.prompts, n_boots,
+                 mean_passes, v.units)
 
 
 def deciding_t(
     reference: FloatArray,
     candidate: FloatArray,
-    blocks: IntArray,
+    units: IntArray,
     metric: Metric,
     log_threshold: float | FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
     """(t, df) of each campaign's deciding test of log speedup against ``log_threshold``.
 
-    ``per_prompt``: (estimate - log threshold) / its cluster-robust SE. ``total_time``:
-    Fieller's test of H0 sum(ref) = r0 sum(cand), r0 = the threshold: the cell values
-    ``ref - r0 * cand`` are linear, so their mean's cluster t-test carries no delta-method
-    error (with a handful of blocks and skewed prompt lengths the log-ratio's linearised or
-    jackknife t ran at ~3% false keep for a nominal 2.5%).
+    ``per_prompt``: (estimate - log threshold) / its two-way cluster-robust SE.
+    ``total_time``: Fieller's test of H0 sum(ref) = r0 sum(cand), r0 = the threshold: the
+    observation values ``ref - r0 * cand`` are linear, so their sum's cluster t-test carries
+    no delta-method error (with few clusters and skewed prompt lengths the log-ratio's
+    linearised or jackknife t ran at ~3% false keep for a nominal 2.5%).
     """
     if metric == "per_prompt":
-        b = speed_batch(reference, candidate, blocks, metric)
+        b = speed_batch(reference, candidate, units, metric)
         shift = b.log_estimate - log_threshold
         var, df = b.var, b.df
     else:
-        c = _cells(reference, candidate, onehot(blocks), metric)
+        _, _, ok, w, (a, c) = _influence(reference, candidate, metric)
         r0 = np.exp(np.broadcast_to(np.asarray(log_threshold, dtype=np.float64),
-                                    c.cells.shape))[:, None, None]
-        tb = c.second.sum(axis=(1, 2))[:, None, None]
-        phi = (c.first - r0 * c.second) * c.cells[:, None, None] / (r0 * np.where(
-            tb > 0, tb, 1.0))
-        shift = phi.sum(axis=(1, 2)) / c.cells
-        centred = np.where(c.present[:, None, :], phi - shift[:, None, None], 0.0)
-        var, df, _, _ = _mean_variance(centred, c.present)
+                                    a.shape[:1]))[:, None, None, None]
+        tb = c.sum(axis=(1, 2, 3))[:, None, None, None]
+        phi = (a - r0 * c) / (r0 * np.where(tb > 0, tb, 1.0))
+        shift = phi.sum(axis=(1, 2, 3))
+        v = _two_way(np.where(ok, phi - shift[:, None, None, None] * w, 0.0), ok, units)
+        var, df = v.var, v.df
     se = np.sqrt(var)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(se > 0, shift / np.where(se > 0, se, 1.0), np.sign(shift) * np.inf)
@@ -255,17 +284,16 @@ def confidence_bounds(
     from scipy import special
 
     ref, cand = data.reference[None], data.candidate[None]
-    b = speed_batch(ref, cand, data.blocks, metric)
+    b = speed_batch(ref, cand, data.time_units, metric)
     est, se = float(b.log_estimate[0]), math.sqrt(float(b.var[0]))
+    if not (se > 0 and b.df[0] > 0):
+        return -math.inf, math.inf
     if metric == "per_prompt":
-        half = float(special.stdtrit(max(float(b.df[0]), 1e-9), 1 - alpha)) * se
+        half = float(special.stdtrit(float(b.df[0]), 1 - alpha)) * se
         return est - half, est + half
 
-    if data.reference.shape[0] == 1:  # one boot: Fieller's interval in closed form
-        return _fieller(data, float(b.df[0]), alpha)
-
     def excess(log_r: float, sign: float) -> float:
-        t, df = deciding_t(ref, cand, data.blocks, metric, log_r)
+        t, df = deciding_t(ref, cand, data.time_units, metric, log_r)
         return sign * float(t[0]) - float(special.stdtrit(max(float(df[0]), 1e-9), 1 - alpha))
 
     span = 40 * se + 1.0
@@ -308,10 +336,11 @@ class MetricResult:
 class Components:
     """Where the speedup's uncertainty comes from (variance of the log estimate).
 
-    ``time_share``: share due to variation between passes within a block and boot (request
-    noise, shocks, drift); the rest of the block part is stable prompt-to-prompt variation,
-    which only more prompts reduce. ``boot_share``: share of the between-boot component
-    (0 with one boot, where it cannot be estimated).
+    ``time_share``: share due to variation of a prompt between passes (request noise,
+    shocks, drift); the rest of the prompt part is stable prompt-to-prompt variation, which
+    only more prompts reduce. ``boot_share``: share of the between-boot component (0 with one
+    boot, where it cannot be estimated). ``clusters``: prompts with data; ``time_units``:
+    (boot, pass, block) units with data (they grow with passes).
     """
 
     between: float
@@ -322,6 +351,7 @@ class Components:
     clusters: int
     passes: float
     boots: int
+    time_units: int = 0
 
 
 @dataclass(frozen=True)
@@ -346,34 +376,14 @@ class SpeedResult:
     drift: Drift | None
     notes: tuple[str, ...] = field(default_factory=tuple)
     held_back: HeldBack | None = None  # why not KEEP despite the interval, as ``reason`` says
-
-
-def _fieller(data: PairedLatencies, df: float, alpha: float) -> tuple[float, float]:
-    """Log bounds {r: |t(r)| <= t_q} for block sums A_k, B_k: the roots of
-    (mean A - r mean B)^2 = (t_q^2 / K) var(A - r B), a quadratic in r."""
-    from scipy import special
-
-    c = _cells(data.reference[None], data.candidate[None], onehot(data.blocks), "total_time")
-    keep = c.present[0]
-    a, b = c.first[0, 0, keep], c.second[0, 0, keep]
-    k = a.size
-    q = float(special.stdtrit(max(df, 1e-9), 1 - alpha)) ** 2 / k
-    cov = np.cov(np.stack([a, b]), ddof=1)
-    qa = b.mean() ** 2 - q * cov[1, 1]
-    qb = -2 * (a.mean() * b.mean() - q * cov[0, 1])
-    qc = a.mean() ** 2 - q * cov[0, 0]
-    disc = qb * qb - 4 * qa * qc
-    if qa <= 0 or disc < 0:  # the candidate's total is not bounded away from 0
-        return -math.inf, math.inf
-    root = math.sqrt(disc)
-    lo, hi = (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
-    return (math.log(lo) if lo > 0 else -math.inf), math.log(hi)
+    n_time_units: int = 0  # (boot, pass, block) units; n_clusters = min(prompts, these)
 
 
 def _metric_result(
     data: PairedLatencies, batch: Batch, metric: Metric, log_thr: float, alpha: float
 ) -> MetricResult:
-    t, df = deciding_t(data.reference[None], data.candidate[None], data.blocks, metric, log_thr)
+    t, df = deciding_t(data.reference[None], data.candidate[None], data.time_units, metric,
+                       log_thr)
     lo, hi = confidence_bounds(data, metric, alpha)
     outcome: StatOutcome = "inconclusive"
     if lo > log_thr + _LOG_TOL:
@@ -396,6 +406,7 @@ def _components(batch: Batch) -> Components:
         time_share=min(1.0, time_part / var) if var > 0 else 0.0,
         boot_share=float(batch.boot_var[0]) / var if var > 0 else 0.0,
         clusters=int(batch.clusters[0]), passes=passes, boots=batch.boots,
+        time_units=int(batch.units[0]),
     )
 
 
@@ -432,16 +443,18 @@ def speed_test(
         raise SpeedError(f"{n_prompts} paired prompt(s): too few to judge speed")
     alpha = (1 - confidence) / 2
     log_thr = math.log(threshold)
-    batches = {m: speed_batch(ref, cand, data.blocks, m) for m in METRICS}
+    batches = {m: speed_batch(ref, cand, data.time_units, m) for m in METRICS}
     results = {m: _metric_result(data, batches[m], m, log_thr, alpha) for m in METRICS}
     gate = results[metric]
-    n_clusters = int(batches[metric].clusters[0])
+    n_units = int(batches[metric].units[0])
+    n_clusters = min(int(batches[metric].clusters[0]), n_units)
     boots = data.reference.shape[0]
     outcome, reason = gate.outcome, ""
     held_back: HeldBack | None = None
     notes: list[str] = []
     if n_clusters < 2:
-        outcome, reason = "inconclusive", "one block: no between-block variance to judge by"
+        outcome, reason = ("inconclusive", "one time unit (one block in one pass): no "
+                           "variation between units to judge by")
         held_back = "one_block"
     elif outcome == "pass" and drift is not None and drift.unstable:
         margin = f"{gate.ci_low:.2f}x against {threshold:.2f}x needed"
@@ -462,5 +475,5 @@ def speed_test(
         n_clusters=n_clusters, n_boots=boots, n_passes=data.reference.shape[1],
         boot_confounded=boots == 1, confounding=CONFOUNDED if boots == 1 else "",
         components=_components(batches[metric]), drift=drift, notes=tuple(notes),
-        held_back=held_back,
+        held_back=held_back, n_time_units=n_units,
     )
