@@ -144,8 +144,11 @@ def test_not_estimable_says_why() -> None:
     unbounded = crossover([_level(1, 1.9), _level(4, 1.5),
                            LevelSpeedup("c16", 16, 1.2, 0.0, math.inf)], THRESHOLD)
     assert unbounded.status == "not_estimable" and "c16" in unbounded.reason
-    with pytest.raises(ValueError, match="share a concurrency"):
-        crossover([_level(4, 1.9), _level(4, 1.5), _level(8, 1.2)], THRESHOLD)
+    twice = crossover([_level(4, 1.9), LevelSpeedup("other", 4, 1.5, 1.4, 1.6), _level(8, 1.2)],
+                      THRESHOLD)
+    assert twice.status == "not_estimable" and twice.reason == "levels c4 and other share x4"
+    with pytest.raises(ValueError, match="out of range"):
+        crossover([_level(4, 1.9)], 0.0)
 
 
 def test_levels_from_gates_reads_the_gate_results() -> None:

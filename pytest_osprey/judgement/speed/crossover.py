@@ -78,13 +78,15 @@ class Crossover:
         if self.status == "not_estimable":
             return f"crossover not estimated: {self.reason}"
         top, bottom = max(self.concurrencies), min(self.concurrencies)
-        low = _num(self.ci_low) if self.ci_low is not None else f"<={bottom}"
-        high = _num(self.ci_high) if self.ci_high is not None else f">={top}"
+        low = concurrency_text(self.ci_low) if self.ci_low is not None else f"<={bottom}"
+        high = concurrency_text(self.ci_high) if self.ci_high is not None else f">={top}"
         where = f"{self.confidence:.0%} CI [{low}, {high}]"
         if self.status == "crosses":
             assert self.concurrency is not None
-            return (f"speculation pays up to about x{_num(self.concurrency)} [{low}, {high}] "
-                    f"(where its speedup falls to {self.threshold:g}x; {where})")
+            return (f"speculation pays up to about x{concurrency_text(self.concurrency)} "
+                    f"[{low}, {high}] "
+                    f"({self.confidence:.0%} CI of where its speedup falls to "
+                    f"{self.threshold:g}x)")
         if self.status == "pays_everywhere":
             return (f"speculation pays at every level tested (>= x{top}); crossover "
                     f"{where}")
@@ -99,7 +101,8 @@ class Crossover:
                 "text": self.text()}
 
 
-def _num(c: float) -> str:
+def concurrency_text(c: float) -> str:
+    """A concurrency as the reports write it: ``12``, ``8.1``, ``4``."""
     return f"{c:.0f}" if c >= 10 else f"{c:.1f}".removesuffix(".0")
 
 
@@ -122,8 +125,12 @@ def crossover(levels: Sequence[LevelSpeedup], threshold: float,
     if not (threshold > 0 and math.isfinite(threshold)) or not 0.5 < confidence < 1:
         raise ValueError(f"threshold {threshold} / confidence {confidence} out of range")
     ranked = sorted(levels, key=lambda lv: lv.concurrency)
-    if len({lv.concurrency for lv in ranked}) != len(ranked):
-        raise ValueError("two levels share a concurrency")
+    seen: dict[int, str] = {}
+    for lv in ranked:
+        if lv.concurrency in seen:
+            return _not_estimable(f"levels {seen[lv.concurrency]} and {lv.level} share "
+                                  f"x{lv.concurrency}", threshold, confidence, ranked)
+        seen[lv.concurrency] = lv.level
     unusable = [lv.level for lv in ranked if not _usable(lv)]
     if unusable:
         return _not_estimable(f"no finite speedup interval at {', '.join(unusable)}",
