@@ -20,6 +20,7 @@ from pytest_osprey.judgement.speed.crossover import (
     crossover,
     levels_from_gates,
 )
+from testkit import crossover_sim
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 THRESHOLD = 1.3
@@ -144,6 +145,12 @@ def test_not_estimable_says_why() -> None:
     unbounded = crossover([_level(1, 1.9), _level(4, 1.5),
                            LevelSpeedup("c16", 16, 1.2, 0.0, math.inf)], THRESHOLD)
     assert unbounded.status == "not_estimable" and "c16" in unbounded.reason
+    assert "2 closed-loop level(s) judged (x1, x4)" in unbounded.reason
+    # With three others left, a level without an interval is left out, and said to be.
+    rest = crossover([_level(1, 1.9), _level(4, 1.5), _level(16, 1.2),
+                      LevelSpeedup("c32", 32, 1.1, 1.1, 1.1)], THRESHOLD)
+    assert rest.status == "crosses" and rest.levels == ("c1", "c4", "c16")
+    assert rest.reason == "left out (no finite speedup interval): c32"
     twice = crossover([_level(4, 1.9), LevelSpeedup("other", 4, 1.5, 1.4, 1.6), _level(8, 1.2)],
                       THRESHOLD)
     assert twice.status == "not_estimable" and twice.reason == "levels c4 and other share x4"
@@ -164,3 +171,15 @@ def test_levels_from_gates_reads_the_gate_results() -> None:
     assert [(lv.level, lv.concurrency, lv.df, lv.shared_share) for lv in levels] == [
         ("c1", 1, 7.0, 0.75), ("c4", 4, 7.0, 0.75), ("c16", 16, 7.0, 0.75)]
     assert crossover(levels, THRESHOLD).status == "crosses"
+
+
+@pytest.mark.parametrize(("noise", "boots"), [("ar0.3+shock5%", 1), ("inflight@4", 1),
+                                              ("drift", 1), ("boot5%", 2)])
+def test_campaigns_with_noise_shared_in_time_cover_the_crossing(noise: str, boots: int) -> None:
+    # Through the replay planner: levels x1..x16 interleaved in each pass (drift, boots and
+    # prompts common to them), each level judged by the speed gate's own statistics.
+    sims = 400
+    got = crossover_sim.coverage(crossover_sim.sweep_design(16, boots=boots), noise, 6.0,
+                                 -0.17, sims, seed=21)
+    _near_nominal(got.coverage, sims)
+    assert got.statuses["crosses"] > 0.95 and 5.0 < got.median < 7.0

@@ -98,9 +98,9 @@ class CrossoverEntry(_Sheet):
     """The monotone fit's speedup at each level (ratio), as `levels`; `[]` when not
     estimable."""
     reason: str = ""
-    """Why it is `not_estimable` (fewer than 3 closed-loop levels, a level without a finite
-    interval, levels sharing a concurrency, a speedup rising with concurrency); `""`
-    otherwise."""
+    """Why it is `not_estimable` (fewer than 3 closed-loop levels with a finite speedup
+    interval, levels sharing a concurrency, a speedup rising with concurrency), and which
+    levels were left out for want of a finite interval; `""` when neither applies."""
     text: str = ""
     """The line the verdict's notes carry, e.g. `speculation pays up to about x12 [8, 20]
     ...`."""

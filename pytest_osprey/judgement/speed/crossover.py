@@ -131,14 +131,16 @@ def crossover(levels: Sequence[LevelSpeedup], threshold: float,
             return _not_estimable(f"levels {seen[lv.concurrency]} and {lv.level} share "
                                   f"x{lv.concurrency}", threshold, confidence, ranked)
         seen[lv.concurrency] = lv.level
+    # A level without a finite interval (one block, a failed gate) says nothing about the
+    # curve: it is left out, and the result says so.
     unusable = [lv.level for lv in ranked if not _usable(lv)]
-    if unusable:
-        return _not_estimable(f"no finite speedup interval at {', '.join(unusable)}",
-                              threshold, confidence, ranked)
+    note = f"left out (no finite speedup interval): {', '.join(unusable)}" if unusable else ""
+    ranked = [lv for lv in ranked if _usable(lv)]
     if len(ranked) < MIN_LEVELS:
         tested = ", ".join(f"x{lv.concurrency}" for lv in ranked) or "none"
         return _not_estimable(f"{len(ranked)} closed-loop level(s) judged ({tested}); "
-                              f"{MIN_LEVELS} or more are needed", threshold, confidence, ranked)
+                              f"{MIN_LEVELS} or more are needed" + (f"; {note}" if note else ""),
+                              threshold, confidence, ranked)
 
     x = np.log2([lv.concurrency for lv in ranked])
     y = np.log([lv.estimate for lv in ranked])
@@ -152,13 +154,13 @@ def crossover(levels: Sequence[LevelSpeedup], threshold: float,
     concs = tuple(lv.concurrency for lv in ranked)
 
     fit = optimize.isotonic_regression(y, weights=1 / se**2, increasing=False).x
-    base = Crossover("crosses", None, None, None, threshold, confidence, names, concs,
+    base = Crossover("crosses", None, None, None, threshold, confidence, names, concs, note,
                      fit=tuple(float(v) for v in np.exp(fit)))
     if y[0] < log_thr <= y[-1]:
         return _not_estimable(
             f"the speedup rises with concurrency (below {threshold:g}x at x{concs[0]}, above "
-            f"at x{concs[-1]}): no point where speculation stops paying", threshold,
-            confidence, ranked)
+            f"at x{concs[-1]}): no point where speculation stops paying"
+            + (f"; {note}" if note else ""), threshold, confidence, ranked)
 
     if fit[-1] >= log_thr:
         status: Status = "pays_everywhere"
