@@ -94,3 +94,27 @@ def test_open_loop_levels_are_left_out() -> None:
     judgement = judge(pilot, specs, data, Preflight())
     got = pays_up_to(pilot, list(judgement.results.values()))
     assert got.levels == ("c1", "c2", "c4") and got.status == "pays_everywhere"
+
+
+def test_plot_draws_open_intervals_and_several_candidates() -> None:
+    def gate(cand: str, load: str, est: float) -> dict[str, Any]:
+        return {"kind": "speedup", "condition": cand, "reference": "base", "load": load,
+                "slice": None, "estimate": est, "ci": [est / 1.1, est * 1.1]}
+
+    levels, concs = ["c1", "c4", "c16"], [1, 4, 16]
+    summary = {
+        "conditions": {"base": {"role": "baseline"}},
+        "gates": [gate("a", lv, e) for lv, e in zip(levels, (2.0, 1.8, 1.6), strict=True)]
+        + [gate("b", lv, e) for lv, e in zip(levels, (1.5, 1.2, 0.9), strict=True)],
+        "verdicts": [
+            {"candidate": "a", "crossover": {"status": "pays_everywhere", "concurrency": None,
+                                             "ci": [5.0, None], "levels": levels,
+                                             "concurrencies": concs, "threshold": THRESHOLD,
+                                             "fit": [2.0, 1.8, 1.6]}},
+            {"candidate": "b", "crossover": {"status": "crosses", "concurrency": 3.0,
+                                             "ci": [None, 6.0], "levels": levels,
+                                             "concurrencies": concs, "threshold": THRESHOLD,
+                                             "fit": [1.5, 1.2, 0.9]}},
+        ]}
+    png = crossover_plot(summary, THRESHOLD)
+    assert png is not None and png.startswith(b"\x89PNG")

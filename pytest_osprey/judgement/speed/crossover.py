@@ -14,12 +14,15 @@ linearly; nothing is extrapolated beyond the tested range.
   prompts (stable prompt-to-prompt variation is common to both) and the same boots, so the
   share of a level's variance that is not request-time noise is taken as shared
   (``shared_share`` = 1 - the gate's time share); time noise is taken as each level's own.
-  The interval is the hull of that set, open at an end of the tested range that it reaches:
-  the crossing may lie beyond it, and nothing here says how far.
+  The interval is the stretch of that set around the estimate, open at an end of the tested
+  range that it reaches: the crossing may lie beyond it, and nothing here says how far. (For
+  a total-time metric, whose interval is Fieller's and asymmetric, the standard error is
+  read from the interval's width.)
 
-Validated by simulation (tests/test_crossover.py): per-level estimates drawn around a known
-curve with a known crossing, independent and correlated between levels, cover it at the
-nominal rate.
+Validated by simulation (tests/test_crossover.py, benchmarks/crossover_coverage.py, see
+docs/crossover.md): per-level estimates drawn around a known curve with a known crossing,
+independent and correlated between levels, and whole campaigns through the replay planner
+under noise shared in time, cover it at the nominal rate.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from ..gates.result import GateResult
 
 Status = Literal["crosses", "pays_everywhere", "pays_nowhere", "not_estimable"]
 MIN_LEVELS = 3
-"""Closed-loop levels needed: two points make a line through any pair of noisy estimates."""
+"""Closed-loop levels needed: through two, a straight line is the whole model and nothing
+checks its shape."""
 GRID = 801
 """Points per gap between two tested levels at which the confidence set is evaluated."""
 
