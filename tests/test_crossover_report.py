@@ -118,3 +118,42 @@ def test_plot_draws_open_intervals_and_several_candidates() -> None:
         ]}
     png = crossover_plot(summary, THRESHOLD)
     assert png is not None and png.startswith(b"\x89PNG")
+
+
+def test_a_sweep_campaign_end_to_end(tmp_path: Path) -> None:
+    """A whole run (`python -m pytest_osprey run`) of a pilot with `load.sweep` against two
+    scripted servers, the candidate's twice as fast at every level: levels c1, c2, c4 run,
+    and summary.json says speculation pays at every level tested."""
+    import json
+
+    from testkit.endpoint_pilot import generate_reply, run_cli, sglang_routes
+    from testkit.factories import dump_pilot, pilot_data
+    from testkit.fake_server import ScriptedServer
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Hi {i}",
+                                         "max_new_tokens": 2}) + "\n" for i in range(8)))
+    with ScriptedServer(routes=sglang_routes(generate_reply(delay=0.06))) as slow, \
+            ScriptedServer(routes=sglang_routes(generate_reply(delay=0.03))) as fast:
+        data = pilot_data(
+            {"base": {"role": "baseline", "endpoint": {"url": slow.url, "protocol": "sglang"}},
+             "cand": {"role": "candidate", "endpoint": {"url": fast.url, "protocol": "sglang"}}},
+            name="sweep", target={"engine": "endpoint", "model": "m"},
+            trace={"files": ["trace.jsonl"]},
+            load={"sweep": {"max": 4}, "warmup_requests": 0, "passes": 2,
+                  "block_prompts": {"c1": 2, "c2": 2, "c4": 4}},
+            limits={"speedup_min": 1.3}, decision={"early_stop": False},
+            report={"html": True})
+        pilot = dump_pilot(tmp_path / "pilot.yaml", data)
+        code = run_cli(["run", str(pilot), "--results", str(tmp_path / "res")])
+    assert code in (0, 1), code
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    cross = summary["verdicts"][0]["crossover"]
+    assert cross["levels"] == ["c1", "c2", "c4"], cross
+    assert cross["status"] == "pays_everywhere", cross
+    assert cross["ci"][1] is None and cross["concurrency"] is None
+    assert any(n.startswith("speculation pays at every level tested (>= x4)")
+               for n in summary["verdicts"][0]["notes"])
+    assert '<img src="data:image/png;base64,' in (html := (tmp_path / "res" / "report.html")
+                                                    .read_text())
+    assert 'alt="crossover"' in html
