@@ -55,9 +55,17 @@ def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
         assert outcomes[("fairness", f"{cand}-vs-baseline")] == "pass", outcomes
     failed = {kind for (kind, _), outcome in outcomes.items() if outcome == "fail"}
     assert failed <= {"speedup"}, outcomes
+    for cand in ("standalone", "eagle3", "ngram"):  # judged at both levels
+        assert {("speedup", f"{cand}-vs-baseline-{lv}") for lv in ("low", "concurrent")} \
+            <= set(outcomes), outcomes
+    # Two closed-loop levels: no crossover, and summary.json says why.
+    crossovers = [v["crossover"] for v in summary["verdicts"]]
+    assert all(c["status"] == "not_estimable" and "3 or more" in c["reason"]
+               for c in crossovers), crossovers
 
     records = [json.loads(line) for line in (res / "records.jsonl").read_text().splitlines()]
     assert records and all(r["ok"] for r in records), [r["error"] for r in records]
+    assert {r["load"] for r in records} >= {"low", "concurrent"}
     drafted = [r for r in records if r["condition"] == "standalone"]
     assert all(r["spec_verify_ct"] and r["accept_length"] >= 1.0 for r in drafted)
     headed = [r for r in records if r["condition"] == "eagle3"]

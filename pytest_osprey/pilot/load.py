@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .base import MAX_COUNT, MAX_ITEMS, Seconds, Strict
 
@@ -44,12 +51,68 @@ def _default_levels() -> dict[str, LoadLevel]:
     return {"low": 1, "concurrent": 8}
 
 
+MAX_SWEEP = 4096
+"""Highest concurrency a sweep may reach (it expands to about log2 of it levels)."""
+
+
+class Sweep(Strict):
+    """Closed-loop levels from x`min` doubling to x`max`, named `c1`, `c2`, `c4`, ...
+
+    ``max`` itself is the last level even where it is no power of two. Three or more levels
+    estimate where speculation stops paying (the crossover)."""
+
+    max: Annotated[int, Field(ge=2, le=MAX_SWEEP)]
+    """Highest concurrency of the sweep (the default primary load)."""
+    min: Annotated[int, Field(ge=1, le=MAX_SWEEP)] = 1
+    """Lowest concurrency of the sweep."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Sweep:
+        if self.min >= self.max:
+            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        return self
+
+    def levels(self) -> dict[str, int]:
+        """Level name -> concurrency, lightest first."""
+        out, c = {}, self.min
+        while c < self.max:
+            out[f"c{c}"] = c
+            c *= 2
+        out[f"c{self.max}"] = self.max
+        return out
+
+
+def _expand_sweep(data: Any) -> Any:
+    """``sweep`` adds the concurrencies ``levels`` lacks (to the levels given; instead of the
+    default ones when none are): one level per concurrency, whatever its name. Expanding
+    again is a no-op, so a dumped pilot reads back alike."""
+    if not isinstance(data, Mapping) or data.get("sweep") is None:
+        return data
+    sweep = Sweep.model_validate(data["sweep"])
+    given = data.get("levels")
+    if given is not None and not isinstance(given, Mapping):
+        return data  # levels' own validation reports it
+    levels: dict[Any, Any] = dict(given or {})
+    for name, c in sweep.levels().items():
+        if c in levels.values():
+            continue
+        if name in levels:
+            raise ValueError(f"sweep: its level {name!r} (x{c}) is also in levels, as "
+                             f"{levels[name]!r}: rename that level")
+        levels[name] = c
+    return {**data, "levels": levels, "sweep": sweep}
+
+
 class Load(Strict):
     levels: dict[Annotated[str, Field(max_length=64)], LoadLevel] = Field(
         default_factory=_default_levels, min_length=1, max_length=32
     )
     """Load level name -> concurrency (closed loop: that many requests always in flight) or
     {rate, max_concurrency} (open loop, Poisson arrivals); each level is judged apart."""
+    sweep: Sweep | None = None
+    """Shorthand for closed-loop levels x1, x2, x4, ... up to `max`, named `c1`, `c2`, `c4`,
+    ...: added to `levels` where no level has that concurrency yet (instead of the default
+    levels when `levels` is not given)."""
     warmup_requests: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 4
     """Requests per condition after boot, excluded from records."""
     passes: Annotated[int, Field(ge=1, le=64)] = 4
@@ -85,6 +148,14 @@ class Load(Strict):
             data = {**data, "passes": data["blocks"]}
             del data["blocks"]
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sweep_levels(cls, data: Any) -> Any:
+        try:
+            return _expand_sweep(data)
+        except ValidationError:
+            return data  # the sweep field's own validation reports where
 
     @field_validator("order", mode="before")
     @classmethod

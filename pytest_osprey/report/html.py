@@ -151,6 +151,10 @@ PLOT_CAPTIONS = {
     "changing speed.",
     "load_speedups": "Each candidate's completion-latency speedup at every load level, with "
     "the speed gates' 95% CIs (x: total-time speedup where judged).",
+    "crossover": "Each candidate's speedup over the baseline against concurrency (log scale) "
+    "at every closed-loop level, with the speed gates' 95% CIs; dashed: the KEEP threshold; "
+    "dotted: the monotone fit; diamond and band: the concurrency up to which speculation pays "
+    "and its 95% interval (an arrow: open beyond the tested range).",
     "domains": "Speedup over the baseline per domain of the trace (95% bootstrap CI over "
     "that domain's prompts: descriptive, not a gate) and the candidate's pooled accept "
     "length there, at the primary load.",
@@ -309,7 +313,8 @@ def _goodput(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
 
 def _analyses(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
     out = ['<h2 id="analyses">Analyses</h2>', "<h3>Speed across load levels</h3>",
-           _take(plots, "load_speedups"), _domains(summary, plots), _goodput(summary, plots)]
+           _take(plots, "load_speedups"), _take(plots, "crossover"), _domains(summary, plots),
+           _goodput(summary, plots)]
     shares = summary.get("acceptance_by_position") or {}
     if shares:
         out.append("<h3>Acceptance per draft position</h3>")

@@ -68,7 +68,12 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
             out.append(f"- **{esc(b.get('name'))}**{word}: {esc(b.get('text'))}")
             if b.get("diagnosis"):
                 out.append(f"  - *diagnosis:* {esc(b['diagnosis'])}")
-        out += [f"- *note:* {esc(n)}" for n in v.get("notes", [])]
+        cross = v.get("crossover") or {}
+        plotted = cross.get("text") if cross.get("status") not in (None, "not_estimable") \
+            else None
+        out += [f"- *note:* {esc(n)}" + (" (speedup against concurrency: plotted in "
+                                          "report.html)" if n == plotted else "")
+                for n in v.get("notes", [])]
         out += [f"- *could not have failed:* {esc(u)}" for u in v.get("unproven", [])]
         out.append("")
     if not out:

@@ -27,6 +27,7 @@ from .plotkit import (
     to_png,
 )
 from .plots_analyses import analysis_plots
+from .plots_crossover import crossover_plot
 
 FloatArray = npt.NDArray[np.float64]
 BOOTSTRAP_RESAMPLES = 1000
@@ -308,5 +309,8 @@ def all_plots(data: SavedCampaign, speedup_min: float = 1.0, seed: int = 0,
                     data, ref, cand, threshold, seed, _overall(summary, ref, cand))
     plots["accept_length"] = accept_length_plot(data)
     plots.update(analysis_plots(data, summary or {}, speedup_min))
+    crossing = crossover_plot(summary or {}, speedup_min)
+    if crossing is not None:
+        plots["crossover"] = crossing
     return plots
 

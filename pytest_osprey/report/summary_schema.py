@@ -70,6 +70,42 @@ class SetupRow(_Sheet):
     """As read from campaign.json, in words."""
 
 
+class CrossoverEntry(_Sheet):
+    """Up to which concurrency speculation pays (`verdicts[].crossover`): where the
+    candidate's speedup over the baseline falls to `limits.speedup_min` across the
+    closed-loop levels. The log speedup is taken as linear in log2(concurrency) between two
+    tested levels, never extrapolated beyond them; the point is where the weighted monotone
+    fit of the levels' estimates crosses the threshold, the interval inverts the test of
+    "speedup = threshold" along the interpolated curve, counting the part of neighbouring
+    levels' errors they share (same prompts and boots: 1 - the speed gate's time share)."""
+
+    status: Literal["crosses", "pays_everywhere", "pays_nowhere", "not_estimable"]
+    """`crosses`: it falls to the threshold within the tested range; `pays_everywhere`: it
+    clears it at every level tested (the crossing, if any, lies beyond the highest);
+    `pays_nowhere`: at none (below the lowest); `not_estimable`: see `reason`."""
+    concurrency: float | None
+    """The estimated crossing (requests in flight); null unless `status` is `crosses`."""
+    ci: Annotated[list[float | None], Field(min_length=2, max_length=2)]
+    """[low, high] at `decision.confidence` (requests in flight); null at an end the interval
+    leaves the tested range by (the crossing may lie beyond it: nothing says how far)."""
+    levels: list[str]
+    """The closed-loop levels it rests on, lightest first."""
+    concurrencies: list[int] = Field(default_factory=list)
+    """Their concurrencies, as `levels`."""
+    threshold: float | None = None
+    """The speedup it crosses (`limits.speedup_min`, ratio)."""
+    fit: list[float] = Field(default_factory=list)
+    """The monotone fit's speedup at each level (ratio), as `levels`; `[]` when not
+    estimable."""
+    reason: str = ""
+    """Why it is `not_estimable` (fewer than 3 closed-loop levels with a finite speedup
+    interval, levels sharing a concurrency, a speedup rising with concurrency), and which
+    levels were left out for want of a finite interval; `""` when neither applies."""
+    text: str = ""
+    """The line the verdict's notes carry, e.g. `speculation pays up to about x12 [8, 20]
+    ...`."""
+
+
 class VerdictEntry(_Sheet):
     """One candidate's verdict (`verdicts[]`)."""
 
@@ -94,6 +130,9 @@ class VerdictEntry(_Sheet):
     """Gating gates that passed or were skipped without the evidence to have failed
     (`evidence` not `tested`): `kind[id] evidence`. A KEEP with entries here rests on gates
     that could hardly, or not at all, have said no."""
+    crossover: CrossoverEntry | None = None
+    """Up to which concurrency speculation pays (always set by this version; `status`
+    `not_estimable` with its `reason` when it cannot be estimated)."""
 
 
 class GateEntry(_Sheet):

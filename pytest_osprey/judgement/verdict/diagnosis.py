@@ -13,6 +13,10 @@ Known patterns:
   drafts costs compute that concurrent requests would otherwise share;
 * **domain gap**: clearly slower (or accepting fewer tokens) on the unusual slice than overall:
   the drafter was adapted on other text.
+
+With three or more closed-loop levels, the concurrency up to which speculation pays (its
+speedup over the baseline clears the threshold) is estimated with an interval
+(:mod:`..speed.crossover`) and said in a line.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ...results.folder import SavedCampaign
 from ..figures.measured import Figures, accept_lengths
 from ..gates.kinds import GateKind as K
 from ..gates.result import GateResult, Outcome, Verdict
+from ..speed.crossover import Crossover, crossover, levels_from_gates
 from .partial import WITHHELD
 from .verdicts import CandidateVerdict
 
@@ -75,6 +80,7 @@ class Diagnosis:
     reasons: list[Reason]
     notes: list[str] = field(default_factory=list)  # diagnoses not tied to a listed reason
     withheld: str | None = None  # why no verdict: the campaign (or a condition) is partial
+    crossover: Crossover | None = None  # up to which concurrency speculation pays
 
 
 def _num(value: Any) -> float | None:
@@ -251,6 +257,15 @@ def _domain_gap(overall: Speed | None, unusual: GateResult | None,
                    "domain or route these requests around it")
 
 
+def pays_up_to(pilot: Pilot, speeds: Sequence[GateResult]) -> Crossover:
+    """Where the speedup over the baseline (``speeds``: one candidate's gates against it)
+    stops clearing ``limits.speedup_min`` across the closed-loop levels."""
+    load = pilot.load
+    closed = {lv: load.concurrency(lv) for lv in load.levels if load.rate(lv) is None}
+    return crossover(levels_from_gates([g for g in speeds if g.spec.slice is None], closed),
+                     pilot.limits.speedup_min, pilot.decision.confidence)
+
+
 def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResult],
              figures: Sequence[Figures], data: SavedCampaign | None = None) -> Diagnosis:
     """The diagnosis of one candidate's verdict."""
@@ -289,9 +304,12 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         reasons.append(Reason(gate_name(g, cand, base), g.outcome, short_text(g), diag,
                               f"{g.spec.kind}[{g.spec.id}]"))
     notes = [text for text in pending.values() if text]
+    where = pays_up_to(pilot, speeds)
+    if where.status != "not_estimable":
+        notes.append(where.text())
     withheld = f"{WITHHELD}: {verdict.withheld}" if verdict.withheld is not None else None
     return Diagnosis(cand, verdict.verdict, deciding, accept, quality_word(mine), reasons, notes,
-                     withheld)
+                     withheld, where)
 
 
 def diagnose_all(pilot: Pilot, verdicts: Sequence[CandidateVerdict],
