@@ -6,17 +6,21 @@ from __future__ import annotations
 import asyncio
 import heapq
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.campaign.steady import filler_order, hold_load
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.vllm_metrics import max_num_seqs_of
 from pytest_osprey.judgement.service.fairness import fairness_check
 from pytest_osprey.judgement.service.load import drained, in_flight, level_loads
+from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.results.folder import iter_pairs, load_campaign
 from pytest_osprey.results.records import RequestRecord
 from testkit.endpoint_pilot import run_cli, sglang_routes, write_endpoint_pilot
@@ -274,3 +278,24 @@ def test_vllm_running_cap_from_its_resolved_config_or_its_command_line() -> None
     assert max_num_seqs_of({"vllm_config": "text form"}, ["--max-num-seqs", "16"]) == 16
     assert max_num_seqs_of(None, ["--max-num-seqs=8"]) == 8
     assert max_num_seqs_of(None, ["--model", "m"]) is None
+
+
+def test_a_cycled_stretch_sends_every_copy_and_records_which(tmp_path: Path) -> None:
+    """A stretch may repeat a prompt (the trace cycled to reach the level's concurrency):
+    one measured request per entry, each recorded with its occurrence."""
+    with ScriptedServer(routes=sglang_routes(_answer)) as srv:
+        path = write_endpoint_pilot(tmp_path, srv.url, prompts=3, extra={
+            "load": {"levels": {"x8": 8}, "warmup_requests": 0, "passes": 1},
+            "decision": {"primary_load": "x8"}})
+        pilot = load_pilot(path)
+        campaign = Campaign(pilot, load_trace(pilot.trace.files), tmp_path / "res",
+                            list(pilot.conditions))
+        campaign.plan = replace(campaign.plan, stretches=tuple(
+            replace(s, prompt_ids=(s.prompt_ids * 3)[:8]) for s in campaign.plan.stretches))
+        data = campaign.run()
+    for cond in ("base", "cand"):
+        mine = sorted((r.prompt_id, r.copy) for r in data.of(cond))
+        assert mine == sorted([("p0", 0), ("p0", 1), ("p0", 2), ("p1", 0), ("p1", 1),
+                               ("p1", 2), ("p2", 0), ("p2", 1)])
+    (lv, _) = level_loads(data)
+    assert lv.mean == pytest.approx(8.0, rel=0.05) and lv.measured == 8
