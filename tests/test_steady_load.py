@@ -127,6 +127,8 @@ def test_in_flight_matches_the_truth_of_a_drained_and_a_steady_stretch(c: int) -
         assert values == pytest.approx([c] * len(values), rel=1e-9)  # the truth: c, always
         (lv,) = level_loads(saved_campaign(steady))
         assert lv.steady and lv.within == 1.0 and lv.fillers > 0 and not drained([lv])
+        last = max((r.started_at or 0.0) + (r.e2e_s or 0.0) for r in steady if not r.filler)
+        assert lv.achieved_rate == pytest.approx(3 * c / last)  # measured throughput
 
 
 def test_a_drained_level_fails_fairness_naming_it_and_a_steady_one_passes() -> None:

@@ -89,8 +89,10 @@ class Figures(BaseModel):
     """Share of measured requests whose in-flight average is within +-5% of the level's
     concurrency (0-1); null for open-loop levels."""
     achieved_rate: float | None = None
-    """Requests sent per second while the level ran (arrivals over the span of each
-    stretch's start times, pooled): an open-loop level's achieved Poisson rate."""
+    """Requests per second while the level ran, pooled over its stretches: for an open-loop
+    level the achieved arrival rate ((arrivals - 1) / span of their start times), for a
+    closed-loop level the measured requests' throughput (requests / span from a stretch's
+    first start to its last measured end)."""
     fillers: int = 0
     """Fillers sent at this level to hold the load steady (recorded, never judged)."""
 

@@ -46,7 +46,8 @@ class LevelLoad:
     within: float | None
     """Share of measured requests within +-5% of the concurrency (closed loop only)."""
     achieved_rate: float | None
-    """Requests sent per second while the level ran (every stretch's span, pooled)."""
+    """Requests per second while the level ran, pooled over its stretches: open loop the
+    achieved arrival rate, closed loop the measured requests' throughput."""
 
     @property
     def steady(self) -> bool | None:
@@ -110,16 +111,28 @@ def in_flight(sent: Iterable[RequestRecord]) -> list[tuple[RequestRecord, float]
     return out
 
 
-def _achieved_rate(recs: Sequence[RequestRecord]) -> float | None:
-    """Arrivals per second: (requests - 1) / span of their start times, pooled over the
-    level's stretches (the spacing of arrivals, not idle time between stretches)."""
-    by_stretch: dict[tuple[int, int | None], list[float]] = {}
+def _achieved_rate(recs: Sequence[RequestRecord], open_loop: bool) -> float | None:
+    """Requests per second, pooled over the level's stretches (never the idle time between
+    them). Open loop: the arrival rate, (arrivals - 1) / the span of their start times.
+    Closed loop: the measured requests' throughput, measured requests / the span from the
+    stretch's first start to its last measured end."""
+    by_stretch: dict[tuple[int, int | None], list[RequestRecord]] = {}
     for r in recs:
         if r.started_at is not None:
-            by_stretch.setdefault((r.boot, r.stretch), []).append(r.started_at)
-    gaps = sum(len(ts) - 1 for ts in by_stretch.values())
-    span = sum(max(ts) - min(ts) for ts in by_stretch.values())
-    return gaps / span if gaps and span > 0 else None
+            by_stretch.setdefault((r.boot, r.stretch), []).append(r)
+    count = span = 0.0
+    for rs in by_stretch.values():
+        first = min(r.started_at or 0.0 for r in rs)
+        if open_loop:
+            count += len(rs) - 1
+            span += max(r.started_at or 0.0 for r in rs) - first
+            continue
+        ends = [_span(r) for r in rs if not r.filler]
+        done = [e[1] for e in ends if e is not None]
+        if done:
+            count += len(done)
+            span += max(done) - first
+    return count / span if count and span > 0 else None
 
 
 def level_loads(data: SavedCampaign, mode: str = "greedy") -> list[LevelLoad]:
@@ -145,7 +158,7 @@ def level_loads(data: SavedCampaign, mode: str = "greedy") -> list[LevelLoad]:
                 fillers=sum(r.filler for r in recs),
                 mean=float(np.mean(values)) if values else None,
                 min=float(np.min(values)) if values else None, within=within,
-                achieved_rate=_achieved_rate(recs)))
+                achieved_rate=_achieved_rate(recs, rate is not None)))
     return out
 
 
