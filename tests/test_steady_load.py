@@ -17,10 +17,13 @@ from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.campaign.steady import filler_order, hold_load
 from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.vllm_metrics import max_num_seqs_of
+from pytest_osprey.judgement.figures.measured import all_figures
 from pytest_osprey.judgement.service.fairness import fairness_check
 from pytest_osprey.judgement.service.load import drained, in_flight, level_loads
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import load_trace
+from pytest_osprey.report.setup import measured_load
+from pytest_osprey.report.terminal import in_flight_text
 from pytest_osprey.results.folder import iter_pairs, load_campaign
 from pytest_osprey.results.records import RequestRecord
 from testkit.endpoint_pilot import run_cli, sglang_routes, write_endpoint_pilot
@@ -249,7 +252,7 @@ def test_a_closed_loop_run_holds_x4_and_records_its_fillers(tmp_path: Path) -> N
     assert fair["outcome"] == "pass"
     assert {f["condition"]: round(f["in_flight_mean"], 2) for f in summary["figures"]} == {
         lv.condition: round(lv.mean or 0.0, 2) for lv in loads}
-    assert any(r["what"] == "measured load" and "x4 (x4) " in r["value"]
+    assert any(r["what"] == "measured load" and r["value"].startswith("x4 3.9")
                for r in summary["setup"])
     # Judged again from the folder alone: the same in-flight figures.
     assert run_cli(["report", str(tmp_path / "res")]) in (0, 1)
@@ -307,3 +310,17 @@ def test_a_cycled_stretch_sends_every_copy_and_records_which(tmp_path: Path) -> 
                                ("p1", 2), ("p2", 0), ("p2", 1)])
     (lv, _) = level_loads(data)
     assert lv.mean == pytest.approx(8.0, rel=0.05) and lv.measured == 8
+
+
+def test_the_set_up_states_each_levels_measured_load() -> None:
+    rng = np.random.default_rng(5)
+    starts = np.cumsum(rng.exponential(1 / 5.0, 200))
+    recs = [*(rec("base", f"p{i}", float(t), 0.1, load="poisson", c=0, rate=5.0)
+              for i, t in enumerate(starts)), *_steady_stretch(4, 12, 0)]
+    data = saved_campaign(recs, load_levels={"poisson": {"rate": 5.0}, "x4": 4})
+    figs = all_figures(data)
+    line = measured_load(figs)
+    assert line is not None and line.startswith("measured in flight: poisson (Poisson 5/s) 1.")
+    assert "/s achieved" in line and ", x4 4.00" in line
+    (x4,) = [f for f in figs if f.load == "x4"]
+    assert x4.in_flight_within == 1.0 and x4.fillers > 0 and in_flight_text(x4) == "4.00"

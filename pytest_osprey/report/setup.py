@@ -125,8 +125,9 @@ def measured_load(figures: Sequence[Figures]) -> str | None:
             continue
         lo, hi = (min(f.in_flight_mean or 0.0 for f in mine),
                   max(f.in_flight_mean or 0.0 for f in mine))
-        text = f"{level} ({mine[0].load_label}) {lo:.2f}" + (f"-{hi:.2f}" if hi - lo >= 0.005
-                                                              else "")
+        label = mine[0].load_label
+        text = (level if label == level else f"{level} ({label})") + f" {lo:.2f}" + (
+            f"-{hi:.2f}" if hi - lo >= 0.005 else "")
         rates = [f.achieved_rate for f in mine if f.achieved_rate is not None]
         if rates and mine[0].load_label.startswith("Poisson"):
             text += f" at {min(rates):.2f}" + (f"-{max(rates):.2f}" if max(rates) - min(rates)
