@@ -426,11 +426,13 @@ class Campaign:
                 started = time.time()
                 result = await engine.generate(request)
             record = keep(result, prompt, index, started, copy=copies[k], lag=lag)
+            unfinished[0] -= 1
             if not record.ok:
                 failures.append(record.prompt_id)
             self._tick(name, mode, level, pass_index)
 
         fillers = filler_order(self.trace.prompts, f"filler:{where}")
+        unfinished = [len(jobs)]  # measured requests not yet ended
 
         async def filler() -> bool:
             """One filler (greedy, like the measured requests); False once one fails (an
@@ -441,9 +443,11 @@ class Campaign:
             try:
                 result = await engine.generate(request)
             except asyncio.CancelledError:
-                # No longer needed: recorded as it ended, so the records stay complete.
-                keep(Measurement.failure(FILLER_CANCELLED, e2e_s=time.perf_counter() - t0),
-                     prompt, 0, started, filler=True)
+                # Recorded as it ended, so the records stay complete.
+                why = FILLER_CANCELLED if unfinished[0] <= 0 else "cancelled (the run was "\
+                    "interrupted)"
+                keep(Measurement.failure(why, e2e_s=time.perf_counter() - t0), prompt, 0,
+                     started, filler=True)
                 raise
             return keep(result, prompt, 0, started, filler=True).ok
 
