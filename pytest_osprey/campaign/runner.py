@@ -444,8 +444,8 @@ class Campaign:
                 result = await engine.generate(request)
             except asyncio.CancelledError:
                 # Recorded as it ended, so the records stay complete.
-                why = FILLER_CANCELLED if unfinished[0] <= 0 else "cancelled (the run was "\
-                    "interrupted)"
+                why = (FILLER_CANCELLED if unfinished[0] <= 0
+                       else "cancelled (the run was interrupted)")
                 keep(Measurement.failure(why, e2e_s=time.perf_counter() - t0), prompt, 0,
                      started, filler=True)
                 raise
