@@ -55,7 +55,7 @@ def test_in_flight_of_known_overlaps() -> None:
     # A request whose first token is its last: the count at that instant.
     point = rec("base", "p", 12.0, 1.0, ttft=1.0)
     values = dict((r.prompt_id, v) for r, v in in_flight([a, b, f, point]))
-    assert values["p"] == pytest.approx(2.0)  # b and the filler at t = 13
+    assert values["p"] == pytest.approx(3.0)  # itself, b and the filler at t = 13
 
 
 def _grid_truth(records: list[RequestRecord], r: RequestRecord, step: float = 1e-4) -> float:

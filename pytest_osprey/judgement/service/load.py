@@ -103,8 +103,9 @@ def in_flight(sent: Iterable[RequestRecord]) -> list[tuple[RequestRecord, float]
             b = np.array([d[1] for _, d in chunk])[:, None]
             overlap = np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0.0, None)
             width = (b - a)[:, 0]
-            at_instant = ((starts <= a) & (a < ends)).sum(axis=1) if (width <= 0).any() \
-                else np.zeros(len(chunk))
+            # A first token that is the last: the others in flight then, and itself (its
+            # own span ends at that instant, so the half-open count leaves it out).
+            at_instant = ((starts <= a) & (a < ends)).sum(axis=1) + 1.0
             values = np.where(width > 0, overlap.sum(axis=1) / np.where(width > 0, width, 1.0),
                               at_instant)
             out += [(r, float(v)) for (r, _), v in zip(chunk, values, strict=True)]
