@@ -7,9 +7,10 @@ Defaults are plain and valid; a test states what it cares about as overrides.
 from __future__ import annotations
 
 import copy
+import heapq
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,29 @@ def make_record(condition: str = "base", prompt_id: str = "p0", *, measured: boo
         })  # fmt: skip
     fields.update(overrides)
     return RequestRecord(condition=condition, prompt_id=prompt_id, **fields)
+
+
+def closed_loop_starts(durations: Sequence[float], concurrency: int, filler_s: float = 0.5
+                       ) -> tuple[list[float], list[tuple[float, float, bool]]]:
+    """How the runner lays out a closed-loop stretch: ``concurrency`` workers take requests of
+    the given ``durations`` in order, then send fillers of ``filler_s`` until the last one has
+    ended, cutting the fillers still running there. Returns each request's start (from 0) and
+    the fillers as (start, duration, completed)."""
+    free = [(0.0, w) for w in range(max(1, concurrency))]
+    heapq.heapify(free)
+    starts = []
+    for d in durations:
+        t, w = heapq.heappop(free)
+        starts.append(t)
+        heapq.heappush(free, (t + d, w))
+    last = max((t + d for t, d in zip(starts, durations, strict=True)), default=0.0)
+    fillers = []
+    while free and free[0][0] < last:
+        t, w = heapq.heappop(free)
+        cut = min(filler_s, last - t)
+        fillers.append((t, cut, cut == filler_s))
+        heapq.heappush(free, (t + cut, w))
+    return starts, fillers
 
 
 def paired_campaign(

@@ -19,7 +19,13 @@ from pytest_osprey.results.folder import load_campaign
 from pytest_osprey.results.preflight_file import read_preflight
 from pytest_osprey.results.records import RecordWriter, RequestRecord
 
-from .factories import make_record, pilot_data, pilot_text, sampled_records
+from .factories import (
+    closed_loop_starts,
+    make_record,
+    pilot_data,
+    pilot_text,
+    sampled_records,
+)
 
 RUN_ID = "20250101T000000Z-abc123"
 LEVELS = {"low": 1, "busy": 4}
@@ -51,7 +57,7 @@ PILOT = pilot_text(pilot_data(
         "quality": {"max_loss_rate": 0.0},
         "memory": {"max_increase_pct": 30},
         "latency": [{"metric": "ttft", "percentile": 50, "max_s": 0.5, "load": "busy"}],
-        "cost": {"max_cost_per_request": 0.01, "max_break_even_days": 30},
+        "cost": {"max_cost_per_request": 0.01, "max_break_even_days": 60},
         "goodput": {"ttft_s": 0.5, "e2e_s": 5.0, "margin": 0.3},
     },
     decision={"early_stop": True},
@@ -82,8 +88,15 @@ def campaign_records(rng: np.random.Generator) -> list[RequestRecord]:
     for block in range(BLOCKS):
         for cond, (_, factor, _mb) in CONDITIONS.items():
             for level, conc in LEVELS.items():
+                e2es = [0.4 * effect[pid] * factor * conc ** 0.3 * float(rng.lognormal(0, 0.05))
+                        for pid, _ in PROMPTS]
+                # Laid out as the runner sends them: the level's load held by fillers.
+                starts, fillers = closed_loop_starts(e2es, conc)
+                if conc == 1:  # one after another (as first written: the cost figures)
+                    starts, fillers = [k * e for k, e in enumerate(e2es)], []
+                t0 = 1000.0 * block + (100.0 if level == "busy" else 0.0)
                 for k, (pid, slice_) in enumerate(PROMPTS):
-                    e2e = 0.4 * effect[pid] * factor * conc ** 0.3 * float(rng.lognormal(0, 0.05))
+                    e2e = e2es[k]
                     ids = _ids(cond, pid)
                     ok = not (cond == "current" and level == "busy" and k == 11 and block == 1)
                     out.append(make_record(
@@ -101,8 +114,13 @@ def campaign_records(rng: np.random.Generator) -> list[RequestRecord]:
                         spec_drafts=2 if ok and cond != "baseline" else None,
                         spec_accepted_per_position=[2, 1, 0] if ok and cond != "baseline"
                         else None,
-                        finish_reason="length", started_at=1000.0 * block + k * e2e,
+                        finish_reason="length", started_at=t0 + starts[k],
                     ))
+                out += [make_record(cond, PROMPTS[j % len(PROMPTS)][0], run_id=RUN_ID,
+                                    block=block, boot=block, load=level, concurrency=conc,
+                                    filler=True, ok=done, e2e_s=d, started_at=t0 + t,
+                                    error=None if done else "cancelled: filler")
+                        for j, (t, d, done) in enumerate(fillers)]
     for cond in CONDITIONS:  # the sampled pass: one distribution for every condition
         for pid, slice_ in PROMPTS[:SAMPLED]:
             outputs = [[int(t) for t in rng.integers(0, 5, 6)] for _ in range(4)]

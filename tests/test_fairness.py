@@ -153,14 +153,26 @@ def test_a_running_cap_below_the_load_on_one_side_only_is_unfair() -> None:
 
 @pytest.mark.parametrize(("base", "cand", "concurrency"), [
     (4096, 48, 32),  # both caps above the load: nobody queues
-    (48, 48, 64),  # the same cap on both sides: both queue alike
-    (None, 48, 64),  # one side says nothing: not a difference (not shown)
+    (None, 4096, 64),  # one side says nothing, the other's cap does not bite
 ])
-def test_running_caps_that_do_not_bite_differently_are_fair(
+def test_running_caps_above_the_load_are_fair(
     base: int | None, cand: int, concurrency: int
 ) -> None:
     m = meta(base=fp(max_running_requests=base), cand=fp(max_running_requests=cand))
     assert fairness_check(m, closed(["base", "cand"], concurrency)).ok
+
+
+@pytest.mark.parametrize(("base", "cand"), [(48, 48), (None, 48)])
+def test_a_level_above_any_conditions_cap_is_unfair(base: int | None, cand: int) -> None:
+    # Even with the same cap on both sides the level is not the load it names: the server
+    # runs 48 and queues the rest.
+    m = meta(base=fp(max_running_requests=base), cand=fp(max_running_requests=cand))
+    res = fairness_check(m, closed(["base", "cand"], 64))
+    assert not res.ok
+    (diff,) = res.differences
+    assert "load 'heavy': up to 64 requests in flight" in diff and "cand runs at most 48" in diff
+    assert ("base runs at most" in diff) == (base == 48)
+    assert "--max-running-requests of at least 64" in diff
 
 
 def test_open_loop_caps_are_judged_on_what_was_in_flight() -> None:

@@ -140,7 +140,8 @@ FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", 
                "e2e_p50_s", "e2e_p95_s", "tpot_p50_s", "tokens_per_s",
                "request_tokens_per_s_p50", "accept_length_pooled", "accept_length_mean",
                "peak_memory_mb", "load_label", "dispatch_lag_p99_s", "cost_per_request",
-               "checked", "correct", "correct_fraction"]
+               "checked", "correct", "correct_fraction", "in_flight_mean", "in_flight_min",
+               "in_flight_within", "achieved_rate", "fillers"]
 COST_KEYS = ["currency", "device_hour_price", "devices_per_server", "expected_requests_per_day",
              "primary_load", "limits", "table", "break_even"]
 COST_ROW_KEYS = ["condition", "load", "concurrency", "ok", "total", "busy_s",

@@ -25,7 +25,7 @@ from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
 from ..results.folder import SavedCampaign, load_campaign
-from ..results.records import RecordWriter, RequestRecord
+from ..results.records import Measurement, RecordWriter, RequestRecord
 from ..version import __version__
 from .events import Progress, ProgressEvent, StopRule
 from .probing import run_probes
@@ -38,10 +38,12 @@ from .requests import (
     stop_reason,
 )
 from .schedule import ReplayPlan, Stretch, plan_facts, plan_replay
+from .steady import filler_order, hold_load
 
 # How long a server whose requests failed may take to be seen exited (the kernel reaps it
 # after its sockets already refuse connections).
 _EXIT_WAIT_S = 5.0
+FILLER_CANCELLED = "cancelled: a filler no longer needed (the stretch's measured requests ended)"
 
 
 @dataclass
@@ -95,8 +97,9 @@ class Campaign:
 
     @property
     def measured(self) -> list[RequestRecord]:
-        """The records written so far (all of them once the campaign has ended)."""
-        return list(self._records)
+        """The measured records written so far (all of them once the campaign has ended);
+        fillers, written beside them to records.jsonl, are not measured work."""
+        return [r for r in self._records if not r.filler]
 
     # -- the run ------------------------------------------------------------------------
     def _make_plan(self) -> ReplayPlan:
@@ -371,13 +374,15 @@ class Campaign:
 
         margins = mode == "greedy" and state.boot == 0 and pass_index == 0
         failures: list[str] = []
+        seen: dict[tuple[str, int], int] = {}
+        copies = []  # the occurrence of each job's prompt in the stretch (a cycled trace)
+        for p, i in jobs:
+            copies.append(seen.get((p.id, i), 0))
+            seen[(p.id, i)] = copies[-1] + 1
 
-        async def one(prompt: Prompt, index: int, arrival_s: float | None) -> None:
-            lag: float | None = None
-            if arrival_s is not None:
-                await asyncio.sleep(max(0.0, t_start + arrival_s - time.perf_counter()))
+        def request_for(prompt: Prompt, index: int, want_margins: bool) -> GenerationRequest:
             greedy = mode == "greedy"
-            request = GenerationRequest(
+            return GenerationRequest(
                 prompt_id=prompt.id,
                 prompt=self._text(prompt, engine),
                 max_new_tokens=max_new_tokens(
@@ -391,9 +396,30 @@ class Campaign:
                 # each prompt's first greedy record (first boot, first pass). Everywhere else
                 # they would only add client work per token, and more per decoding step to a
                 # condition whose steps carry several tokens.
-                want_margins=margins,
+                want_margins=want_margins,
                 timeout_s=self.pilot.load.request_timeout_s,
             )
+
+        def keep(result: Any, prompt: Prompt, index: int, started: float, *, copy: int = 0,
+                 lag: float | None = None, filler: bool = False) -> RequestRecord:
+            record = RequestRecord.from_measurement(
+                result, run_id=self.run_id, condition=name, block=block,
+                repetition=pass_index, load=level, concurrency=concurrency,
+                prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
+                mode="greedy" if mode == "greedy" else "sampled", sample_index=index,
+                started_at=started, rate=rate, dispatch_lag_s=lag, boot=state.boot,
+                stretch=stretch_id, copy=copy, filler=filler,
+            )
+            writer.write(record)
+            self._records.append(record)
+            return record
+
+        async def one(k: int, arrival_s: float | None = None) -> None:
+            prompt, index = jobs[k]
+            lag: float | None = None
+            if arrival_s is not None:
+                await asyncio.sleep(max(0.0, t_start + arrival_s - time.perf_counter()))
+            request = request_for(prompt, index, margins and copies[k] == 0)
             async with sem:
                 if arrival_s is not None:
                     # How late the request left: the generator's own fidelity, and under a cap
@@ -401,25 +427,42 @@ class Campaign:
                     lag = time.perf_counter() - (t_start + arrival_s)
                 started = time.time()
                 result = await engine.generate(request)
-            record = RequestRecord.from_measurement(
-                result, run_id=self.run_id, condition=name, block=block,
-                repetition=pass_index, load=level, concurrency=concurrency,
-                prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
-                mode="greedy" if greedy else "sampled", sample_index=index,
-                started_at=started, rate=rate, dispatch_lag_s=lag, boot=state.boot,
-                stretch=stretch_id,
-            )
-            writer.write(record)
-            self._records.append(record)
+            record = keep(result, prompt, index, started, copy=copies[k], lag=lag)
+            unfinished[0] -= 1
             if not record.ok:
                 failures.append(record.prompt_id)
             self._tick(name, mode, level, pass_index)
 
+        fillers = filler_order(self.trace.prompts, f"filler:{where}")
+        unfinished = [len(jobs)]  # measured requests not yet ended
+
+        async def filler() -> bool:
+            """One filler (greedy, like the measured requests); False once one fails (an
+            engine that fails requests is not kept busy with more)."""
+            prompt = next(fillers)
+            request = request_for(prompt, 0, False)
+            started, t0 = time.time(), time.perf_counter()
+            try:
+                result = await engine.generate(request)
+            except asyncio.CancelledError:
+                # Recorded as it ended, so the records stay complete.
+                why = (FILLER_CANCELLED if unfinished[0] <= 0
+                       else "cancelled (the run was interrupted)")
+                keep(Measurement.failure(why, e2e_s=time.perf_counter() - t0), prompt, 0,
+                     started, filler=True)
+                raise
+            return keep(result, prompt, 0, started, filler=True).ok
+
         # Open-loop arrival times count from t_start.
         t_start = time.perf_counter()
-        await asyncio.gather(*(
-            one(p, i, None if arrivals is None else arrivals[k]) for k, (p, i) in enumerate(jobs)
-        ))
+        if stretch is not None and mode == "greedy" and concurrency and rate is None:
+            # Closed loop: the load held at ``concurrency`` until the last measured request
+            # ends (fillers), not a block that drains as its requests finish.
+            await hold_load(concurrency, len(jobs), one, filler)
+        else:
+            await asyncio.gather(*(
+                one(k, None if arrivals is None else arrivals[k]) for k in range(len(jobs))
+            ))
         self._note_memory(state)
         entry.ended = time.time()
         entry.loadavg_end = host_load()

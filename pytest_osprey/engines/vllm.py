@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
@@ -29,6 +30,7 @@ from .vllm_metrics import (
     counters_from,
     kv_capacity_from,
     margins_of,
+    max_num_seqs_of,
     top2_ids_of,
 )
 
@@ -372,6 +374,15 @@ class VLLMEngine(BootedServer[OpenAIClient]):
         if self.speculates:
             # Acceptance is in each request's record (a pooled figure read at boot is empty).
             facts["speculative_config"] = speculative_config(self.pilot, self.condition)
+        # The running cap, under SGLang's key: the fairness gate compares it to each level.
+        info = None
+        if self.dev_mode and self.client is not None:
+            raw = self.client.get_text("/server_info?config_format=json")
+            with contextlib.suppress(json.JSONDecodeError):
+                info = json.loads(raw) if raw else None
+        cap = max_num_seqs_of(info, list(self.argv or []))
+        if cap is not None:
+            facts["max_running_requests"] = cap
         return facts
 
     def flush(self) -> None:

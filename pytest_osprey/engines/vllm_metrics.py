@@ -102,3 +102,22 @@ def accept_from(before: Mapping[str, float], after: Mapping[str, float]) -> floa
     if drafts <= 0:
         return None
     return 1.0 + (after["accepted"] - before["accepted"]) / drafts
+
+
+def max_num_seqs_of(server_info: Any, argv: list[str] | None = None) -> int | None:
+    """The most requests the server runs at once (``scheduler_config.max_num_seqs``): from
+    its dev-mode ``/server_info?config_format=json`` (the resolved value: vLLM picks a
+    default per device, 128 per CPU socket for the OpenAI server), else from a
+    ``--max-num-seqs`` on its command line; None when neither tells."""
+    config = server_info.get("vllm_config") if isinstance(server_info, Mapping) else None
+    scheduler = config.get("scheduler_config") if isinstance(config, Mapping) else None
+    value = scheduler.get("max_num_seqs") if isinstance(scheduler, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    args = argv or []
+    for i, arg in enumerate(args):
+        given = (arg.partition("=")[2] if arg.startswith("--max-num-seqs=")
+                 else args[i + 1] if arg == "--max-num-seqs" and i + 1 < len(args) else None)
+        if given is not None and given.strip().isdigit():
+            return int(given)
+    return None

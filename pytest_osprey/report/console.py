@@ -37,7 +37,7 @@ def table_columns(judgement: Judgement, data: SavedCampaign) -> Columns:
 def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
                   comparison: Comparison | None, reports: Sequence[Path]) -> list[Line]:
     cols = table_columns(judgement, data)
-    out = [Line(f"set-up: {short_setup(data.meta, pilot)}")]
+    out = [Line(f"set-up: {short_setup(data.meta, pilot, figures=judgement.figures)}")]
     out += [Line(t) for t in text_table(judgement.figures, cols)]
     out.append(Line(legend(cols)))
     for warning in stability(data).warnings:

@@ -93,11 +93,11 @@ def _figures(summary: Mapping[str, Any]) -> list[Figures]:
 
 def key_table(summary: Mapping[str, Any], meta: CampaignFile) -> list[str]:
     cols = _columns(summary, meta)
-    rows = [(r[0], r[1], r[5], r[4], r[3], r[6], r[7])
+    rows = [(r[0], r[1], r[5], r[4], r[3], r[6], r[7], r[9])
             for r in table_rows(_figures(summary), cols)]
     return _table(("condition", "load", "speedup vs baseline [95% CI]",
                    "completion p50/p95 ms", "TTFT p50/p95 ms", "aggregate tok/s",
-                   "accept len"), rows)
+                   "accept len", "in flight"), rows)
 
 
 def _footer(meta: CampaignFile, folder: str) -> str:

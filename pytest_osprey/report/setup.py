@@ -4,10 +4,11 @@ the pilot filling in only what campaign.json of an older campaign lacks."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from ..judgement import Figures
 from ..pilot.schema import Pilot, level_label
 from ..results.campaign_file import CampaignFile
 
@@ -114,9 +115,31 @@ def _design(meta: CampaignFile, order: str | None, long: bool = False) -> str:
     return text
 
 
+def measured_load(figures: Sequence[Figures]) -> str | None:
+    """Each level's measured in-flight load, over the conditions (from the records):
+    ``x4 3.97-3.99 in flight``; an open-loop level with its achieved rate."""
+    parts = []
+    for level in dict.fromkeys(f.load for f in figures):
+        mine = [f for f in figures if f.load == level and f.in_flight_mean is not None]
+        if not mine:
+            continue
+        lo, hi = (min(f.in_flight_mean or 0.0 for f in mine),
+                  max(f.in_flight_mean or 0.0 for f in mine))
+        label = mine[0].load_label
+        text = (level if label == level else f"{level} ({label})") + f" {lo:.2f}" + (
+            f"-{hi:.2f}" if hi - lo >= 0.005 else "")
+        rates = [f.achieved_rate for f in mine if f.achieved_rate is not None]
+        if rates and mine[0].load_label.startswith("Poisson"):
+            text += f" at {min(rates):.2f}" + (f"-{max(rates):.2f}" if max(rates) - min(rates)
+                                                >= 0.005 else "") + "/s achieved"
+        parts.append(text)
+    return "measured in flight: " + ", ".join(parts) if parts else None
+
+
 def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
-                with_hardware: bool = True) -> str:
-    """One line: engine, device, dtype, threads, passes and order, warm-up."""
+                with_hardware: bool = True, figures: Sequence[Figures] = ()) -> str:
+    """One line: engine, device, dtype, threads, passes and order, warm-up, the load each
+    level measured."""
     parts = [f"{engine_name(meta, pilot)} on {hardware(meta)}" if with_hardware
              else engine_name(meta, pilot)]
     dtype = _common(meta, "dtype")
@@ -131,11 +154,15 @@ def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
         pilot.load.warmup_requests if pilot else None)
     if warm is not None:
         parts.append(f"{warm} warm-up request(s)")
-    return ", ".join(parts)
+    line = ", ".join(parts)
+    load = measured_load(figures)
+    return f"{line}; {load}" if load else line
 
 
-def setup_rows(meta: CampaignFile, pilot: Pilot | None = None) -> list[tuple[str, str]]:
-    """(what, value) rows of the set-up block every report carries."""
+def setup_rows(meta: CampaignFile, pilot: Pilot | None = None,
+               figures: Sequence[Figures] = ()) -> list[tuple[str, str]]:
+    """(what, value) rows of the set-up block every report carries (with the figures, the
+    load each level measured)."""
     rows: list[tuple[str, str]] = [("engine", engine_name(meta, pilot))]
     torch = _common(meta, "torch")
     if torch:
@@ -163,6 +190,13 @@ def setup_rows(meta: CampaignFile, pilot: Pilot | None = None) -> list[tuple[str
     if warm is not None:
         rows.append(("warm-up", f"{warm} request(s) per condition after boot, not recorded"))
     rows.append(("load levels", load_meaning(meta, pilot)))
+    load = measured_load(figures)
+    if load:
+        fillers = sum(f.fillers for f in figures)
+        rows.append(("measured load", load.removeprefix("measured in flight: ")
+                     + " requests in flight on average over each level's measured requests"
+                     + (f" ({fillers} fillers sent to hold the load, recorded, not judged)"
+                        if fillers else "")))
     rows.append(("prompts", f"{len(meta.prompt_ids)} (trace {str(meta.trace_hash or '')[:12]})"))
     sampled = meta.sampling.get("sampled") if isinstance(meta.sampling, Mapping) else None
     if isinstance(sampled, Mapping) and sampled.get("enabled"):

@@ -64,7 +64,7 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
             for name, info in meta.conditions.items()
         },
         "comparison": comparison,
-        "setup": [{"what": k, "value": v} for k, v in setup_rows(meta, pilot)],
+        "setup": [{"what": k, "value": v} for k, v in setup_rows(meta, pilot, judgement.figures)],
         "stability": stability(data),
         "goodput": goodput_section(pilot, data),
         "domains": all_domain_rows(data, pilot.primary_load, pilot.sampling.seed),

@@ -295,9 +295,13 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "`limits.min_completed_fraction` (fraction 0-1)",
         "`ok`, `total` (requests)"),
     GateKind.FAIRNESS: KindDoc(
-        "engine, version, device, precision, context, sampling and trace identical", _NONE,
+        "engine, version, device, precision, context, sampling and trace identical; every "
+        "closed-loop level held >= 0.95 x its concurrency in flight (measured from the "
+        "records) and ran within every condition's running cap", _NONE,
         _NONE,
-        "`differences` (list of what differs), `compared` (field -> condition -> value)"),
+        "`differences` (list of what differs), `compared` (field -> condition -> value), "
+        "`in_flight` (per condition and level: `concurrency`, `rate`, `measured`, `fillers`, "
+        "`mean`, `min`, `within` (share within +-5%), `achieved_rate` (requests/s))"),
     GateKind.GREEDY_IDENTITY: KindDoc(
         "genuine divergences <= threshold, and the near-tie rate per compared token not above "
         "the identical-condition control's (the baseline's later blocks against its first: an "

@@ -61,7 +61,7 @@ def speedup_text(cell: Cell | None) -> str:
 def header(cols: Columns, full: bool = False) -> tuple[str, ...]:
     return ("condition", "load", "ok/total", "TTFT p50/p95 ms", "completion p50/p95 ms",
             "speedup vs baseline [95% CI]", "aggregate tok/s",
-            "accept len (pooled/mean)" if full else "accept len", cols.memory)
+            "accept len (pooled/mean)" if full else "accept len", cols.memory, "in flight")
 
 
 TABLE_HEADER = header(Columns(), full=True)
@@ -95,9 +95,19 @@ def table_rows(figs: Sequence[Figures], cols: Columns | None = None,
             _num(f.tokens_per_s, "{:.1f}"),
             _accept(f, cols, full),
             _num(f.peak_memory_mb, "{:.0f}"),
+            in_flight_text(f),
         )
         for f in figs
     ]
+
+
+def in_flight_text(f: Figures) -> str:
+    """The measured in-flight load (mean over measured requests); an open-loop level's
+    achieved rate beside it."""
+    text = _num(f.in_flight_mean)
+    if f.achieved_rate is not None and f.load_label.startswith("Poisson"):
+        text += f" @ {f.achieved_rate:.2f}/s"
+    return text
 
 
 def text_table(figs: Sequence[Figures], cols: Columns | None = None) -> list[str]:
@@ -110,7 +120,9 @@ def text_table(figs: Sequence[Figures], cols: Columns | None = None) -> list[str
 def legend(cols: Columns) -> str:
     return ("aggregate tok/s: output tokens of all completed requests / busy wall time; "
             "accept len: tokens per verify step, pooled (n/a: speculation off); "
-            f"{cols.memory}: {cols.memory_note}")
+            f"{cols.memory}: {cols.memory_note}; in flight: requests at the engine during "
+            "each measured request, averaged (fillers keep a closed-loop level steady; "
+            "open loop: @ achieved rate)")
 
 
 def results_line(reports: Sequence[Path]) -> str | None:

@@ -6,7 +6,7 @@ This is what judgement reads; it knows nothing of how the campaign was measured.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +17,29 @@ from .records import RequestRecord, read_records
 
 @dataclass
 class SavedCampaign:
-    """A campaign as saved: what the gates judge."""
+    """A campaign as saved: what the gates judge.
+
+    ``records`` are the judged requests only: fillers (sent to keep a level's load steady)
+    are moved to ``fillers`` on construction, so that no gate, figure or report that reads
+    ``records`` can count them. Only the in-flight load reads both (:attr:`sent`)."""
 
     directory: Path
     meta: CampaignFile
     records: list[RequestRecord]
     prompts: dict[str, Prompt] | None = None  # the trace, where it can be read (correctness)
+    fillers: list[RequestRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.meta, Mapping):  # a plain dict (tests, older callers)
             self.meta = CampaignFile.model_validate(dict(self.meta))
+        if any(r.filler for r in self.records):
+            self.fillers = [*self.fillers, *(r for r in self.records if r.filler)]
+            self.records = [r for r in self.records if not r.filler]
+
+    @property
+    def sent(self) -> list[RequestRecord]:
+        """Every request sent, fillers included (what was in flight at the engine)."""
+        return [*self.records, *self.fillers]
 
     def of(
         self, condition: str, load: str | None = None, mode: str = "greedy"

@@ -81,6 +81,14 @@ class RequestRecord(Measurement):
     """Which boot of the condition served it (0-based)."""
     stretch: int | None = None
     """The replay plan's stretch: one condition replaying one block, contiguous in time."""
+    filler: bool = False
+    """Sent only to keep a closed-loop level's load steady while the stretch's last measured
+    requests finish: recorded (the in-flight load is recomputed from records), never judged.
+    A filler still running when the stretch's measured requests have all finished is
+    cancelled and recorded as failed."""
+    copy: int = 0
+    """Which occurrence of its prompt this is within its stretch (a stretch that repeats a
+    prompt: the trace cycled to reach the level's concurrency)."""
     probe: str | None = None  # params pass: which sampling-parameter probe ("plain": none)
     request: dict[str, Any] | None = None  # params pass: the non-default parameters sent
     schema: int = SCHEMA

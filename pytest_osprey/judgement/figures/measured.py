@@ -16,6 +16,7 @@ from ...results.folder import SavedCampaign, level_concurrency
 from ...results.records import RequestRecord
 from ..cost.pricing import busy_seconds, condition_cost
 from ..quality.correctness import correctness_by_prompt
+from ..service.load import level_loads
 
 
 class Figures(BaseModel):
@@ -77,6 +78,23 @@ class Figures(BaseModel):
     """Of those, outputs that passed their check (count); null as `checked`."""
     correct_fraction: float | None = None
     """`correct / checked` (0-1); null when nothing was checked."""
+    in_flight_mean: float | None = None
+    """Measured in-flight load: requests in flight at the engine (fillers included), averaged
+    over each completed measured request from its first token to its last, then over the
+    requests (from records alone); a closed-loop level below 0.95 x its concurrency fails
+    fairness. Null where the records carry no timings."""
+    in_flight_min: float | None = None
+    """The lowest of those per-request averages (requests)."""
+    in_flight_within: float | None = None
+    """Share of measured requests whose in-flight average is within +-5% of the level's
+    concurrency (0-1); null for open-loop levels."""
+    achieved_rate: float | None = None
+    """Requests per second while the level ran, pooled over its stretches: for an open-loop
+    level the achieved arrival rate ((arrivals - 1) / span of their start times), for a
+    closed-loop level the measured requests' throughput (requests / span from a stretch's
+    first start to its last measured end)."""
+    fillers: int = 0
+    """Fillers sent at this level to hold the load steady (recorded, never judged)."""
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -136,10 +154,15 @@ def all_figures(data: SavedCampaign, pilot: Pilot | None = None) -> list[Figures
     """Every condition at every level; with the pilot, also cost per request and the
     prompts' expect checks."""
     out = []
+    loads = {(lv.condition, lv.load): lv for lv in level_loads(data)}
     for cond in data.meta.conditions:
         for level, value in data.meta.load_levels.items():
             fig = figures_for(data, cond, level, level_concurrency(value), level_label(value))
             extra: dict[str, float | int | None] = {}
+            if (lv := loads.get((cond, level))) is not None:
+                extra |= {"in_flight_mean": lv.mean, "in_flight_min": lv.min,
+                          "in_flight_within": lv.within, "achieved_rate": lv.achieved_rate,
+                          "fillers": lv.fillers}
             if pilot is not None:
                 extra["cost_per_request"] = condition_cost(pilot, data, cond, level) \
                     .cost_per_request

@@ -18,6 +18,7 @@ from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
 from ..gates.result import GateResult
 from ..gates.spec import GateSpec
+from .load import LevelLoad, drained, level_loads
 
 ADVICE = "keep the GPU, precision, sampling, context and request trace fixed"
 
@@ -81,9 +82,12 @@ def _shown(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{c}={v!r}" for c, v in values.items())
 
 
-def fairness_check(meta: Mapping[str, Any], records: Sequence[RequestRecord]) -> FairnessResult:
+def fairness_check(meta: Mapping[str, Any], records: Sequence[RequestRecord],
+                   loads: Sequence[LevelLoad] = ()) -> FairnessResult:
     """Check that all conditions that ran share engine, version, device, dtype, context length,
-    sampling parameters and trace hash, and were sent the same prompts per load level and mode.
+    sampling parameters and trace hash, were sent the same prompts per load level and mode,
+    held each closed-loop level's load (``loads``, measured from the records) and could run
+    it (their running caps).
 
     A field missing on some conditions is reported under ``not_shown``, not as a difference
     (engines report different facts). Conditions whose boot failed are left out (the
@@ -98,7 +102,11 @@ def fairness_check(meta: Mapping[str, Any], records: Sequence[RequestRecord]) ->
         else:
             names.append(name)
     names += sorted({r.condition for r in records} - set(conditions))
+    # A level that did not hold its load is unfair even to a lone condition: its figures
+    # are not those of the load it names.
+    result.differences += drained(loads, names)
     if len(names) < 2:
+        result.ok = not result.differences
         return result
 
     def info(name: str) -> Mapping[str, Any]:
@@ -154,10 +162,11 @@ def _peak_in_flight(records: Sequence[RequestRecord]) -> int:
 
 def _running_caps(records: Sequence[RequestRecord], caps: Mapping[str, Any]) -> list[str]:
     """A server runs at most ``max_running_requests`` at once and queues the rest (SGLang caps
-    speculative servers at 48 by default, not the plain one): at a load above one condition's
-    cap and not another's, only one side queues, and its latency counts that wait."""
+    speculative servers at 48 by default, not the plain one): at a load above a condition's
+    cap, that condition does not run the load the level names (its latency counts the wait,
+    its batch is the cap), and where another condition's cap is higher only one side queues."""
     known = {c: v for c, v in caps.items() if isinstance(v, int) and v > 0}
-    if len(set(known.values())) < 2:
+    if not known:
         return []
     by_load: dict[str, list[RequestRecord]] = {}
     for r in records:
@@ -170,12 +179,15 @@ def _running_caps(records: Sequence[RequestRecord], caps: Mapping[str, Any]) -> 
             peak = max(closed)
         else:  # open loop: what was in flight, per condition
             peak = max(_peak_in_flight([r for r in recs if r.condition == c]) for c in known)
-        if len({min(cap, peak) for cap in known.values()}) < 2:
-            continue
         capped = ", ".join(f"{c} runs at most {cap}" for c, cap in known.items() if cap < peak)
+        if not capped:
+            continue
+        side = ("requests queue on one side only"
+                if len({min(cap, peak) for cap in known.values()}) > 1
+                else "the excess queues in the server")
         out.append(f"load {load!r}: up to {peak} requests in flight, but {capped} at once "
-                   f"(max_running_requests: {_shown(known)}): requests queue on one side only; "
-                   "give every condition the same --max-running-requests")
+                   f"(max_running_requests: {_shown(known)}): {side}; give every condition "
+                   f"--max-running-requests of at least {peak} (SGLang; vLLM: --max-num-seqs)")
     return out
 
 
@@ -203,6 +215,8 @@ def judge_fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateRes
     involved = {spec.condition, *pilot.references(spec.condition)}
     meta = data.meta.model_dump(by_alias=True)
     meta["conditions"] = {n: c for n, c in meta["conditions"].items() if n in involved}
-    res = fairness_check(meta, [r for r in data.records if r.condition in involved])
+    loads = [lv for lv in level_loads(data) if lv.condition in involved]
+    res = fairness_check(meta, [r for r in data.records if r.condition in involved], loads)
     return GateResult(spec, "pass" if res.ok else "fail", res.summary,
-                      details={"differences": res.differences, "compared": res.compared})
+                      details={"differences": res.differences, "compared": res.compared,
+                               "in_flight": [lv.as_dict() for lv in loads]})
