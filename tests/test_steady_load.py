@@ -58,6 +58,19 @@ def test_in_flight_of_known_overlaps() -> None:
     assert values["p"] == pytest.approx(3.0)  # itself, b and the filler at t = 13
 
 
+def test_an_answer_in_one_piece_is_counted_over_its_whole_life() -> None:
+    """All tokens in one chunk (no inter-token gap): the engine decoded before it answered, so
+    the count is over the request's life, not the instant its chunk arrived."""
+    a = rec("base", "a", 0.0, 10.0)
+    b = replace(rec("base", "b", 0.0, 10.5, ttft=10.4), itl_s=[0.0, 0.0, 0.0])
+    late = rec("base", "f", 10.2, 5.0, filler=True)  # the replacement, sent a moment late
+    values = dict((r.prompt_id, v) for r, v in in_flight([a, b, late]))
+    assert values["b"] == pytest.approx((10.0 + 10.5 + 0.3) / 10.5)  # not the 1.5 at 10.4
+    streamed = replace(b, itl_s=[0.05, 0.0, 0.05])
+    values = dict((r.prompt_id, v) for r, v in in_flight([a, streamed, late]))
+    assert values["b"] == pytest.approx((0.0 + 0.1 + 0.1) / 0.1)  # its own decode window
+
+
 def _grid_truth(records: list[RequestRecord], r: RequestRecord, step: float = 1e-4) -> float:
     """Independent of the code under test: the in-flight count sampled on a fine grid."""
     assert r.started_at is not None and r.e2e_s is not None and r.ttft_s is not None

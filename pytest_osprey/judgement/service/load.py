@@ -70,11 +70,14 @@ def _span(r: RequestRecord) -> tuple[float, float] | None:
 
 
 def _decode(r: RequestRecord) -> tuple[float, float] | None:
-    """From the request's first token to its last (from submission where no first token is
-    recorded)."""
+    """From the request's first token to its last; from submission where no first token is
+    recorded, or where the output arrived in one piece (no inter-token gap: the engine decoded
+    before it answered, while the request was in flight, and the client saw no decode window,
+    only the instant its one chunk arrived)."""
     if not r.ok or r.filler or r.started_at is None or r.e2e_s is None:
         return None
-    first = r.started_at + min(r.ttft_s or 0.0, r.e2e_s)
+    one_piece = bool(r.itl_s) and not any(gap > 0 for gap in r.itl_s)
+    first = r.started_at + (0.0 if one_piece else min(r.ttft_s or 0.0, r.e2e_s))
     return first, r.started_at + r.e2e_s
 
 
