@@ -277,3 +277,22 @@ def test_speculative_sampling_in_a_batch_keeps_the_targets_distribution(
 
     monkeypatch.setattr(batching.Batcher, "_verify", accept_all)
     assert _p_value(_second_tokens(engine, prompt, 400), probs) < 1e-3
+
+
+def test_the_cache_appends_in_place_until_its_room_is_full() -> None:
+    from pytest_osprey.engines.kv_rows import growing_layer
+
+    layer = growing_layer()()
+    k = torch.randn(2, 4, 5, 8)
+    layer.update(k, k + 1)
+    room = layer.keys.data_ptr()
+    for _ in range(10):  # 55 columns: within the first room of 64
+        layer.update(k, k + 1)
+    assert layer.keys.data_ptr() == room and layer.keys.shape == (2, 4, 55, 8)
+    assert torch.equal(layer.keys[:, :, 50:], k) and torch.equal(layer.values[:, :, :5], k + 1)
+    layer.update(torch.zeros(2, 4, 20, 8), torch.zeros(2, 4, 20, 8))  # past it: a new room
+    assert layer.keys.shape[-2] == 75 and torch.equal(layer.keys[:, :, :5], k)
+    layer.keys = layer.keys[:1].clone()  # rows left: the next update adopts the new tensor
+    layer.values = layer.values[:1].clone()
+    layer.update(k[:1], k[:1])
+    assert layer.keys.shape == (1, 4, 80, 8) and torch.equal(layer.keys[:, :, 75:], k[:1])

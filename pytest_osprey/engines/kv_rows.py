@@ -19,12 +19,57 @@ if TYPE_CHECKING:
 
 
 def new_cache(model: Any) -> Any:
+    """A DynamicCache whose layers append in place (:func:`growing_layer`), where every layer
+    is a plain DynamicLayer; as transformers makes it otherwise."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # older transformers: no config argument
         return DynamicCache()
+    layers = getattr(cache, "layers", None)
+    if layers and all(type(layer) is DynamicLayer for layer in layers):
+        grow = growing_layer()
+        cache.layers = [grow() for _ in layers]
+    return cache
+
+
+def growing_layer() -> type:
+    """A DynamicLayer that writes new keys and values into spare room at its end, doubling it
+    when full, instead of concatenating: a batch appends to every row at every forward, and a
+    concatenation copies the whole batch's cache each time. Keys and values stay views of the first
+    ``length`` columns; whoever replaces them (rows leaving, rows joining) hands the layer a
+    new tensor, which the next update moves into a new room."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+        room_keys: Any = None
+        room_values: Any = None
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            mine: Any = self.keys
+            have = int(mine.shape[-2]) if mine.dim() == 4 else 0
+            n = int(key_states.shape[-2])
+            room = self.room_keys
+            if (room is None or have + n > room.shape[-2] or room.shape[0] != key_states.shape[0]
+                    or (have and mine.data_ptr() != room.data_ptr())):
+                shape = (*key_states.shape[:2], max(64, 2 * (have + n)), key_states.shape[-1])
+                keys, values = key_states.new_empty(shape), value_states.new_empty(shape)
+                if have:
+                    keys[:, :, :have] = mine
+                    values[:, :, :have] = self.values  # type: ignore[assignment]
+                self.room_keys, self.room_values = keys, values
+            self.room_keys[:, :, have: have + n] = key_states
+            self.room_values[:, :, have: have + n] = value_states
+            self.keys = self.room_keys[:, :, : have + n]
+            self.values = self.room_values[:, :, : have + n]
+            return self.keys, self.values
+
+    return GrowingLayer
 
 
 class KVRows:
