@@ -205,14 +205,11 @@ class _TopK50(TransformersEngine):
     """The embedded engine with a real-world sampler bug: transformers' default top-k of 50
     left on, so the tail of the distribution is never sampled."""
 
-    def start(self) -> None:
-        super().start()
-        generate = self._model.generate
+    def _warpers(self, request: Any) -> list[Any]:
+        from transformers import TopKLogitsWarper
 
-        def truncated(*args: Any, **kwargs: Any) -> Any:
-            return generate(*args, **{**kwargs, "top_k": 50})
-
-        self._model.generate = truncated
+        warpers = super()._warpers(request)
+        return [*warpers, TopKLogitsWarper(50)] if warpers else warpers
 
 
 @pytest.fixture(scope="module")

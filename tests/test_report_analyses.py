@@ -156,3 +156,9 @@ def test_load_meaning_per_engine(engine: str, says: str) -> None:
                                          load_levels={"p": {"rate": 2.0}}))
     text = load_meaning(m)
     assert says in text and "Poisson" in text
+
+
+def test_the_batching_embedded_engine_is_not_said_to_queue() -> None:
+    fp = {"engine": "transformers", "batching": "continuous", "max_batch": 128}
+    text = load_meaning(CampaignFile.model_validate(meta(conditions={"b": {"fingerprint": fp}})))
+    assert "batches them together" in text and "one request at a time" not in text

@@ -1,12 +1,12 @@
-"""The embedded engine's drafting loop: the drafter's forward pass once per draft token, on its
-own KV cache, as a serving engine's draft worker runs it.
+"""A drafting loop for transformers' own ``generate(assistant_model=...)``: the drafter's forward
+pass once per draft token, on its own KV cache, as a serving engine's draft worker runs it.
 
 transformers' assisted generation drafts by calling the drafter's whole ``generate()`` once per
 verify step. On a small model that call's set-up (configuration copies, logits processors and
 stopping criteria rebuilt, cache bookkeeping) costs more than the drafter's forward passes, and
-is a cost no serving engine pays: it made the embedded engine's speedups smaller than the
-models allow. Verification stays transformers' own (greedy matching, or speculative sampling
-with the draft distribution returned here), so outputs are what assisted generation gives.
+is a cost no serving engine pays. The embedded engine now drafts in its own batching loop
+(engines/batching.py); this loop is the reference it is held to with transformers' batch-1
+generate (the same drafts, the same outputs), where verification stays transformers' own.
 """
 
 from __future__ import annotations

@@ -1,32 +1,32 @@
-"""The embedded engine: transformers in-process, real speculative decoding via assisted generation.
+"""The embedded engine: transformers models in-process, served as a server serves them.
 
-Batch size 1: requests are served one at a time behind a lock, so under concurrency they
-queue, and their latency (timed from submission) includes the queueing, as users feel it.
+Concurrent requests share one decoding loop (engines/batching.py): they join a running batch as
+they arrive and leave it as they finish, each step runs the target once over every sequence in
+flight, and with a drafter the drafts are verified per sequence (greedy: the longest prefix the
+target agrees with; sampled: speculative sampling), acceptance recorded per sequence. Latency is
+timed from submission, so a request that waits for a place in the batch feels it, as users do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import itertools
 import os
 import platform
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import draft_loop, gpu_memory
+from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
+from .batching import MAX_BATCH, Batcher, Flight, Processor
 from .chat_template import template_digest
-from .generation_hooks import (
-    CancelCriterion,
-    LogitBias,
-    OpenAIPenalties,
-    StopStrings,
-    StreamerClock,
-)
+from .generation_hooks import LogitBias, OpenAIPenalties, token_times
 from .quantize import round_weights
 
 if TYPE_CHECKING:
@@ -42,10 +42,9 @@ SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetitio
 
 
 
-
-
-
-
+def _settle(future: asyncio.Future[GenerationResult], result: GenerationResult) -> None:
+    if not future.done():  # a cancelled request's future is done already
+        future.set_result(result)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -90,7 +89,7 @@ def _folder_digest(path: Path) -> str:
 
 
 class TransformersEngine:
-    """One condition served by ``model.generate`` (with ``assistant_model`` when it drafts)."""
+    """One condition served by a continuous batch of its target (and drafter, if it drafts)."""
 
     def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
         self.pilot = pilot
@@ -98,14 +97,11 @@ class TransformersEngine:
         self.cond = pilot.conditions[condition]
         self.boot = boot
         self.dtype_name = self.cond.dtype or pilot.target.dtype
-        self._queue: asyncio.Lock | None = None
-        self._queue_loop: asyncio.AbstractEventLoop | None = None
         self._model: Any = None
         self._drafter: Any = None
-        self._draft_loop = False  # drafting with the engine's own loop (draft_loop.install)
+        self._batcher: Batcher | None = None
         self._tokenizer: Any = None
-        self._forwards = 0
-        self._hook: Any = None
+        self._work_base = 0  # allocated on the GPU when the batch last started
         self.load_seconds: float | None = None
         self._cuda = False
         # All conditions run in this one process. Under ABBA they are loaded at once, and a
@@ -186,31 +182,50 @@ class TransformersEngine:
                     str(self.cond.drafter), dtype=dtype
                 )
                 self._drafter.to(target.device).eval()
-                self._draft_loop = draft_loop.attach(self._model, self._drafter,
-                                                     self._draft_tokens())
         except (OSError, ValueError, RuntimeError) as exc:
             self.log(f"cannot load models: {exc}")
             raise EngineError(f"{self.condition}: cannot load models: {exc}") from exc
         if self._cuda:
             self._weights_bytes = torch.cuda.memory_allocated(dev) - before
 
-        def count(*_: Any) -> None:
-            self._forwards += 1
-
-        # Every target forward is one verify step (the prefill doubles as the first).
-        self._hook = self._model.register_forward_hook(count)
+        track = self._cuda and self._shared
+        self._batcher = Batcher(
+            self._model, self._drafter, self._draft_tokens() if self._drafter is not None else 0,
+            self._eos(), self._stop_hit, _torch_thread(), self._stopping,
+            on_busy=self._work_started if track else None,
+            on_idle=self._work_ended if track else None)
         self.load_seconds = time.perf_counter() - t0
         self.log(f"ready after {self.load_seconds:.1f} s: torch {torch.__version__}, "
-                 f"{torch.get_num_threads()} thread(s); serves one request at a time"
-                 + (draft_loop.describe(self._draft_loop) if self._drafter is not None else ""))
+                 f"{torch.get_num_threads()} thread(s); serves requests in one continuous "
+                 f"batch of up to {MAX_BATCH}"
+                 + ("; drafts with the engine's draft loop (one drafter forward per token)"
+                    if self._drafter is not None else ""))
+
+    def _work_started(self) -> None:
+        """The batch starts: the campaign runs one condition's requests at a time, so the
+        peak until it drains is this condition's working memory (KV cache, activations)."""
+        import torch
+
+        dev = torch.device(self.pilot.target.device)
+        torch.cuda.synchronize(dev)
+        self._work_base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+
+    def _work_ended(self) -> None:
+        import torch
+
+        dev = torch.device(self.pilot.target.device)
+        torch.cuda.synchronize(dev)
+        self._work_bytes = max(self._work_bytes,
+                               torch.cuda.max_memory_allocated(dev) - self._work_base)
 
     def stop(self) -> None:
         self._stopping.set()
         if self._model is not None:
-            self.log(f"stopped: served {self._served} request(s), {self._failed} failed")
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+            largest = self._batcher.largest if self._batcher is not None else 0
+            self.log(f"stopped: served {self._served} request(s), {self._failed} failed; "
+                     f"at most {largest} decoded together")
+        self._batcher = None
         self._model = self._drafter = self._tokenizer = None
         if self._cuda:
             import gc
@@ -225,46 +240,47 @@ class TransformersEngine:
     # -- serving ----------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         start = time.perf_counter()
+        admitted = self._admit(request, start)
+        if isinstance(admitted, GenerationResult):
+            self._served += 1
+            return self._counted(request, admitted)
         loop = asyncio.get_running_loop()
-        if self._queue is None or self._queue_loop is not loop:
-            self._queue, self._queue_loop = asyncio.Lock(), loop
-        # asyncio.Lock serves waiters first-come first-served, so a prompt's place in the
-        # queue is the same in every condition: paired comparisons stay fair under load.
-        async with self._queue:
-            cancel = threading.Event()
-            try:
-                return await loop.run_in_executor(
-                    _torch_thread(), self._generate_guarded, request, start, cancel)
-            except asyncio.CancelledError:
-                # Ctrl-C / SIGTERM: the thread would otherwise generate to the end (seconds
-                # to minutes) while the run waits for it; it stops after its current step.
-                cancel.set()
-                raise
+        future: asyncio.Future[GenerationResult] = loop.create_future()
 
-    def _generate_guarded(self, request: GenerationRequest, start: float,
-                          cancel: threading.Event | None = None) -> GenerationResult:
-        self._served += 1
+        def done(flight: Flight) -> None:  # on the torch thread
+            self._served += 1
+            try:
+                result = self._result(flight)
+            except Exception as exc:  # one bad request must not end the campaign
+                result = GenerationResult.failure(f"{type(exc).__name__}: {exc}")
+            result = self._counted(request, result)
+            with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody waits
+                loop.call_soon_threadsafe(_settle, future, result)
+
+        admitted.on_done = done
+        assert self._batcher is not None
+        self._batcher.submit(admitted)
         try:
-            result = self._generate(request, start, cancel or threading.Event())
-        except Exception as exc:  # one bad request must not end the campaign
-            result = GenerationResult.failure(
-                f"{type(exc).__name__}: {exc}", e2e_s=time.perf_counter() - start
-            )
+            return await future
+        except asyncio.CancelledError:
+            # Ctrl-C / SIGTERM: the sequence leaves the batch after the current step.
+            admitted.cancel.set()
+            raise
+
+    def _counted(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
         if not result.ok:
             self._failed += 1
             self.log(f"request {request.prompt_id} failed: {result.error}")
         return result
 
-    def _generate(self, request: GenerationRequest, start: float,
-                  cancel: threading.Event) -> GenerationResult:
+    def _admit(self, request: GenerationRequest, start: float) -> Flight | GenerationResult:
+        """The request as a flight for the batch, or why it cannot be served."""
         import torch
-        from transformers import StoppingCriteriaList
 
-        if self._model is None:
-            raise EngineError(f"{self.condition}: engine is not started")
-        device = self.pilot.target.device
-        enc = self._tokenizer(request.prompt, return_tensors="pt").to(device)
-        n_prompt = int(enc["input_ids"].shape[1])
+        if self._model is None or self._batcher is None:
+            return GenerationResult.failure(f"{self.condition}: engine is not started")
+        prompt = self._tokenizer(request.prompt)["input_ids"]
+        n_prompt = len(prompt)
         if n_prompt + request.max_new_tokens > self.pilot.target.context_length:
             return GenerationResult.failure(
                 f"prompt ({n_prompt} tokens) + max_new_tokens ({request.max_new_tokens}) exceeds "
@@ -275,114 +291,95 @@ class TransformersEngine:
         if refused:
             return GenerationResult.failure(
                 f"unsupported by the transformers engine: {', '.join(refused)}")
-        clock = StreamerClock(start)
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": request.max_new_tokens,
-            "streamer": clock,
-            "return_dict_in_generate": True,
-            "output_logits": request.want_margins,
-            "pad_token_id": self._tokenizer.pad_token_id,
-            "stopping_criteria": StoppingCriteriaList([CancelCriterion(cancel, self._stopping)]),
-        }
-        if request.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=request.temperature, top_p=request.top_p)
-            kwargs["top_k"] = 0  # transformers defaults to top-k 50; engines sample the full vocab
-            if request.seed is not None:
-                torch.manual_seed(request.seed)
-        self._sampling_params(request, n_prompt, kwargs)
-        if self._drafter is not None:
-            kwargs["assistant_model"] = self._drafter
-        self._forwards = 0
-        track = self._cuda and self._shared
-        if track:
-            # The campaign runs one condition's requests at a time, so the peak over this
-            # call is this condition's working memory (KV cache, activations, logits).
-            dev = torch.device(device)
-            torch.cuda.synchronize(dev)
-            base = torch.cuda.memory_allocated(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-        with torch.inference_mode():
-            out = self._model.generate(**enc, **kwargs)
-        if cancel.is_set() or self._stopping.is_set():
-            return GenerationResult.failure("cancelled (the run was interrupted)",
-                                            e2e_s=time.perf_counter() - start)
-        if track:
-            torch.cuda.synchronize(dev)
-            self._work_bytes = max(self._work_bytes, torch.cuda.max_memory_allocated(dev) - base)
-        e2e = time.perf_counter() - start
-        ids = out.sequences[0, n_prompt:].tolist()
-        if request.stop:
-            ids = self._through_stop(ids, request.stop)
-        margins = top2_ids = None
-        if request.want_margins and out.logits is not None:
-            lp = torch.log_softmax(torch.stack(out.logits)[:, 0, :].float(), dim=-1)
-            top2 = lp.topk(2, dim=-1)
-            margins = (top2.values[:, 0] - top2.values[:, 1]).tolist()[: len(ids)]
-            top2_ids = top2.indices.tolist()[: len(ids)]
-        times = clock.token_times()[: len(ids)]
-        verify = self._forwards
-        accepted = None
-        if self._drafter is not None:
-            accepted = clock.acceptance(self._draft_tokens(), request.max_new_tokens)
-        eos = self._tokenizer.eos_token_id
-        finish = "stop" if ids and eos is not None and ids[-1] == eos else "length"
+        generator = None
+        if not request.greedy:
+            generator = torch.Generator(self.pilot.target.device)
+            # Seeded per request, so a sample does not depend on who shares its batch.
+            generator.manual_seed(request.seed if request.seed is not None
+                                  else int(torch.randint(2**62, ())))
+        return Flight(request, start, list(prompt), self._processors(request, n_prompt),
+                      self._warpers(request), generator, on_done=lambda _: None)
+
+    def _result(self, flight: Flight) -> GenerationResult:
+        e2e = time.perf_counter() - flight.start
+        if flight.error is not None:
+            return GenerationResult.failure(flight.error, e2e_s=e2e,
+                                            prompt_tokens=len(flight.prompt))
+        request, ids = flight.request, flight.ids
+        times = token_times(flight.events)[: len(ids)]
         text = self._tokenizer.decode(ids, skip_special_tokens=True)
         cuts = [i for i in (text.find(s) for s in request.stop) if i >= 0]
+        finish = flight.finish
         if cuts:  # the OpenAI/SGLang convention: the stop string is not part of the output
             text, finish = text[: min(cuts)], "stop"
+        verify = flight.verify
+        drafting = self._drafter is not None
         return GenerationResult(
             ok=True,
             ttft_s=times[0] if times else e2e,
             e2e_s=e2e,
             itl_s=[b - a for a, b in itertools.pairwise(times)],
-            prompt_tokens=n_prompt,
+            prompt_tokens=len(flight.prompt),
             output_ids=ids,
             output_text=text,
-            top2_margin=margins,
-            top2_ids=top2_ids,
+            top2_margin=flight.margins[: len(ids)] if request.want_margins else None,
+            top2_ids=flight.top2[: len(ids)] if request.want_margins else None,
             spec_verify_ct=verify,
             accept_length=len(ids) / verify if verify else None,
-            spec_drafts=accepted[0] if accepted else None,
-            spec_accepted_per_position=accepted[1] if accepted else None,
+            spec_drafts=flight.full_drafts if drafting else None,
+            spec_accepted_per_position=(flight.accepted or [0] * self._draft_tokens())
+            if drafting else None,
             finish_reason=finish,
         )
 
-    def _through_stop(self, ids: list[int], stops: tuple[str, ...] | list[str]) -> list[int]:
-        """The tokens up to the one that completes the first stop string. A verify step can
-        accept drafts past it: a server stops there, and so must the comparison."""
-        for n in range(1, len(ids) + 1):
-            text = self._tokenizer.decode(ids[:n], skip_special_tokens=True)
-            if any(s in text for s in stops):
-                return ids[:n]
-        return ids
+    def _stop_hit(self, ids: list[int], stops: Sequence[str]) -> bool:
+        """Whether the text of ``ids`` contains a stop string: the sequence ends with the
+        token that completes it, drafts accepted past it dropped, as a server stops."""
+        text = self._tokenizer.decode(ids, skip_special_tokens=True)
+        return any(s in text for s in stops)
 
     def _draft_tokens(self) -> int:
         spec = self.cond.speculation
         return spec.num_draft_tokens if spec else 4
 
-    def _sampling_params(self, request: GenerationRequest, n_prompt: int,
-                         kwargs: dict[str, Any]) -> None:
-        """Map the request's extra sampling parameters onto generate()."""
-        from transformers import LogitsProcessorList
+    def _processors(self, request: GenerationRequest, n_prompt: int) -> list[Processor]:
+        """The request's extra sampling parameters as logits processors, in generate()'s
+        order (repetition penalty, min_new_tokens, then the engine's own)."""
+        from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
-        processors: list[Any] = []
+        processors: list[Processor] = []
+        if request.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(float(request.repetition_penalty)))
+        if request.min_new_tokens:
+            processors.append(MinNewTokensLengthLogitsProcessor(
+                n_prompt, request.min_new_tokens, sorted(self._eos()),
+                device=self.pilot.target.device))
         if request.frequency_penalty or request.presence_penalty:
             processors.append(OpenAIPenalties(n_prompt, request.frequency_penalty,
                                                request.presence_penalty))
         if request.logit_bias:
             processors.append(LogitBias({int(k): float(v)
                                           for k, v in request.logit_bias.items()}))
-        if processors:
-            kwargs["logits_processor"] = LogitsProcessorList(processors)
-        if request.repetition_penalty != 1.0:
-            kwargs["repetition_penalty"] = request.repetition_penalty
-        if request.min_new_tokens:
-            kwargs["min_new_tokens"] = request.min_new_tokens
-        if request.stop:
-            kwargs["stopping_criteria"].append(
-                StopStrings(self._tokenizer, n_prompt, list(request.stop)))
+        return processors
+
+    def _warpers(self, request: GenerationRequest) -> list[Processor]:
+        """Temperature and top-p of a sampled request; the full vocabulary otherwise (no
+        top-k: engines sample from all of it)."""
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+        if request.greedy:
+            return []
+        warpers: list[Processor] = [TemperatureLogitsWarper(float(request.temperature))]
+        if request.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(float(request.top_p)))
+        return warpers
+
+    def _eos(self) -> set[int]:
+        ids: set[int] = set()
+        for eos in (self._tokenizer.eos_token_id, self._model.generation_config.eos_token_id):
+            if eos is not None:
+                ids.update(eos if isinstance(eos, list | tuple) else [eos])
+        return {int(i) for i in ids}
 
     # -- facts --------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
@@ -412,11 +409,12 @@ class TransformersEngine:
             "drafter": str(self.cond.drafter) if self.cond.drafter else None,
             "drafter_digest": _folder_digest(self.cond.drafter) if self.cond.drafter else None,
             "num_draft_tokens": (spec.num_draft_tokens if spec else 4) if self._drafter else None,
-            "draft_loop": (("engine" if self._draft_loop else "transformers")
-                           if self._drafter is not None else None),
+            "draft_loop": "engine" if self._drafter is not None else None,
+            "batching": "continuous",
+            "max_batch": MAX_BATCH,
             "load_seconds": self.load_seconds,
             "chat_template": template_digest(self._tokenizer),
-            # A dynamic KV cache per request: no fixed capacity to report.
+            # A KV cache that grows with the batch: no fixed capacity to report.
             "kv_capacity_tokens": None,
             "memory": memory,
             "memory_method": memory["note"],
@@ -497,4 +495,5 @@ class TransformersEngine:
         return max(torch.cuda.max_memory_reserved(dev) / 2**20, nvml_mib or 0.0)
 
     def flush(self) -> None:
-        """Nothing is cached across requests in-process (a fresh KV cache per generate)."""
+        """Nothing is cached across requests in-process (a sequence's KV cache leaves the
+        batch with it)."""

@@ -12,7 +12,8 @@ from ..judgement import Figures
 from ..pilot.schema import Pilot, level_label
 from ..results.campaign_file import CampaignFile
 
-ONE_AT_A_TIME = ("transformers",)  # engines that serve one request at a time
+ONE_AT_A_TIME = ("transformers",)  # engines that served one request at a time, until their
+# fingerprint said "batching"
 
 
 def _fingerprints(meta: CampaignFile) -> list[dict[str, Any]]:
@@ -56,7 +57,7 @@ def load_meaning(meta: CampaignFile, pilot: Pilot | None = None) -> str:
     engine = (_common(meta, "engine") or (pilot.target.engine if pilot else "")).split(" ")[0]
     levels = ", ".join(f"{k} = {level_label(v)}" for k, v in meta.load_levels.items())
     open_loop = any(isinstance(v, Mapping) for v in meta.load_levels.values())
-    if engine in ONE_AT_A_TIME:
+    if engine in ONE_AT_A_TIME and not _common(meta, "batching"):
         text = ("this engine serves one request at a time (batch size 1): at xN, N requests "
                 "are in flight and wait their turn, so latency there includes queueing and "
                 "a higher level measures queueing, not batching")
