@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from pytest_osprey.judgement.speed.crossover import LevelSpeedup, crossover
+from pytest_osprey.judgement.speed.crossover import LevelSpeedup, crossover, shared_share
 from pytest_osprey.judgement.speed.speedup import speed_batch
 from testkit.speed_sim import BOOT_NOISE, Design, noise_models, simulate
 
@@ -48,12 +48,10 @@ def coverage(design: Design, noise_name: str, crossing: float, slope: float, sim
     for name, c in design.levels:
         truth = THRESHOLD * (c / crossing) ** slope
         cand = camp.candidate[name] / truth  # the planted speedup at this level
-        b = speed_batch(camp.reference[name], cand, camp.blocks[name], "per_prompt")
+        b = speed_batch(camp.reference[name], cand, camp.units[name], "per_prompt")
         se = np.sqrt(b.var)
         q = special.stdtrit(np.maximum(b.df, 1e-9), 1 - (1 - CONFIDENCE) / 2)
-        time_part = b.within / (b.passes * b.boots) / np.maximum(b.clusters, 1.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(b.var > 0, np.minimum(1.0, time_part / b.var), 0.0)
+        share = shared_share(b.between, b.clusters, b.boot_var, b.var)
         per_level.append((name, c, b.log_estimate, se, q, b.df, share))
     hits = 0
     status = dict.fromkeys(("crosses", "pays_everywhere", "pays_nowhere", "not_estimable"), 0)
@@ -61,7 +59,7 @@ def coverage(design: Design, noise_name: str, crossing: float, slope: float, sim
     for s in range(sims):
         levels = [LevelSpeedup(name, c, math.exp(est[s]), math.exp(est[s] - q[s] * se[s]),
                                math.exp(est[s] + q[s] * se[s]), float(df[s]),
-                               1.0 - float(share[s]))
+                               float(share[s]))
                   for name, c, est, se, q, df, share in per_level]
         r = crossover(levels, THRESHOLD, CONFIDENCE)
         status[r.status] += 1

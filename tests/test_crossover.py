@@ -163,7 +163,7 @@ def test_levels_from_gates_reads_the_gate_results() -> None:
         spec = GateSpec(GateKind.SPEEDUP, "cand", reference="base", load=load, slice=slice_)
         return GateResult(spec, "pass", "", est, est / 1.1, est * 1.1, THRESHOLD,
                           details={"metric": "per_prompt", "per_prompt": {"df": 7.0},
-                                   "time_share": 0.25})
+                                   "time_share": 0.4, "shared_share": 0.75})
 
     gates = [gate("c1", 1.8), gate("c4", 1.5), gate("c4", 1.0, "unusual"), gate("poisson", 1.2),
              gate("c16", 1.1)]

@@ -11,9 +11,10 @@ linearly; nothing is extrapolated beyond the tested range.
 * Interval: test inversion. ``x`` is in the confidence set when the interpolated log speedup
   at ``x`` is not distinguishable from the threshold (two-sided, at the gates' confidence).
   Its variance counts the covariance of the two neighbouring levels: they replay the same
-  prompts (stable prompt-to-prompt variation is common to both) and the same boots, so the
-  share of a level's variance that is not request-time noise is taken as shared
-  (``shared_share`` = 1 - the gate's time share); time noise is taken as each level's own.
+  prompts (stable prompt-to-prompt variation is common to both) and the same boots, so that
+  part of a level's variance is taken as shared (``shared_share``, the gate's detail of that
+  name, see :func:`shared_share`); noise shared in time (shocks, stalls, correlated request
+  noise) lands in each level's own time units and is taken as each level's own.
   The interval is the stretch of that set around the estimate, open at an end of the tested
   range that it reaches: the crossing may lie beyond it, and nothing here says how far. (For
   a total-time metric, whose interval is Fieller's and asymmetric, the standard error is
@@ -36,6 +37,7 @@ import numpy as np
 from scipy import optimize, special
 
 from ..gates.result import GateResult
+from ..stats.core import FloatArray
 
 Status = Literal["crosses", "pays_everywhere", "pays_nowhere", "not_estimable"]
 MIN_LEVELS = 3
@@ -235,6 +237,23 @@ def _confidence_set(x: np.ndarray, y: np.ndarray, cov: np.ndarray, q: np.ndarray
     return float(grid[first]), float(grid[last])
 
 
+def shared_share(between: FloatArray | float, clusters: FloatArray | float,
+                 boot_var: FloatArray | float, var: FloatArray | float) -> FloatArray:
+    """Share of a level's log-speedup variance that the other levels hold too: the stable
+    prompt-to-prompt part (``between`` per prompt, over ``clusters`` prompts: the same
+    prompts at every level) and the between-boot part (the same boots). Noise shared in time
+    is not in it: each level replays its own stretches, so a shock or a stall lands in one
+    level's time units only, and the two-way variance counts it in that level's variance.
+    (``1 - time_share`` is not this share: the time share counts pass-to-pass variation of
+    single prompts, not the shocks the time-unit clusters add.)"""
+    between, clusters = np.asarray(between, float), np.maximum(np.asarray(clusters, float), 1.0)
+    boot_var, var = np.asarray(boot_var, float), np.asarray(var, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = (np.maximum(between, 0.0) / clusters + np.maximum(boot_var, 0.0)) / var
+    return np.asarray(np.where(var > 0, np.clip(np.nan_to_num(share), 0.0, 1.0), 0.0),
+                      dtype=np.float64)
+
+
 def levels_from_gates(gates: Sequence[GateResult],
                       concurrency: Mapping[str, int]) -> list[LevelSpeedup]:
     """The closed-loop levels among ``gates`` (one candidate's speedup gates against one
@@ -249,11 +268,11 @@ def levels_from_gates(gates: Sequence[GateResult],
         metric = g.details.get("metric")
         part = g.details.get(metric) if isinstance(metric, str) else None
         df = part.get("df") if isinstance(part, Mapping) else None
-        time_share = g.details.get("time_share")
+        shared = g.details.get("shared_share")
         out.append(LevelSpeedup(
             load, concurrency[load], _float(g.estimate), _float(g.ci_low),
             _float(g.ci_high), float(df) if isinstance(df, int | float) else math.inf,
-            1.0 - float(time_share) if isinstance(time_share, int | float) else 0.0))
+            float(shared) if isinstance(shared, int | float) else 0.0))
     return out
 
 

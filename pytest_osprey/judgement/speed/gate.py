@@ -17,6 +17,7 @@ from ...results.records import RequestRecord
 from ..gates.result import GateResult, Outcome
 from ..gates.spec import GateSpec
 from .advice import advise
+from .crossover import shared_share
 from .drift import Drift, drift_check
 from .sequential import Look, sequential_look, sequential_plan
 from .speedup import (
@@ -164,6 +165,9 @@ def _details(res: SpeedResult) -> dict[str, Any]:
         "total_time": metric(res.total_time),
         "time_share": comp.time_share,
         "boot_share": comp.boot_share,
+        # What the other load levels share of this variance (same prompts, same boots).
+        "shared_share": float(shared_share(comp.between, comp.clusters, comp.boot_var,
+                                           res.gating.se_log ** 2)),
         "boot_confounded": res.boot_confounded,
     }
     if res.drift is not None:
