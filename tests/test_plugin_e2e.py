@@ -109,10 +109,16 @@ def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester)
     assert "test_04_speed_cost.py" in out
     summary = _summary(pytester)
     assert summary["verdicts"][0]["verdict"] == "KEEP"
-    records = (pytester.path / "res" / "records.jsonl").read_text().splitlines()
-    # 2 conditions x 2 passes x 2 levels x 8 prompts
-    assert len(records) == 64
-    rec = json.loads(records[0])
+    sent = [json.loads(r) for r in
+            (pytester.path / "res" / "records.jsonl").read_text().splitlines()]
+    measured = [r for r in sent if not r["filler"]]
+    # 2 conditions x 2 passes x 2 levels x 8 prompts, and the fillers that held the
+    # concurrent level's load (recorded, never judged), at that level only
+    assert len(measured) == 64
+    fillers = [r for r in sent if r["filler"]]
+    assert fillers and {r["concurrency"] for r in fillers} == {max(r["concurrency"] for r in sent)}
+    records = [json.dumps(r, separators=(",", ":")) for r in measured]
+    rec = measured[0]
     for key in ("schema", "run_id", "condition", "block", "load", "prompt_id", "ttft_s",
                 "e2e_s", "output_ids", "top2_margin", "spec_verify_ct", "accept_length"):
         assert key in rec

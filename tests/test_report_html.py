@@ -209,3 +209,22 @@ def test_accept_length_axis_spans_its_range() -> None:
     assert draft_tokens(weak) == 6
     assert accept_axis_top(weak, [1.02]) == 7.0  # 1 (nothing accepted) .. 7 (all 6 drafts)
     assert all_plots(weak)["accept_length"].startswith(PNG_MAGIC)
+
+
+def test_an_interval_without_information_keeps_the_speedup_axis_finite() -> None:
+    """df 0 gives a CI of [0, inf]: the plot is still drawn, its axis bounded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pytest_osprey.report.plotkit import NICE_TICKS, speedup_axis
+
+    fig, ax = plt.subplots()
+    try:
+        speedup_axis(ax, 0.0 / 1.1, math.inf * 1.1, axis="y")
+        assert ax.get_ylim() == pytest.approx((NICE_TICKS[0], NICE_TICKS[-1]))
+        speedup_axis(ax, 1.2, 1.6)
+        assert ax.get_xlim() == pytest.approx((1.2, 1.6))  # an informative range is kept
+    finally:
+        plt.close(fig)

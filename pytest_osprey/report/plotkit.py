@@ -61,6 +61,12 @@ def speedup_axis(ax: Axes, low: float, high: float, axis: str = "x") -> None:
     """Log axis with plain 'Nx' labels at a handful of round speedups, spaced apart so that
     their labels never run into each other."""
     which = ax.xaxis if axis == "x" else ax.yaxis
+    # An interval with no information (df 0 gives [0, inf]) must not stretch the axis to
+    # nothing: the axis spans the round speedups at most, the bar runs off its edge.
+    low = max(low, NICE_TICKS[0]) if math.isfinite(low) else NICE_TICKS[0]
+    high = min(high, NICE_TICKS[-1]) if math.isfinite(high) else NICE_TICKS[-1]
+    if not high > low:
+        low, high = NICE_TICKS[0], NICE_TICKS[-1]
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
     (ax.set_xlim if axis == "x" else ax.set_ylim)(low, high)
     gap = math.log(high / low) / 9  # at most about 9 labels across the axis
