@@ -27,6 +27,9 @@ class GenerationRequest:
     max_new_tokens: int
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+    top_k: int | None = None  # keep the k most likely tokens
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability
+    ignore_eos: bool = False  # run to max_new_tokens whatever the model ends with
     seed: int | None = None
     want_margins: bool = True  # top-1 minus top-2 logprob (and their ids) per position
     timeout_s: float = 300.0

@@ -206,6 +206,27 @@ class ParamsPass(Strict):
     """Output budget of each probe."""
 
 
+class Serving(Strict):
+    """The sampling the service runs with: the timed passes (speed) are sent with it."""
+
+    temperature: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = 0.0
+    """Temperature of the timed requests (0: greedy)."""
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    """Nucleus sampling threshold."""
+    top_k: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """Keep only the k most likely tokens (None: off)."""
+    min_p: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    """Drop tokens below this share of the most likely one's probability (0: off)."""
+    fixed_length: bool = True
+    """At temperature > 0, timed requests ignore end of sequence and run to their budget, so
+    that every condition times the same number of tokens for a prompt (serving benchmarks do
+    the same); at temperature 0 outputs already agree."""
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+
 class Sampling(Strict):
     greedy: bool = True
     """Run the greedy pass (speed, identity, correctness)."""
@@ -213,6 +234,8 @@ class Sampling(Strict):
     """The sampled pass."""
     params: ParamsPass = Field(default_factory=ParamsPass)
     """The sampling-parameters pass."""
+    serving: Serving = Field(default_factory=Serving)
+    """The sampling the timed passes (speed, load) run with; greedy by default."""
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     """Base seed: a sampled request's seed derives from it, the condition, the prompt and the
     sample index (distinct for each, so every sample is drawn independently)."""
