@@ -384,7 +384,7 @@ def drift_state(c: Campaigns, look: int = 0) -> tuple[npt.NDArray[np.bool_], Flo
     n_looks = looks_of(c.design)
     names = c.design.level_names()
     series = [(_upto(side[name], c.design, look, n_looks) if look else side[name],
-               c.blocks[name]) for side in (c.reference, c.candidate) for name in names]
+               c.units[name]) for side in (c.reference, c.candidate) for name in names]
     n = len(names)
     batch = drift_batch(series, pairs=[(i, i + n) for i in range(n)])
     return batch.unstable, batch.log_bias_bound

@@ -99,6 +99,25 @@ def test_drift_check_rarely_fires_on_stable_noise(model: str) -> None:
     assert_rate_at_most(int(np.sum(unstable(c))), n, 0.01, f"drift alarm on {model}")
 
 
+# Blocks re-drawn every pass: an instance's ranks are clustered by its own time units.
+HIGH = Design(prompts=50, levels=(("low", 1), ("high", 32)), primary="high", passes=4)
+
+
+@pytest.mark.parametrize("model", ["independent", "ar0.3+shock5%", "burst4", "inflight@4",
+                                   "reference"])
+def test_drift_check_rarely_fires_on_stable_noise_at_x32(model: str) -> None:
+    n = 300
+    c = simulate(HIGH, MODELS[model], 1.2, n, seed=53)
+    assert_rate_at_most(int(np.sum(unstable(c))), n, 0.01, f"drift alarm on {model} at x32")
+
+
+@pytest.mark.parametrize("model", ["independent", "reference"])
+def test_drift_check_catches_a_slowed_pass_at_x32(model: str) -> None:
+    n = 200
+    c = simulate(HIGH, replace(MODELS[model], pass_slowdown=(0.3, 0.7)), 1.2, n, seed=63)
+    assert_rate_at_least(int(np.sum(unstable(c))), n, 0.95, f"drift caught on {model} at x32")
+
+
 @pytest.mark.parametrize("model", ["independent", "reference", "mixed"])
 def test_drift_check_catches_a_pass_slowed_30_to_70_percent(model: str) -> None:
     n = 300
@@ -246,3 +265,33 @@ def test_evidence_grows_with_passes_at_x32() -> None:
     assert dfs == [{3.0}, {7.0}, {15.0}]  # min(50 prompts, 2 x passes units) - 1
     assert widths[0] > widths[1] > widths[2]
     assert widths[1] < math.log(1.2)  # a usable interval: half-width under 20% at 4 passes
+
+
+def test_percentile_bound_counts_stalls_shared_in_time_at_x32() -> None:
+    """Blocks re-drawn every pass at x32: a stretch shock (sd 0.6) hits 32 prompts at once.
+    Clustered by prompt alone the p90 bound undercovers; two-way by prompt and time unit it
+    covers. Under the reference noise the two-way bound is finite, where the first pass's
+    blocks (2 at x32) carry no information."""
+    design = Design(prompts=50, levels=(("low", 1), ("high", 32)), primary="high", passes=4)
+    noise = replace(Noise(request_sd=0.10), name="shock60%", shock_sd=0.6)
+    true_p90 = float(np.quantile(simulate(design, noise, 1.0, 2000, seed=3)
+                                 .reference["high"].ravel(), 0.9))
+    c = simulate(design, noise, 1.0, 300, seed=4)
+    prompt = np.tile(np.arange(design.prompts), design.passes)
+    first_block = np.tile(c.blocks["high"], design.passes)
+    by_prompt = two_way = 0
+    for lat, units in zip(c.reference["high"], c.units["high"], strict=True):
+        values = lat.ravel()
+        by_prompt += latency_bound(values, prompt, 0.9, true_p90).bound < true_p90
+        two_way += latency_bound(values, prompt, 0.9, true_p90,
+                                 time_units=units.ravel()).bound < true_p90
+    n = 300
+    assert by_prompt / n > 0.10  # the fault bites
+    assert_rate_at_most(two_way, n, 0.05, "two-way p90 bound below the true p90")
+    usual = simulate(design, REFERENCE_NOISE, 1.0, 50, seed=5)
+    finite = [math.isfinite(latency_bound(lat.ravel(), prompt, 0.9, 1.0,
+                                          time_units=units.ravel()).bound)
+              for lat, units in zip(usual.reference["high"], usual.units["high"], strict=True)]
+    blocks = [math.isfinite(latency_bound(lat.ravel(), first_block, 0.9, 1.0).bound)
+              for lat in usual.reference["high"]]
+    assert np.mean(finite) > 0.9 and np.mean(blocks) < 0.1

@@ -24,8 +24,11 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from ..stats.core import FloatArray, StatOutcome
+
+IntArray = npt.NDArray[np.int64]
 
 
 class BoundError(ValueError):
@@ -53,13 +56,35 @@ class LatencyBound:
 
 
 def _cdf_parts(
-    x: FloatArray, values: list[FloatArray]
+    x: FloatArray, values: FloatArray, prompt: IntArray, time: IntArray | None
 ) -> tuple[FloatArray, FloatArray]:
-    """(F(x), cluster variance of F(x)) at each point of ``x``, units weighted equally."""
-    per_unit = np.stack([np.searchsorted(np.sort(v), x, side="right") / v.size for v in values])
-    f = per_unit.mean(axis=0)
-    n = len(values)
-    var = ((per_unit - f) ** 2).sum(axis=0) / (n * (n - 1))
+    """(F(x), variance of F(x)) at each point of ``x`` (sorted): requests weighted so that
+    every prompt counts equally, the variance clustered by prompt and, given ``time`` (each
+    request's time unit), two-way by prompt and time unit (Cameron, Gelbach & Miller: prompt
+    + time - their intersection, never below either one-way part)."""
+    counts = np.bincount(prompt)
+    w = 1.0 / (counts[prompt] * counts.size)  # (n,)
+    at = np.searchsorted(x, values, side="left")  # first x >= the value: z_i(x) = 1 from there
+    f: FloatArray = np.cumsum(np.bincount(at, weights=w, minlength=x.size + 1)[: x.size],
+                              dtype=np.float64)
+
+    def clustered(ids: IntArray) -> FloatArray:
+        dense = np.unique(ids, return_inverse=True)[1]
+        g = int(dense.max()) + 1
+        if g < 2:
+            return np.zeros(x.size)
+        # Per cluster: S_g(x) = its weight at or below x; resid_g = S_g - F(x) W_g.
+        steps = np.zeros((x.size + 1, g))
+        np.add.at(steps, (at, dense), w)
+        below = np.cumsum(steps, axis=0)[: x.size]
+        resid = below - f[:, None] * np.bincount(dense, weights=w)[None, :]
+        return np.asarray((resid ** 2).sum(axis=1) * g / (g - 1))
+
+    var = clustered(prompt)
+    if time is not None:
+        by_time = clustered(time)
+        both = clustered(prompt * (int(time.max()) + 1) + time)
+        var = np.maximum(var + by_time - both, np.maximum(var, by_time))
     return f, var
 
 
@@ -69,9 +94,13 @@ def latency_bound(
     q: float,
     limit: float,
     confidence: float = 0.95,
+    time_units: Sequence[Hashable] | None = None,
 ) -> LatencyBound:
     """Bound the ``q``-quantile of latencies (``values``, one per request, grouped by
-    ``units``: prompt ids, or blocks) and judge it against ``limit``.
+    ``units``: prompt ids, or blocks) and judge it against ``limit``. ``time_units`` (each
+    request's stretch of time: boot, pass, block) clusters the variance two-way, so that a
+    stall shared by the requests in flight together counts once however the prompts were
+    grouped; the independent units are then the fewer of prompts and time units.
 
     "pass" when the upper bound <= limit; "fail" when the lower bound >= limit (the
     percentile is confidently above it); else "inconclusive".
@@ -81,18 +110,21 @@ def latency_bound(
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0 or len(units) != arr.size:
         raise BoundError("need one unit per value and at least one value")
+    if time_units is not None and len(time_units) != arr.size:
+        raise BoundError("need one time unit per value")
     if not np.isfinite(arr).all():
         raise BoundError("latencies must be finite")
     if not (0 < q < 1 and 0.5 < confidence < 1) or math.isnan(limit):
         raise BoundError(f"q in (0, 1), confidence in (0.5, 1) and a limit, got {q}, "
                          f"{confidence}, {limit}")
-    groups: dict[Hashable, list[float]] = {}
-    for v, u in zip(arr.tolist(), units, strict=True):
-        groups.setdefault(u, []).append(v)
-    per = [np.asarray(g) for g in groups.values()]
-    n_units, n = len(per), arr.size
+    prompt = _dense(units)
+    time = _dense(time_units) if time_units is not None else None
+    n_units = int(prompt.max()) + 1
+    if time is not None:
+        n_units = min(n_units, int(time.max()) + 1)
+    n = arr.size
     xs = np.unique(arr)
-    f, _ = _cdf_parts(xs, per)
+    f, _ = _cdf_parts(xs, arr, prompt, time)
     estimate = float(xs[min(int(np.searchsorted(f, q, side="left")), xs.size - 1)])
     alpha = 1 - confidence
     if n_units < 2:
@@ -103,7 +135,7 @@ def latency_bound(
     # effective size) is what makes a bound undercover.
     probes = np.quantile(arr, [max(q - 0.2, 0.05), max(q - 0.1, 0.05), q,
                                min(q + 0.05, 0.99)])
-    f_p, var_p = _cdf_parts(probes, per)
+    f_p, var_p = _cdf_parts(probes, arr, prompt, time)
     srs = f_p * (1 - f_p) / n
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.where(srs > 0, var_p / srs, np.nan)
@@ -129,3 +161,9 @@ def latency_bound(
     at = min(int(np.searchsorted(xs, estimate)), xs.size - 1)
     return LatencyBound(estimate, bound, lower, limit, q, confidence, n_units, n,
                         float(n_eff[at]), outcome)
+
+
+def _dense(ids: Sequence[Hashable]) -> IntArray:
+    """Labels as dense integers 0..k-1, in order of first appearance."""
+    seen: dict[Hashable, int] = {}
+    return np.asarray([seen.setdefault(u, len(seen)) for u in ids], dtype=np.int64)

@@ -139,11 +139,3 @@ def collect(requests: Iterable[Request], reference: str, candidate: str) -> Pair
     units = np.where(keys >= 0, np.searchsorted(known, keys), -1).astype(np.int64)
     return PairedLatencies(out[reference], out[candidate],
                            np.asarray(dense_blocks, dtype=np.int64), tuple(ids), units)
-
-
-def onehot(blocks: IntArray) -> FloatArray:
-    """Each request's block as a one-hot row (requests x blocks): per-block sums by one
-    matrix product."""
-    out = np.zeros((blocks.size, int(blocks.max()) + 1))
-    out[np.arange(blocks.size), blocks] = 1.0
-    return out

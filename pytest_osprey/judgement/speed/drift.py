@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..stats.core import FloatArray
-from .data import IntArray, onehot
+from .data import IntArray
 
 
 @dataclass(frozen=True)
@@ -83,17 +83,37 @@ class DriftBatch:
 @dataclass(frozen=True)
 class _Series:
     contrasts: FloatArray  # (S,R,n) per-prompt robust contrasts
-    ranks: FloatArray  # (S,R,K) cluster mean centred ranks
-    sizes: FloatArray  # (S,K) cluster sizes
+    ranks: FloatArray  # (S,R,K) per instance, cluster mean centred ranks
+    sizes: FloatArray  # (S,R,K) per instance, cluster sizes
+    units: IntArray  # (S,R,n) each prompt's cluster in each instance
+
+
+def instance_units(units: IntArray, campaigns: int, instances: int) -> IntArray:
+    """``units`` as cluster ids per campaign and instance ``(S, R, n)``, from a ``(prompts,)``
+    layout (fixed blocks: the same clusters in every instance), ``(boots, passes, prompts)``
+    (each instance's own time units: blocks re-drawn every pass) or that per campaign
+    ``(S, boots, passes, prompts)``."""
+    if units.ndim == 1:
+        return np.broadcast_to(units, (campaigns, instances, units.size))
+    if units.ndim == 3:
+        units = units[None]
+    return np.broadcast_to(units.reshape(units.shape[0], -1, units.shape[-1]),
+                           (campaigns, instances, units.shape[-1]))
 
 
 def _series(levels: Sequence[tuple[FloatArray, IntArray]]) -> list[_Series | None]:
     """Per series: its contrasts, ranks and cluster sizes (None with fewer than two
-    instances); prompts lacking an instance are left out (NaN / 0)."""
+    instances); prompts lacking an instance are left out (NaN / 0). An instance's ranks are
+    clustered by its own time units: a stretch that ran slow moves the ranks of the prompts
+    it held in that instance together."""
     out: list[_Series | None] = []
     for lat, blocks in levels:
         y = np.log(lat).reshape(lat.shape[0], -1, lat.shape[-1])  # (S,R,n)
-        y = y[:, np.isfinite(y).any(axis=(0, 2)), :]  # instances not run (yet) drop out
+        n_s, n_r, _ = y.shape
+        ran = np.isfinite(y).any(axis=(0, 2))  # instances not run (yet) drop out
+        y = y[:, ran, :]
+        # A cell that did not run has no unit (-1); its prompt is left out below.
+        units = np.maximum(instance_units(blocks, n_s, n_r)[:, ran, :], 0)
         n_inst = y.shape[1]
         if n_inst < 2:
             out.append(None)
@@ -103,11 +123,19 @@ def _series(levels: Sequence[tuple[FloatArray, IntArray]]) -> list[_Series | Non
         others = np.stack([np.median(np.delete(filled, r, axis=1), axis=1)
                            for r in range(n_inst)], axis=1)
         rank = filled.argsort(axis=1).argsort(axis=1) - (n_inst - 1) / 2
-        per_block = onehot(blocks)
-        count = full.astype(np.float64) @ per_block  # (S,K)
+        # Per (campaign, instance, cluster) sums by one bincount over flattened ids.
+        k = int(units.max()) + 1
+        flat = ((np.arange(n_s)[:, None, None] * n_inst + np.arange(n_inst)[None, :, None]) * k
+                + units).ravel()
+        mask = np.broadcast_to(full[:, None, :], units.shape)
+        size = n_s * n_inst * k
+        count = np.asarray(np.bincount(flat, weights=mask.ravel().astype(np.float64),
+                                       minlength=size), dtype=np.float64).reshape(n_s, n_inst, k)
+        total = np.bincount(flat, weights=np.where(mask, rank, 0.0).ravel(), minlength=size)
         with np.errstate(invalid="ignore", divide="ignore"):
-            ranks = np.where(full[:, None, :], rank, 0.0) @ per_block / count[:, None, :]
-        out.append(_Series(np.where(full[:, None, :], filled - others, np.nan), ranks, count))
+            ranks = total.reshape(n_s, n_inst, k) / count
+        out.append(_Series(np.where(full[:, None, :], filled - others, np.nan), ranks, count,
+                           np.asarray(units)))
     return out
 
 
@@ -117,15 +145,15 @@ def _test(parts: Sequence[_Series]) -> tuple[FloatArray, FloatArray]:
 
     contrasts = np.concatenate([s.contrasts for s in parts], axis=2)
     ranks = np.concatenate([s.ranks for s in parts], axis=2)
-    sizes = np.concatenate([s.sizes for s in parts], axis=1)
+    sizes = np.concatenate([s.sizes for s in parts], axis=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a prompt-less series stays NaN
         est = np.nanmedian(contrasts, axis=2)
-    present = sizes > 0  # (S,G)
-    g = present.sum(axis=1).astype(np.float64)[:, None]  # (S,1)
-    u = np.where(present[:, None, :], ranks, 0.0)
+    present = sizes > 0  # (S,R,G)
+    g = present.sum(axis=2).astype(np.float64)  # (S,R)
+    u = np.where(present, ranks, 0.0)
     mean = u.sum(axis=2) / np.maximum(g, 1)
-    var = np.where(present[:, None, :], (u - mean[..., None]) ** 2, 0.0).sum(axis=2)
+    var = np.where(present, (u - mean[..., None]) ** 2, 0.0).sum(axis=2)
     se = np.sqrt(var / np.maximum(g - 1, 1) / np.maximum(g, 1))
     with np.errstate(invalid="ignore", divide="ignore"):
         t = np.where(se > 0, np.abs(mean) / np.where(se > 0, se, 1.0), np.inf)
@@ -157,7 +185,8 @@ def drift_batch(
     """The drift tests of campaigns stacked on a leading axis.
 
     ``levels``: per series (a condition at a load level), its latencies ``(S, boots, passes,
-    prompts)`` and the prompts' blocks; clusters are the blocks of each series. A single
+    prompts)`` and its clusters: the prompts' blocks ``(prompts,)``, or each cell's time unit
+    ``(boots, passes, prompts)`` (see :func:`instance_units`). A single
     series is tested once (the pool is that series). ``pairs``: (reference, candidate) series
     indices of a comparison, for the bias bound; by default the first two series.
     """
@@ -198,9 +227,9 @@ def drift_check(
 
     ``levels``: per series - the baseline at each load level, and preferably every other
     condition of the comparison too (each against itself) - its ``(boots, passes, prompts)``
-    latencies and blocks; ``names``: the series' names, for the reason; ``pairs``:
-    (reference, candidate) series of a comparison, for the bias bound (the first two by
-    default).
+    latencies and clusters (blocks, or time units: :func:`instance_units`); ``names``: the
+    series' names, for the reason; ``pairs``: (reference, candidate) series of a comparison,
+    for the bias bound (the first two by default).
 
     ``tolerance`` 20%: a pass that runs >20% off the others is material (smaller, slow drift
     cancels between adjacent stretches and is only reported: at 10% a slow drift of +-14%
@@ -231,8 +260,9 @@ def drift_check(
     single = used[0] if len(used) == 1 else None
     who = names[single] if single is not None and single < len(names) else ""
     values = np.concatenate([one.contrasts[0, r] for i in used if (one := every[i])])
-    low, high = _cluster_bootstrap_median(values, [levels[i] for i in used], confidence,
-                                          resamples, seed)
+    low, high = _cluster_bootstrap_median(
+        values, [one.units[0, r] for i in used if (one := every[i])], confidence, resamples,
+        seed)
     passes = levels[0][0].shape[1]
     boot, pass_index = divmod(r, passes)
     p_r = float(b.p_value[f, 0, r])
@@ -249,18 +279,17 @@ def drift_check(
 
 def _cluster_bootstrap_median(
     values: FloatArray,
-    levels: Sequence[tuple[FloatArray, IntArray]],
+    clusters: Sequence[IntArray],
     confidence: float,
     resamples: int,
     seed: int,
 ) -> tuple[float, float]:
     """Percentile interval of the median of ``values`` (prompts of all levels, in order),
-    resampling clusters (blocks within a level) with replacement."""
+    resampling clusters (each level's time units in the instance) with replacement."""
     ids, offset = [], 0
-    for k, (_, blocks) in enumerate(levels):
-        ids.append(blocks + offset)
-        offset += int(blocks.max()) + 1
-        del k
+    for units in clusters:
+        ids.append(units + offset)
+        offset += int(units.max()) + 1
     cluster = np.concatenate(ids)
     keep = np.isfinite(values)
     values, cluster = values[keep], cluster[keep]

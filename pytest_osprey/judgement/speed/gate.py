@@ -96,7 +96,7 @@ def drift(pilot: Pilot, data: SavedCampaign, reference: str, candidate: str, lev
                 except SpeedError:
                     continue
                 got.append(len(series))
-                series.append((one.reference, one.blocks))
+                series.append((one.reference, one.time_units))
                 names.append(cond if len(attempt) == 1 else f"{cond} at {lv}")
             if len(got) == 2:
                 pairs.append((got[0], got[1]))
