@@ -57,7 +57,7 @@ PILOT = pilot_text(pilot_data(
         "quality": {"max_loss_rate": 0.0},
         "memory": {"max_increase_pct": 30},
         "latency": [{"metric": "ttft", "percentile": 50, "max_s": 0.5, "load": "busy"}],
-        "cost": {"max_cost_per_request": 0.01, "max_break_even_days": 60},
+        "cost": {"max_cost_per_request": 0.01, "max_break_even_days": 90},
         "goodput": {"ttft_s": 0.5, "e2e_s": 5.0, "margin": 0.3},
     },
     decision={"early_stop": True},

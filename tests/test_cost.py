@@ -138,3 +138,29 @@ def test_cost_summary_is_json_shaped() -> None:
     assert [(b["candidate"], b["reference"]) for b in summary["break_even"]] == [
         ("cand", "baseline"), ("cand", "current")]
     assert all(b["requests"] is None for b in summary["break_even"])
+
+
+def test_break_even_is_gated_against_the_drafter_being_replaced() -> None:
+    """Planted: a candidate twice the baseline's speed, but no faster than the current drafter.
+    Against the baseline its setup cost is repaid in days; against the current drafter there
+    are no savings to repay it with, and that gate fails, naming the current drafter."""
+    from pytest_osprey.judgement.cost.gates import judge_break_even
+    from pytest_osprey.judgement.gates.kinds import GateKind
+    from pytest_osprey.judgement.gates.plan import plan_gates
+
+    pilot = cost_pilot(expected_requests_per_day=10_000)
+    pilot = pilot.model_copy(update={"limits": pilot.limits.model_copy(update={
+        "cost": pilot.limits.cost.model_copy(update={"max_break_even_days": 30})})})
+    pilot = pilot.model_copy(update={"load": pilot.load.model_copy(update={
+        "levels": {"low": 1}})})
+    current = [rec("current", r.block, r.started_at or 0.0, r.e2e_s or 0.0) for r in CAND]
+    data = saved_campaign(BASE + CAND + current)
+    specs = [s for s in plan_gates(pilot, list(pilot.conditions))
+             if s.kind == GateKind.BREAK_EVEN]
+    assert [(s.condition, s.reference) for s in specs] == [("cand", "baseline"),
+                                                          ("cand", "current")]
+    vs_base, vs_current = (judge_break_even(s, pilot, data) for s in specs)
+    assert vs_base.outcome == "pass" and vs_base.estimate == pytest.approx(48 / 0.002 / 10_000)
+    assert vs_current.outcome == "fail"
+    assert vs_current.details["reason"] == NO_SAVINGS
+    assert "against current" in vs_current.summary

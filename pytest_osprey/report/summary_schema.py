@@ -426,7 +426,9 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "the level's cost row (see ConditionCost)"),
     GateKind.BREAK_EVEN: KindDoc(
         "break-even days <= threshold",
-        "days of expected traffic until the setup cost is recovered (days)",
+        "days of expected traffic until the setup cost is recovered (days), by the savings "
+        "per request against the reference: the baseline, and the current drafter when the "
+        "pilot has one (one gate each)",
         "`limits.cost.max_break_even_days` (days)",
         "the break-even entry (see BreakEven)"),
 }

@@ -32,13 +32,15 @@ def judge_break_even(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateR
     limit = pilot.limits.cost.max_break_even_days
     assert limit is not None
     be = break_even(pilot, data, spec.condition, spec.reference, spec.load)
+    against = "" if spec.reference == pilot.baseline else f" against {spec.reference}"
     if be.days is None:
-        return GateResult(spec, "fail", f"break-even: {be.reason}", threshold=limit,
+        reason = str(be.reason).removeprefix("no break-even: ")
+        return GateResult(spec, "fail", f"no break-even{against}: {reason}", threshold=limit,
                           details=be.model_dump())
     ok = be.days <= limit
     return GateResult(
         spec, "pass" if ok else "fail",
-        f"setup cost recovered after {be.requests:,.0f} requests = {be.days:.1f} days at the "
-        f"expected traffic (limit {limit:g} days)",
+        f"setup cost recovered{against} after {be.requests:,.0f} requests = {be.days:.1f} days "
+        f"at the expected traffic (limit {limit:g} days)",
         estimate=be.days, threshold=limit, details=be.model_dump(),
     )

@@ -51,8 +51,10 @@ def plan_gates(pilot: Pilot, conditions: list[str], dry_run: bool = False) -> li
         if cost.max_cost_per_request is not None:
             specs.append(GateSpec(K.COST, cand, load=pilot.primary_load))
         if cost.max_break_even_days is not None:
-            specs.append(GateSpec(K.BREAK_EVEN, cand, reference=pilot.baseline,
-                                  load=pilot.primary_load))
+            # Against the drafter it replaces too: the setup cost is repaid only by what the
+            # candidate saves beyond what the current drafter already saves.
+            specs += [GateSpec(K.BREAK_EVEN, cand, reference=ref, load=pilot.primary_load)
+                      for ref in pilot.references(cand) if ref in conditions]
         for i, lim in enumerate(pilot.limits.latency):
             for level in [lim.load] if lim.load else list(pilot.load.levels):
                 specs.append(GateSpec(K.LATENCY, cand, load=level, index=i))

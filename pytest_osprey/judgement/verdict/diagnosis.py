@@ -121,7 +121,7 @@ def gate_name(g: GateResult, candidate: str, baseline: str) -> str:
         K.LATENCY: f"latency limit{at}",
         K.MEMORY: "memory",
         K.COST: f"cost per request{at}",
-        K.BREAK_EVEN: "break-even",
+        K.BREAK_EVEN: f"break-even{vs}",
         K.GOODPUT: f"goodput{at}",
         K.ARTIFACT: "drafter artifact",
         K.COMMAND_LINE: "command line",
