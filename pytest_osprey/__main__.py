@@ -31,9 +31,39 @@ failed, 2 interrupted or a partial campaign, 4 usage error)."""
 
 
 def _say(text: str, err: bool = False) -> None:
+    """One line to the terminal. A closed stream or a reader that went away (``| head -1``)
+    silences the output, never the run: what it measured is written to its folder all the
+    same, and the exit code stays the run's."""
     from .results.redact import scrub
 
-    print(scrub(text), file=sys.stderr if err else sys.stdout, flush=True)
+    _write(scrub(text) + "\n", err)
+
+
+def _write(text: str, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    if stream is None or getattr(stream, "closed", False):
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        # Point the descriptor at /dev/null so the interpreter's own flush at exit is quiet.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+    except (OSError, ValueError):  # a stream closed under us
+        pass
+
+
+def _tty() -> bool:
+    stream = sys.stdout
+    try:
+        return stream is not None and not stream.closed and stream.isatty()
+    except (OSError, ValueError):
+        return False
 
 
 EXAMPLES = """examples:
@@ -113,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
                                outcome.reports)
     elif run.dry_run and run.checked is not None:
         lines += dry_run_lines(run.checked, run.conditions)
-    color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    color = _tty() and "NO_COLOR" not in os.environ
     for line in lines:
         _say(_styled(line, color))
     return outcome.exit_code
@@ -156,8 +186,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _print_json(make: Callable[[], object]) -> None:
-    json.dump(make(), sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    _write(json.dumps(make(), indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,7 +249,7 @@ def _command(args: argparse.Namespace) -> int:
     elif args.command == "reference":
         from .pilot.reference import render
 
-        sys.stdout.write(render())
+        _write(render())
     elif args.command == "summary-schema":
         from .report.summary_schema import json_schema as summary_json_schema
 
@@ -228,7 +257,7 @@ def _command(args: argparse.Namespace) -> int:
     elif args.command == "summary-reference":
         from .report.summary_schema import render_reference
 
-        sys.stdout.write(render_reference())
+        _write(render_reference())
     return 0
 
 
@@ -240,8 +269,8 @@ def cli() -> None:
     waits for after its SIGTERM before it kills."""
     code = main()
     if _INTERRUPTED:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _write("")
+        _write("", err=True)
         os._exit(code)
     raise SystemExit(code)
 

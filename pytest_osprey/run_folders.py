@@ -5,6 +5,9 @@ is one line.
   exclusively: two runs in the same second get two folders); a folder named by the user must
   be empty or not exist yet. A non-empty one is refused, saying what is there and how to
   choose another, so an earlier run's records, campaign.json and reports are never replaced.
+- The run claims its folder atomically: ``run.lock`` is created exclusively (``O_EXCL``) once
+  the folder is seen empty, so of two runs started at once into one folder exactly one
+  proceeds, and the other is refused before it records anything.
 - Re-judging a saved campaign writes a marked copy into ``<folder>/rejudged-<UTC time>/``
   (or into a new folder the user names), so the original summary and reports stay as they
   were.
@@ -70,6 +73,7 @@ def default_results(cwd: Path, name: str) -> Path:
     path = _make_new(root, f"{name}-{_stamp()}")
     if path.resolve().parent != root.resolve():  # the slug guarantees it; a broken one must not
         raise FolderError(f"{path}: not inside {root}")
+    claim(path)
     return path
 
 
@@ -98,7 +102,25 @@ def fresh_results(path: Path, reuse_hint: str) -> Path:
             "results are never written over: choose a new folder (or remove this one), or "
             f"re-judge it with {reuse_hint}")
     writable(path)
+    claim(path)
     return path
+
+
+LOCK = "run.lock"
+
+
+def claim(path: Path) -> None:
+    """Take ``path`` for this run: ``run.lock`` (this process's pid and start time) created
+    exclusively, so a second run that saw the folder empty at the same moment is refused."""
+    try:
+        fd = os.open(path / LOCK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise FolderError(f"results folder {path}: another run has just claimed it ({LOCK}); "
+                          "choose a new folder") from None
+    except OSError as exc:
+        raise FolderError(one_line(exc, f"results folder {path}: cannot claim it")) from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f"pid {os.getpid()} started {_stamp(utc=True)}\n")
 
 
 def writable(path: Path) -> None:

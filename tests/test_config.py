@@ -664,3 +664,13 @@ def test_primary_slice_is_no_key_but_a_saved_pilot_may_have_it(tmp_path: Path) -
     assert_error(text, tmp_path, line_of(text, "primary_slice:"), "decision.primary_slice",
                  "unknown key")
     assert load_pilot_text(text, "saved").decision == load_pilot_text(PILOT_TEXT, "s").decision
+
+
+@pytest.mark.parametrize("args", [["--host", "0.0.0.0"], ["--port=8000"], ["--uds", "/tmp/s"]])
+def test_engine_args_cannot_move_the_bind(tmp_path: Path, args: list[str]) -> None:
+    """A bind flag in engine_args would come after the tool's --host 127.0.0.1 and win."""
+    text = add_conditions([f"extra: {{role: candidate, drafter: d, engine_args: {args}}}"])
+    message = error_of(project(tmp_path, text))
+    flag = args[0].split("=")[0]
+    assert "conditions.extra.engine_args.0" in message and f"{flag} is set by the tool" in message
+    assert "target.host" in message

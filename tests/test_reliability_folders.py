@@ -300,3 +300,64 @@ def test_a_read_only_file_system_is_one_line_for_run_and_report(
                                    env=_pythonpath())
         assert done.returncode == 4, done.stdout + done.stderr
         assert says in _one_error(done.stderr)
+
+
+def test_two_runs_racing_into_one_new_folder_one_proceeds(tmp_path: Path) -> None:
+    """Runs started at the same moment into one new --results folder all see it empty; the
+    exclusive claim lets exactly one through and refuses the others in one line."""
+    import threading
+
+    from pytest_osprey.run_folders import LOCK, FolderError, fresh_results
+
+    for attempt in range(20):
+        folder = tmp_path / f"race-{attempt}"
+        start = threading.Barrier(6)
+        won: list[Path] = []
+        refused: list[str] = []
+
+        def go() -> None:
+            start.wait()
+            try:
+                won.append(fresh_results(folder, "--reuse"))
+            except FolderError as exc:
+                refused.append(str(exc))
+
+        threads = [threading.Thread(target=go) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1 and len(refused) == 5
+        assert all("\n" not in m and str(folder) in m for m in refused)
+        assert (folder / LOCK).read_text().startswith("pid ")
+
+
+@pytest.mark.parametrize("stdout", ["closed", "reader gone"])
+def test_a_closed_or_broken_stdout_keeps_the_measurement(tmp_path: Path, stdout: str) -> None:
+    """`run ... >&-` and `run ... | head -1`: the terminal output is lost, the run is not: its
+    folder is complete and the exit code is the run's (0 or 1), not an internal error."""
+    import subprocess
+    import sys
+
+    with ScriptedServer(routes=sglang_routes()) as srv:
+        pilot = write_endpoint_pilot(tmp_path, srv.url, 3)
+        argv = [sys.executable, "-m", "pytest_osprey", "run", str(pilot), "--results",
+                str(tmp_path / "res")]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        if stdout == "closed":
+            proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=env, timeout=240, close_fds=True,
+                                  preexec_fn=lambda: os.close(1))
+            code, err = proc.returncode, proc.stderr.decode()
+        else:
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=env) as run:
+                assert run.stdout is not None and run.stderr is not None
+                run.stdout.readline()
+                run.stdout.close()  # the reader goes away after one line
+                err = run.stderr.read().decode()
+                code = run.wait(timeout=240)
+    assert code in (0, 1), err
+    assert "internal error" not in err and "Traceback" not in err
+    res = tmp_path / "res"
+    assert {"summary.json", "report.md", "campaign.json", "records.jsonl"} <= set(os.listdir(res))

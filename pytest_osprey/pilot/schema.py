@@ -37,6 +37,9 @@ __all__ = ["ConfigError", "Load", "LoadLevel", "OpenLoop", "Pilot", "Strict",
            "cross_field_problems", "json_schema", "level_label"]
 
 Engine = Literal["transformers", "sglang", "vllm", "endpoint"]
+# Server flags that choose where a booted engine listens (SGLang and vLLM spell them alike;
+# --uds / --unix-socket bind elsewhere altogether).
+BIND_FLAGS = frozenset({"--host", "--port", "--uds", "--unix-socket"})
 Role = Literal["baseline", "current", "candidate"]
 
 
@@ -430,6 +433,17 @@ def cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str]
                         "only the embedded transformers engine rounds weights itself; for "
                         "sglang/vllm pass the engine's flag (e.g. engine_args: [--quantization, "
                         "fp8])"))
+    # The bind address and port are the tool's: a flag later on the command line would win
+    # over its --host 127.0.0.1 and put the server on the network without a word.
+    args_at = [(("target", "engine_args"), pilot.target.engine_args)] + [
+        (("conditions", name, "engine_args"), cond.engine_args)
+        for name, cond in pilot.conditions.items()]
+    for loc, args in args_at:
+        for i, arg in enumerate(args):
+            flag = arg.split("=", 1)[0]
+            if flag in BIND_FLAGS:
+                out.append(((*loc, i), f"{flag} is set by the tool: use target.host / "
+                            "target.port (a bind beyond loopback then draws a warning)"))
     for name in pilot.cost.setup:
         if name not in pilot.conditions:
             out.append(
