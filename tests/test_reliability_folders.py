@@ -309,9 +309,8 @@ def test_two_runs_racing_into_one_new_folder_one_proceeds(tmp_path: Path) -> Non
 
     from pytest_osprey.run_folders import LOCK, FolderError, fresh_results
 
-    for attempt in range(20):
-        folder = tmp_path / f"race-{attempt}"
-        start = threading.Barrier(6)
+    def race(folder: Path, runs: int) -> tuple[list[Path], list[str]]:
+        start = threading.Barrier(runs)
         won: list[Path] = []
         refused: list[str] = []
 
@@ -322,11 +321,16 @@ def test_two_runs_racing_into_one_new_folder_one_proceeds(tmp_path: Path) -> Non
             except FolderError as exc:
                 refused.append(str(exc))
 
-        threads = [threading.Thread(target=go) for _ in range(6)]
+        threads = [threading.Thread(target=go) for _ in range(runs)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        return won, refused
+
+    for attempt in range(20):
+        folder = tmp_path / f"race-{attempt}"
+        won, refused = race(folder, 6)
         assert len(won) == 1 and len(refused) == 5
         assert all("\n" not in m and str(folder) in m for m in refused)
         assert (folder / LOCK).read_text().startswith("pid ")
