@@ -355,3 +355,24 @@ def test_write_text_atomic(tmp_path: Path) -> None:
     assert target.read_text(encoding="utf-8") == "# Report ✓\n"
     assert sorted(os.listdir(tmp_path)) == ["report.md"]
     assert target.stat().st_ino != old_inode  # a new file renamed over, not rewritten in place
+
+
+def test_no_nan_or_inf_reaches_a_json_file(tmp_path: Path) -> None:
+    """A server's NaN / inf (Python's json reads them) is written as null: strict parsers
+    (JavaScript, jq) reject NaN, and a NaN read back is no measurement to judge."""
+    import math
+
+    from testkit.factories import make_record
+
+    def strict(text: str) -> Any:
+        def refuse(name: str) -> None:
+            raise ValueError(f"non-standard JSON constant {name}")
+        return json.loads(text, parse_constant=refuse)
+
+    rec = make_record("cand", "p1", e2e_s=math.nan, ttft_s=math.inf, itl_s=[0.1, -math.inf],
+                      accept_length=math.nan)
+    line = strict(rec.to_json())
+    assert line["e2e_s"] is None and line["ttft_s"] is None and line["accept_length"] is None
+    assert line["itl_s"] == [0.1, None]
+    write_json_atomic(tmp_path / "s.json", {"speedup": math.nan, "ci": [1.0, math.inf]})
+    assert strict((tmp_path / "s.json").read_text()) == {"speedup": None, "ci": [1.0, None]}

@@ -10,14 +10,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .redact import scrub, scrub_obj
+from .redact import json_ready, scrub
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temporary file and rename, so readers never see half a file."""
     # Scrubbed value by value: a secret replaced in the serialized text could cut into the
     # JSON's own syntax (a quote, a comma).
-    text = json.dumps(scrub_obj(data), indent=2, ensure_ascii=False, default=str) + "\n"
+    text = json.dumps(json_ready(data), indent=2, ensure_ascii=False, default=str,
+                      allow_nan=False) + "\n"
     _write_atomic(path, text)
 
 

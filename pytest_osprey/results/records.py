@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from .redact import scrub_obj
+from .redact import json_ready
 
 SCHEMA = 2  # 2: block is the replay plan's block; repetition the pass; boot, stretch
 Mode = Literal["greedy", "sampled", "params"]
@@ -104,7 +104,8 @@ class RequestRecord(Measurement):
     def to_json(self) -> str:
         """The record's line in records.jsonl (secrets scrubbed: an echoed key in an error
         body or an output never reaches the file)."""
-        return json.dumps(scrub_obj(asdict(self)), ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(json_ready(asdict(self)), ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestRecord:

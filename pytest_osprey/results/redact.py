@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import threading
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -87,9 +88,18 @@ def scrub_obj(obj: T) -> T:
     return _walk(obj, set())  # type: ignore[no-any-return]
 
 
-def _walk(obj: Any, open_: set[int]) -> Any:
+def json_ready(obj: T) -> T:
+    """``obj`` as it may be written: every string scrubbed (see :func:`scrub_obj`) and every
+    non-finite float (NaN, inf) as null, which strict JSON parsers accept and readers take for
+    "not measured" rather than for a value."""
+    return _walk(obj, set(), finite=True)  # type: ignore[no-any-return]
+
+
+def _walk(obj: Any, open_: set[int], finite: bool = False) -> Any:
     if isinstance(obj, str):
-        return scrub(obj)
+        return scrub(obj) if _FORMS else obj
+    if finite and isinstance(obj, float) and not math.isfinite(obj):
+        return None
     if not isinstance(obj, dict | list | tuple):
         return obj
     if id(obj) in open_:  # as json.dumps would say
@@ -97,9 +107,9 @@ def _walk(obj: Any, open_: set[int]) -> Any:
     open_.add(id(obj))
     try:
         if isinstance(obj, dict):
-            return {(scrub(k) if isinstance(k, str) else k): _walk(v, open_)
+            return {(scrub(k) if isinstance(k, str) and _FORMS else k): _walk(v, open_, finite)
                     for k, v in obj.items()}
-        items = [_walk(v, open_) for v in obj]
+        items = [_walk(v, open_, finite) for v in obj]
         return items if isinstance(obj, list) else tuple(items)
     finally:
         open_.discard(id(obj))
