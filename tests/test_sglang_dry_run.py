@@ -145,3 +145,32 @@ def test_real_sglang_refuses_standalone_with_rejection_sampling_at_dry_run() -> 
     for name in ("base", "ok"):
         assert checks[name].ok, checks[name].lines
         assert "passed SGLang's launch-time checks" in checks[name].lines[1]
+
+
+def test_a_pilot_named_interpreter_never_sees_the_ci_secrets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pilot is code: target.env's PYTHONPATH plants an `sglang` that the dry run imports.
+    It runs, but without the CI job's credentials; the variables the pilot sets itself pass,
+    and the dry run names what was withheld."""
+    from pytest_osprey.engines.base import BootSpec
+    from pytest_osprey.engines.process import engine_env
+
+    planted = tmp_path / "planted" / "sglang"
+    planted.mkdir(parents=True)
+    seen = tmp_path / "seen.txt"
+    (planted / "__init__.py").write_text(
+        f"import os\nopen({str(seen)!r}, 'w').write('\\n'.join(sorted(os.environ)))\n")
+    for name in ("GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "SGLANG_API_KEY", "CI_JOB_TOKEN"):
+        monkeypatch.setenv(name, "s3cr3t-value")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    p = pilot(env={"PYTHONPATH": str(planted.parent), "MY_SETTING": "x"})
+    checks = check_command_lines(p, ["base"])
+    names = set(seen.read_text().split("\n"))
+    assert not names & {"GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "SGLANG_API_KEY",
+                        "CI_JOB_TOKEN"}
+    assert {"PATH", "OMP_NUM_THREADS", "MY_SETTING", "PYTHONPATH"} <= names
+    env_line = checks["base"].environment or ""
+    assert "MY_SETTING, PYTHONPATH" in env_line and "withheld" in env_line
+    assert "s3cr3t" not in env_line
+    booted = engine_env(p, "base", BootSpec("base", tmp_path))
+    assert "GITHUB_TOKEN" not in booted and booted["MY_SETTING"] == "x"

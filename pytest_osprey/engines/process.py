@@ -32,6 +32,7 @@ import psutil
 from ..results import redact
 from . import gpu_memory
 from .base import BootSpec, EngineError
+from .environment import engine_environ
 from .watchdog import end_watchdog, start_watchdog
 
 if TYPE_CHECKING:
@@ -50,12 +51,9 @@ def engine_python(target: Target) -> str:
 
 
 def engine_env(pilot: Pilot, condition: str, boot: BootSpec) -> dict[str, str]:
-    """os.environ, then target.env, then the condition's env, then the boot spec's env."""
-    env = dict(os.environ)
-    env.update(pilot.target.env)
-    env.update(pilot.conditions[condition].env)
-    env.update(boot.env)
-    return env
+    """This process's environment less anything like a credential (engines/environment.py),
+    then target.env, then the condition's env, then the boot spec's env."""
+    return engine_environ(pilot.target.env, pilot.conditions[condition].env, boot.env)
 
 
 def api_key_from(env: Mapping[str, str], var: str | None, where: str) -> str | None:

@@ -18,13 +18,13 @@ Each condition gets its own verdict and only its own errors.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .base import EngineError
+from .environment import engine_environ
 from .process import engine_python
 from .sglang import KeyFile, sglang_argv
 
@@ -151,7 +151,7 @@ def _check(pilot: Pilot, key_file: str | None, timeout_s: float) -> dict[str, Ve
         # Jobs on stdin, not argv: a condition's env may hold a secret.
         proc = subprocess.run(
             [python, "-c", _CHECK, MARK, json.dumps(_REFUSALS)], input=json.dumps(jobs),
-            env={**os.environ, **pilot.target.env}, capture_output=True, text=True,
+            env=engine_environ(pilot.target.env), capture_output=True, text=True,
             timeout=timeout_s, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:

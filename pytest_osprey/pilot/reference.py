@@ -21,6 +21,20 @@ written as one (`2`, not `'2'` or `true`), a flag is `true`/`false`. Every numbe
 text has the bounds shown. A pilot file may be at most 1 MiB. Relative paths resolve against
 the pilot file's folder. `python -m pytest_osprey schema` prints the JSON Schema for editor
 completion.
+
+**A pilot file is code.** `target.python`, `target.env` (`PYTHONPATH` above all),
+`engine_args` and the model and drafter folders choose what runs, in the dry run too (SGLang's
+argument parser, package versions): treat a pilot like a CI workflow and review changes to it
+as such. Every interpreter the pilot names starts from this process's environment less
+anything that could be a credential: only an allow-list passes (`PATH`, `HOME`, locale, temp
+folders, certificate bundles, `LD_LIBRARY_PATH`, and the prefixes `CUDA_` `NVIDIA_` `ROCM_`
+`HIP_` `HSA_` `OMP_` `MKL_` `KMP_` `OPENBLAS_` `TORCH` `TRITON_` `SGLANG_` `SGL_` `VLLM_`
+`FLASHINFER_` `OSPREY_` `LC_` `XDG_`), and never a name with TOKEN, SECRET, PASSW, CREDENTIAL,
+API_KEY, ACCESS_KEY, PRIVATE, AUTH, SESSION or COOKIE in it. What the pilot's `env` sets
+passes as written (e.g. `HF_TOKEN: ...` for a gated model): that is the pilot's choice. The
+dry run prints each command line and which variables were withheld. `--host`, `--port`,
+`--uds` and `--unix-socket` in `engine_args` are refused: the bind is `target.host`'s, and one
+beyond loopback draws a warning.
 """
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engines.environment import engine_environ
 from ..pilot.schema import Pilot
 
 # Drafter architecture families each engine's algorithm accepts.
@@ -151,7 +152,8 @@ def engine_version(pilot: Pilot) -> str | None:
     )
     try:
         out = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=60, check=False
+            [python, "-c", code], capture_output=True, text=True, timeout=60, check=False,
+            env=engine_environ(pilot.target.env),
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

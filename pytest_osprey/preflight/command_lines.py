@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..engines.base import EngineError
+from ..engines.environment import withheld
 from ..pilot.schema import Pilot
 
 if TYPE_CHECKING:
@@ -49,6 +50,19 @@ class CommandCheck:
     condition: str
     ok: bool
     lines: list[str] = field(default_factory=list)
+    environment: str | None = None  # a launched engine's: what the pilot sets, what is withheld
+
+
+def environment_line(pilot: Pilot, condition: str) -> str:
+    """What a launched engine's environment holds: the variables the pilot sets (names only)
+    and how many of this process's are withheld as possible credentials."""
+    layers = (pilot.target.env, pilot.conditions[condition].env)
+    sets = sorted({k for layer in layers for k in layer})
+    held = withheld(*layers)
+    shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+    return (f"environment: the pilot sets {', '.join(sets) if sets else 'nothing'}; "
+            + (f"{len(held)} variable(s) of this process withheld ({shown})" if held
+               else "no variable of this process withheld"))
 
 
 def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, CommandCheck]:
@@ -78,6 +92,7 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
                 key_file = KEY_FILE_SHOWN if pilot.target.api_key_env else None
                 argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
                 check.lines.append(shlex.join(argv))
+                check.environment = environment_line(pilot, name)
                 verdict = verdicts.get(name)
                 if verdict is not None:
                     check.ok = check.ok and verdict.ok
@@ -89,6 +104,7 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
                 from ..engines.vllm import vllm_argv
 
                 check.lines.append(shlex.join(vllm_argv(pilot, name, pilot.target.port or 8000)))
+                check.environment = environment_line(pilot, name)
             else:
                 from ..engines.transformers import TransformersEngine
 

@@ -70,6 +70,8 @@ def dry_run_lines(preflight: Preflight, conditions: Sequence[str]) -> list[Line]
             out.append(Line(f"  {name}: command line {'ok' if check.ok else 'FAILED'}"
                             + (f": {first}" if first else ""), "" if check.ok else "red"))
             out += [Line(f"      {line}") for line in check.lines[1:4]]
+            if check.environment:
+                out.append(Line(f"      {check.environment}"))
         report = preflight.artifacts.get(name)
         if report is not None:
             for c in report.checks:

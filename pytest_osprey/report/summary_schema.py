@@ -285,7 +285,9 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
     GateKind.COMMAND_LINE: KindDoc(
         "the condition's engine command line builds (and parses where the engine's parser is "
         "importable)", _NONE, _NONE,
-        "`condition`, `ok`, `lines` (the masked command line and parser messages)"),
+        "`condition`, `ok`, `lines` (the masked command line and parser messages), "
+        "`environment` (a launched engine's: the variables the pilot sets and how many of "
+        "this process's were withheld as possible credentials; null for the embedded engine)"),
     GateKind.ARTIFACT: KindDoc(
         "every drafter check passes", _NONE, _NONE,
         "`ok`, `checks` (list of `name`, `ok`, `detail`)"),

@@ -34,6 +34,9 @@ class CommandLineEntry(BaseModel):
     condition: str
     ok: bool
     lines: list[str] = Field(default_factory=list)
+    environment: str | None = None
+    """A launched engine's environment: the variables the pilot sets and how many of this
+    process's were withheld as possible credentials (names only, never values)."""
 
 
 class Preflight(BaseModel):
