@@ -174,3 +174,35 @@ def test_a_pilot_named_interpreter_never_sees_the_ci_secrets(
     assert "s3cr3t" not in env_line
     booted = engine_env(p, "base", BootSpec("base", tmp_path))
     assert "GITHUB_TOKEN" not in booted and booted["MY_SETTING"] == "x"
+
+
+@pytest.mark.parametrize("fault", ["truncated", "padded", "missing shard"])
+def test_a_damaged_target_checkpoint_fails_the_dry_run(tmp_path: Path, fault: str) -> None:
+    """Headers and sizes of the target's safetensors are checked before anything boots."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    weights = target / "model-00001-of-00002.safetensors"
+    save_file({"w": torch.zeros(64, 64)}, str(weights))
+    whole = weights.read_bytes()
+    (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "w": weights.name, **({"v": "model-00002-of-00002.safetensors"}
+                              if fault == "missing shard" else {})}}))
+    if fault == "truncated":
+        weights.write_bytes(whole[:-100])
+    elif fault == "padded":
+        weights.write_bytes(whole + b"\0" * 10)
+    checks = check_command_lines(pilot(model=str(target)), ["base"])
+    assert not checks["base"].ok
+    line = checks["base"].lines[0]
+    assert line.startswith("target weights:")
+    assert ("missing shard" in line) if fault == "missing shard" else (weights.name in line)
+    weights.write_bytes(whole)
+    if fault != "missing shard":
+        again = check_command_lines(pilot(model=str(target)), ["base"])["base"].lines
+        assert not any(ln.startswith("target weights") for ln in again)

@@ -508,3 +508,18 @@ def test_render_shipped_chat_prompts(pilot: Trace) -> None:
         assert text.strip()
         if q.messages is not None:
             assert text.endswith("\nAssistant:")
+
+
+def test_a_trace_file_over_the_cap_is_one_line_not_memory(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_osprey.pilot import trace as trace_module
+
+    monkeypatch.setattr(trace_module, "MAX_TRACE_BYTES", 1000)
+    big = tmp_path / "big.jsonl"
+    line = json.dumps({"id": "p", "domain": "chat", "prompt": "x" * 80, "max_new_tokens": 4})
+    big.write_text("\n".join(line.replace('"p"', f'"p{i}"') for i in range(20)))
+    with pytest.raises(TraceError, match=r"big\.jsonl: trace file over [0-9.e-]+ MiB"):
+        load_trace([big])
+    small = tmp_path / "small.jsonl"
+    small.write_text(line)
+    assert len(load_trace([small]).prompts) == 1

@@ -441,10 +441,19 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# A replay trace is prompts, not a corpus: 50-5,000 prompts of up to a context each fit in a
+# few MiB. The cap keeps a wrong file (a log, a dump) from costing the judge its memory.
+MAX_TRACE_BYTES = 64 * 2**20
+
+
 def _read_text(path: str) -> str:
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_TRACE_BYTES + 1)
+            if len(data) > MAX_TRACE_BYTES:
+                raise TraceError(
+                    f"{path}: trace file over {MAX_TRACE_BYTES / 2**20:g} MiB; a replay trace "
+                    "holds the prompts to replay (sample a few hundred from a large source)")
     except FileNotFoundError:
         raise TraceError(f"{path}: trace file not found") from None
     except IsADirectoryError:

@@ -117,6 +117,31 @@ def safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def target_weights_problem(pilot: Pilot) -> str | None:
+    """Why the target's local weights cannot be served (a truncated or padded safetensors
+    file, a shard its index names that is missing), or None: headers and sizes only, so a
+    70B checkpoint is checked in milliseconds. A model id a server resolves is not checked."""
+    folder = Path(pilot.target.model)
+    if pilot.target.engine == "endpoint" or not folder.is_dir():
+        return None
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(_json(index).get("weight_map", {}).values())
+        except (ValueError, AttributeError):
+            return f"target weights: {index} is not a safetensors index"
+        missing = sorted(str(n) for n in shards if not (folder / str(n)).is_file())
+        if missing:
+            return (f"target weights: {index.name} names {len(missing)} missing shard(s) "
+                    f"({', '.join(missing[:3])}); the checkpoint is incomplete")
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            safetensors_header(path)
+        except (OSError, ValueError) as exc:
+            return f"target weights: {path}: {exc}; copy the checkpoint again"
+    return None
+
+
 def _vocab_digest(folder: Path) -> str | None:
     tok = folder / "tokenizer.json"
     if not tok.is_file():

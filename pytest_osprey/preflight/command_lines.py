@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..engines.base import EngineError
 from ..engines.environment import withheld
 from ..pilot.schema import Pilot
+from .artifact import target_weights_problem
 
 if TYPE_CHECKING:
     from ..engines.sglang_check import Verdict
@@ -74,9 +75,13 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
         from ..engines.sglang_check import dry_run_check
 
         verdicts = dry_run_check(pilot)
+    weights = target_weights_problem(pilot)
     for name in conditions:
         check = out[name]
         cond = pilot.conditions[name]
+        if weights and cond.endpoint is None:
+            check.ok = False
+            check.lines.append(weights)
         key_problem = missing_key(pilot, name)
         if key_problem:
             check.ok = False
