@@ -14,6 +14,7 @@ from pathlib import Path
 from .pilot import ConfigError, Pilot
 from .pilot.loading import load_pilot_text, load_pilot_unchecked
 from .results import Preflight, SavedCampaign, read_preflight
+from .results.campaign_file import text_sha256
 from .run import PilotRun
 from .run_folders import FolderError, writable
 from .run_inputs import ReusedCampaign, UsageError, open_saved
@@ -21,12 +22,20 @@ from .run_inputs import ReusedCampaign, UsageError, open_saved
 
 def _saved_pilot(directory: Path, data: SavedCampaign, config: Path | None) -> tuple[Pilot, str]:
     """The pilot whose limits apply, and where it came from."""
+    meta = data.meta
     try:
         if config is not None:
-            return load_pilot_unchecked(config), str(config)
-        if data.meta.pilot_text:
+            pilot = load_pilot_unchecked(config)
+            _related(pilot, data, str(config))
+            return pilot, str(config)
+        if meta.pilot_text:
+            if meta.pilot_text_sha256 and text_sha256(meta.pilot_text) != meta.pilot_text_sha256:
+                raise UsageError(
+                    f"{directory / 'campaign.json'}: pilot_text was changed after the run (its "
+                    "sha256 no longer matches pilot_text_sha256); to judge under other limits, "
+                    "give that pilot deliberately with --config PILOT")
             source = f"{directory / 'campaign.json'} (the pilot it ran with)"
-            return load_pilot_text(data.meta.pilot_text, source), "the pilot saved in campaign.json"
+            return load_pilot_text(meta.pilot_text, source), "the pilot saved in campaign.json"
         copy = directory / "pilot.yaml"
         if copy.is_file():
             return load_pilot_unchecked(copy), str(copy)
@@ -34,6 +43,19 @@ def _saved_pilot(directory: Path, data: SavedCampaign, config: Path | None) -> t
         raise UsageError(str(exc)) from None
     raise UsageError(f"{directory}: campaign.json holds no pilot text and there is no "
                      "pilot.yaml: give the limits with --config PILOT")
+
+
+def _related(pilot: Pilot, data: SavedCampaign, source: str) -> None:
+    """Refuse a pilot that cannot judge this campaign: another baseline, or none of its
+    candidates (it would judge no gate, and no gate failing is not a verdict)."""
+    meta = data.meta
+    if meta.baseline and pilot.baseline != meta.baseline:
+        raise UsageError(f"{source}: its baseline {pilot.baseline!r} is not the campaign's "
+                         f"({meta.baseline!r}); it is not a pilot of this campaign")
+    saved = set(meta.candidates) | ({meta.current} if meta.current else set())
+    if saved and not saved & set(pilot.conditions):
+        raise UsageError(f"{source}: names none of the campaign's conditions "
+                         f"({', '.join(sorted(saved))}); it is not a pilot of this campaign")
 
 
 def rejudge(directory: Path, config: Path | None = None,

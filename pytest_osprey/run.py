@@ -234,6 +234,7 @@ class PilotRun:
             if reuse.partial:
                 self.notes.insert(0, f"{reuse.directory}: INTERRUPTED: {reuse.partial}; judged "
                                      "as measured, no verdict")
+            self.notes += reuse.data.notes
             self.rejudged = {"at": datetime.now(UTC).isoformat(timespec="seconds"),
                              "pilot": reuse.limits_from, "source": str(reuse.directory)}
         self._preflight = reuse.preflight if reuse is not None else None

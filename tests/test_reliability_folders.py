@@ -365,3 +365,60 @@ def test_a_closed_or_broken_stdout_keeps_the_measurement(tmp_path: Path, stdout:
     assert "internal error" not in err and "Traceback" not in err
     res = tmp_path / "res"
     assert {"summary.json", "report.md", "campaign.json", "records.jsonl"} <= set(os.listdir(res))
+
+
+@pytest.fixture(scope="module")
+def one_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One complete small campaign, copied by each test that tampers with it."""
+    return saved_results(tmp_path_factory.mktemp("saved"))
+
+
+@pytest.mark.parametrize("fault", ["missing", "empty", "folder", "fifo", "edited pilot",
+                                   "unrelated pilot", "duplicated"])
+def test_a_folder_that_is_not_what_it_claims(tmp_path: Path, fault: str,
+                                            one_saved: Path) -> None:
+    """Re-judging a tampered or broken complete campaign: refused in one line (exit 4), except
+    duplicated lines, which are collapsed (each request counted once) and said so."""
+    import subprocess
+    import sys
+
+    res = tmp_path / "res"
+    shutil.copytree(one_saved, res)
+    records = res / "records.jsonl"
+    lines = records.read_bytes()
+    config: list[str] = []
+    if fault == "missing":
+        records.unlink()
+    elif fault == "empty":
+        records.write_bytes(b"")
+    elif fault == "folder":
+        records.unlink()
+        records.mkdir()
+    elif fault == "fifo":
+        records.unlink()
+        os.mkfifo(records)
+    elif fault == "edited pilot":
+        meta = json.loads((res / "campaign.json").read_text())
+        meta["pilot_text"] = meta["pilot_text"].replace("speedup_min", "speedup_min ", 1) + "\n"
+        (res / "campaign.json").write_text(json.dumps(meta))
+    elif fault == "unrelated pilot":
+        other = tmp_path / "other"
+        other.mkdir()
+        config = ["--config", str(write_endpoint_pilot(other, "http://127.0.0.1:9", 3,
+                                                       candidates=("someone-else",)))]
+    else:
+        records.write_bytes(lines + lines)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_osprey", "report", str(res), *config],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    if fault == "duplicated":
+        assert proc.returncode in (0, 1), proc.stderr
+        assert "duplicated record line(s) collapsed" in proc.stderr
+        return
+    assert proc.returncode == 4, (proc.returncode, proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    said = {"missing": "missing", "empty": "without a record", "folder": "not a regular file",
+            "fifo": "not a regular file", "edited pilot": "changed after the run",
+            "unrelated pilot": "not a pilot of this campaign"}[fault]
+    assert said in proc.stderr, proc.stderr

@@ -23,7 +23,7 @@ from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_eng
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
-from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry
+from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry, text_sha256
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import Measurement, RecordWriter, RequestRecord
 from ..version import __version__
@@ -550,6 +550,7 @@ class Campaign:
             pilot_name=pilot.name,
             config_hash=pilot.digest(),
             pilot_text=self.config_text,
+            pilot_text_sha256=text_sha256(self.config_text),
             trace_hash=self.trace.sha256,
             trace_files=[str(f) for f in self.trace.files],
             prompt_ids=[p.id for p in self.trace.prompts],

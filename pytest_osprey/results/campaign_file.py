@@ -7,6 +7,7 @@ may add facts an older reader does not know; a newer ``schema`` than this reader
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from pathlib import Path
@@ -84,6 +85,11 @@ class PlanFacts(_Facts):
         return {pid: k for k, ids in enumerate(self.blocks.get(level, [])) for pid in ids}
 
 
+def text_sha256(text: str | None) -> str | None:
+    """sha256 of a saved text (UTF-8), None for none."""
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 class CampaignFile(_Facts):
     """campaign.json."""
 
@@ -94,6 +100,8 @@ class CampaignFile(_Facts):
     config_hash: str | None = None
     pilot_text: str | None = None
     """The pilot file as it was run (re-judging uses it unless told otherwise)."""
+    pilot_text_sha256: str | None = None
+    """sha256 of ``pilot_text`` as written by the run: an edit made afterwards is refused."""
     trace_hash: str | None = None
     trace_files: list[str] = Field(default_factory=list)
     prompt_ids: list[str] = Field(default_factory=list)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..pilot.trace import Prompt, TraceError, load_trace
 from .campaign_file import CampaignFile, read_campaign_file
-from .records import RequestRecord, read_records
+from .records import RecordsError, RequestRecord, read_records
 
 
 @dataclass
@@ -28,6 +28,7 @@ class SavedCampaign:
     records: list[RequestRecord]
     prompts: dict[str, Prompt] | None = None  # the trace, where it can be read (correctness)
     fillers: list[RequestRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what reading the folder had to mend
 
     def __post_init__(self) -> None:
         if isinstance(self.meta, Mapping):  # a plain dict (tests, older callers)
@@ -58,10 +59,20 @@ def load_campaign(directory: Path) -> SavedCampaign:
     """Read a saved campaign; errors name the file (CampaignFileError, RecordsError)."""
     meta = read_campaign_file(directory / "campaign.json")
     records_path = directory / "records.jsonl"
+    if records_path.exists() and not records_path.is_file():
+        raise RecordsError(f"{records_path}: not a regular file (a folder, a pipe or a device)")
     records = list(read_records(records_path)) if records_path.is_file() else []
     if meta.run_id is not None:  # records.jsonl is append-only: earlier runs' records stay
         records = [r for r in records if r.run_id == meta.run_id]
-    return SavedCampaign(directory, meta, records, saved_trace(meta))
+    if meta.status == "complete" and not records:
+        state = "missing" if not records_path.exists() else "without a record of this run"
+        raise RecordsError(f"{records_path}: {state}, though campaign.json says the campaign "
+                           "completed; there is nothing to judge")
+    # The same line twice (a copy appended, a merge gone wrong) would count one request twice.
+    unique = list({r.to_json(): r for r in records}.values())
+    notes = ([f"{records_path}: {len(records) - len(unique)} duplicated record line(s) "
+              "collapsed (each request counted once)"] if len(unique) < len(records) else [])
+    return SavedCampaign(directory, meta, unique, saved_trace(meta), notes=notes)
 
 
 def saved_trace(meta: CampaignFile) -> dict[str, Prompt] | None:
