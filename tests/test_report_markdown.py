@@ -89,6 +89,28 @@ def test_untrusted_text_is_escaped(judged: tuple[dict[str, Any], Any, str]) -> N
     assert "\\| pipe" in row
 
 
+def test_untrusted_text_makes_no_live_markdown(judged: tuple[dict[str, Any], Any, str]) -> None:
+    """In a PR comment: no mention that pings, no image that tracks readers, no link, no
+    heading, wherever a server's, a trace's or a pilot's text lands."""
+    import re
+
+    summary, meta, _ = judged
+    hostile = copy.deepcopy(summary)
+    evil = ("@octocat ![t](https://evil.example/t.png) [click](https://evil.example) "
+            "https://evil.example/bare www.evil.example")
+    hostile["gates"][0]["summary"] = evil
+    hostile["verdicts"][0]["headline"] = "KEEP cand: " + evil
+    hostile["verdicts"][1]["bullets"][0]["text"] = "# heading " + evil
+    hostile["setup"][0]["value"] = evil
+    text = markdown(hostile, meta, "@here # title ![x](https://evil.example/x.png)", "f")
+    assert not re.search(r"(?<![\\\w])@\w", text)  # no @name mention
+    assert not re.search(r"(?<!\\)!(?<!\\)\[", text)  # no image
+    assert not re.search(r"(?<!\\)\[[^\]\\]*(?<!\\)\]\(", text)  # no [text](link)
+    assert "https://evil" not in text and "www.evil" not in text  # no autolink
+    assert not re.search(r"^#+ .*heading", text, re.M)
+    assert "octocat" in text and "evil.example" in text  # said, not dropped
+
+
 def _huge(summary: dict[str, Any], gates: int) -> dict[str, Any]:
     big = copy.deepcopy(summary)
     big["gates"] = [dict(summary["gates"][i % len(summary["gates"])],

@@ -9,6 +9,7 @@ its client, its health route and the facts it adds.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -85,7 +86,9 @@ class BootedServer(ABC, Generic[ClientT]):
     def start(self) -> None:
         target = self.pilot.target
         env = engine_env(self.pilot, self.condition, self.boot)
-        key = api_key_from(env, target.api_key_env, "target.api_key_env")
+        # The key is this process's to read (the client sends it; the server gets it from
+        # the command line or a key file), not something the engine's environment inherits.
+        key = api_key_from({**os.environ, **env}, target.api_key_env, "target.api_key_env")
         port = choose_port(target.host, target.port, self.condition)
         secrets = [key] if key else []
         try:

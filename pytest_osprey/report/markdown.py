@@ -7,7 +7,8 @@ the details, each collapsed (``<details>``): the gates that decide, the gates re
 speed, goodput. A comparison with an earlier campaign stays in the head: a regression is news.
 
 Every piece of text from the pilot, the engine or the records is escaped (``<``, ``>``, ``&``,
-and ``|`` in table cells): a model's output or an engine's error must not become markup.
+``[``, ``]``, ``!``, ``#``, a joiner after ``@`` and in ``://``, and ``|`` in table cells): a
+model's output or an engine's error must not become markup, a mention, a link or an image.
 The page is capped (``report.markdown_max_kib``, 64 KiB by default, never above GitHub's
 1 MiB step-summary limit): sections that do not fit are cut, with a note saying so.
 """
@@ -29,10 +30,20 @@ RESERVE = 400  # bytes kept for the truncation note
 ICONS = {"KEEP": ":white_check_mark:", "DROP": ":x:", "INCONCLUSIVE": ":warning:"}
 
 
+# Markdown that text from a server, a trace or a pilot must not make live in a PR comment:
+# links and images (a remote image tracks every reader: "[" and "!" escaped), headings ("#").
+# Backslash escapes are CommonMark's own; "@" and "://" get a zero-width joiner instead, since
+# GitHub turns @name into a mention and a bare URL into a link whatever the escaping.
+_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\[]!#"})
+_ZWJ = "\u2060"
+
+
 def esc(value: object) -> str:
     """Text from the pilot, the engine or the records, safe in Markdown: no HTML, no code
-    spans, one line (every kind of line break)."""
+    spans, no links, images, mentions or headings, one line (every kind of line break)."""
     text = html.escape("" if value is None else str(value), quote=False).replace("`", "&#96;")
+    text = text.translate(_MARKDOWN).replace("@", "@" + _ZWJ).replace("://", ":" + _ZWJ + "//")
+    text = text.replace("www.", "www" + _ZWJ + ".")
     return " ".join(text.splitlines())
 
 
