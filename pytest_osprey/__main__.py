@@ -108,6 +108,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for note in run.notes:  # a partial saved campaign, a bind address: said first
         _say(f"warning: {note}", err=True)
+    if run.size is not None and not args.reuse:
+        _say(f"[osprey] {run.size.line()}")
     shown = len(run.notes)
     try:
         with sigterm_interrupts():

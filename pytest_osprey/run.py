@@ -27,6 +27,7 @@ from typing import Any
 
 from .campaign import Campaign, ProgressEvent, StopLook
 from .campaign.requests import stop_reason
+from .campaign.size import CampaignSize, campaign_size, size_problem
 from .judgement import (
     PREFLIGHT,
     Comparison,
@@ -145,6 +146,8 @@ class PilotRun:
     :class:`UsageError` before anything runs), or from a saved campaign
     (:meth:`from_saved`); then each step on demand."""
 
+    size: CampaignSize | None  # what the pilot asks for (a measured run; None re-judged)
+
     def __init__(
         self,
         pilot_path: str | os.PathLike[str],
@@ -172,6 +175,10 @@ class PilotRun:
         if budget:
             raise UsageError(f"{pilot_path}: {budget}")
         conditions = select_conditions(pilot, options.conditions, str(pilot_path))
+        size = campaign_size(pilot, trace, len(conditions))
+        too_big = size_problem(size)
+        if too_big:
+            raise UsageError(f"{pilot_path}: {too_big}")
         warning = bind_warning(pilot)
         reuse = (reuse_saved(_under(here, options.reuse), str(path)) if options.reuse
                  else None)
@@ -189,6 +196,7 @@ class PilotRun:
                     pilot_text=pilot_text, trace=trace, conditions=conditions,
                     notes=[warning] if warning else [], reuse=reuse, results=results,
                     previous=_previous(options.compare, here, results, trace.sha256))
+        self.size = size
 
     @classmethod
     def from_saved(cls, saved: ReusedCampaign, pilot: Pilot,
@@ -215,6 +223,7 @@ class PilotRun:
                results: Path | None, previous: Previous | None) -> None:
         """Every attribute of a run, however it was built; no step has run yet."""
         self.options = options
+        self.size = None
         self.cwd = cwd
         self.progress = progress
         self.pilot_path = pilot_path

@@ -152,6 +152,26 @@ def test_effect_size_is_centred_at_zero_and_sees_diversity() -> None:
     assert res.similarity_ratio is not None and res.similarity_ratio > 1.2
 
 
+def test_a_budget_beyond_the_cap_is_judged_on_a_sub_sample(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """More samples than the kernel holds: a seeded sub-sample of each side is compared (the
+    memory stays bounded), said in the summary; a planted sharper sampler is still caught and
+    equal samplers are not flagged."""
+    from pytest_osprey.judgement.quality import distribution as module
+
+    monkeypatch.setattr(module, "MAX_SAMPLES_PER_SIDE", 24)
+    lm = MarkovLM(CHAT_LIKE, seed=9)
+    rng = np.random.default_rng(10)
+    base, sharp = lm.sampler(1.0), lm.sampler(0.5)
+    caught = distribution_check(lm.draw(base, 4, 200, 12, rng), lm.draw(sharp, 4, 200, 12, rng),
+                                permutations=199, alpha=0.05)
+    assert caught.outcome == "fail" and caught.samples_per_prompt == 24
+    assert "sub-sample of 24 samples a side" in caught.summary
+    same = [distribution_check(lm.draw(base, 4, 200, 12, rng), lm.draw(base, 4, 200, 12, rng),
+                               permutations=199, alpha=0.05, seed=k).outcome for k in range(8)]
+    assert same.count("fail") <= 2
+
+
 def test_results_are_seeded() -> None:
     rng = np.random.default_rng(7)
     ref = {f"p{i}": [list(rng.integers(0, 9, 4)) for _ in range(6)] for i in range(3)}

@@ -65,6 +65,11 @@ from ..stats.core import FloatArray, StatOutcome, StatsError
 
 END = -1  # what a position holds after the sequence ended
 PERMUTATIONS = 999
+# The kernel test holds a few (n x n) matrices per prompt, n the samples of both sides, and
+# relabels them PERMUTATIONS times: 512 a side keeps a prompt under ~60 MB and seconds, and
+# already detects far smaller differences than the test can be asked to (a seeded sub-sample
+# of each side is compared beyond it; the attainable-p check uses the sizes compared).
+MAX_SAMPLES_PER_SIDE = 512
 KERNELS = ("tokens", "bigrams", "positions", "length")
 DIVERSITY = ("tokens", "bigrams", "positions")  # the similarities the diversity view uses
 Samples = Mapping[str, Sequence[Sequence[int]]]
@@ -259,6 +264,15 @@ def _z(stat: FloatArray) -> FloatArray:
 # --------------------------------------------------------------------------- the check
 
 
+def _at_most(samples: Sequence[Sequence[int]], rng: np.random.Generator
+             ) -> Sequence[Sequence[int]]:
+    """``samples``, or a seeded sub-sample of MAX_SAMPLES_PER_SIDE of them (order kept)."""
+    if len(samples) <= MAX_SAMPLES_PER_SIDE:
+        return samples
+    keep = np.sort(rng.choice(len(samples), MAX_SAMPLES_PER_SIDE, replace=False))
+    return [samples[int(i)] for i in keep]
+
+
 def distribution_check(
     reference: Samples,
     candidate: Samples,
@@ -294,8 +308,10 @@ def distribution_check(
     raw_sum = np.zeros(permutations + 1)
     stats: list[PromptStat] = []
     within = np.zeros(2)
+    capped = 0
     for pid in ids:
-        ref, cand = reference[pid], candidate[pid]
+        ref, cand = _at_most(reference[pid], rng), _at_most(candidate[pid], rng)
+        capped += (len(ref), len(cand)) != (len(reference[pid]), len(candidate[pid]))
         n_a, n_b = len(ref), len(cand)
         parts = kernel_parts([*ref, *cand], positions)
         # Row 0: the observed labelling; then an independent relabelling of this prompt.
@@ -346,6 +362,9 @@ def distribution_check(
         f"ratio " + (f"{ratio:.2f}" if ratio is not None else "n/a")
         + f"; most different: {worst}"
     )
+    if capped:
+        summary += (f"; {capped} prompt(s) compared on a seeded sub-sample of "
+                    f"{MAX_SAMPLES_PER_SIDE} samples a side")
     if outcome == "inconclusive":
         summary = ("cannot detect at this budget: " + summary)
     return DistributionResult(

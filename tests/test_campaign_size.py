@@ -1,0 +1,51 @@
+"""A campaign's size is known from the pilot: counted as the runner sends them, and a budget
+no run could hold is refused before anything starts, naming the keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_osprey.campaign.size import MAX_REQUESTS, campaign_size, size_problem
+from pytest_osprey.pilot.probes import PROBES
+from pytest_osprey.pilot.trace import load_trace
+from testkit.factories import make_pilot, write_trace
+
+
+def test_size_counts_every_pass_the_pilot_asks_for(tmp_path: Path) -> None:
+    trace = load_trace([write_trace(tmp_path / "t.jsonl", 10, max_new_tokens=8)])
+    pilot = make_pilot(
+        {"base": {"role": "baseline"}, "cand": {"role": "candidate", "drafter": "d"}},
+        load={"levels": {"low": 1, "busy": 4}, "passes": 3, "boots_per_condition": 2},
+        sampling={"sampled": {"enabled": True, "prompts": 4, "samples_per_prompt": 5,
+                              "max_new_tokens": 6},
+                  "params": {"enabled": True, "prompts": 2, "max_new_tokens": 4}})
+    size = campaign_size(pilot, trace, conditions=2)
+    assert size.timed_per_condition == 10 * 2 * 3 * 2
+    assert size.sampled_per_condition == 4 * 5
+    assert size.params_per_condition == 2 * len(PROBES)
+    assert size.tokens_per_condition == 8 * 10 * 2 * 3 * 2 + 6 * 4 * 5 + 4 * 2 * len(PROBES)
+    assert size.requests == 2 * size.per_condition
+    assert size_problem(size) is None and f"{size.requests:,} requests" in size.line()
+
+
+def test_a_budget_no_run_can_hold_is_refused_naming_the_keys(tmp_path: Path) -> None:
+    trace = load_trace([write_trace(tmp_path / "t.jsonl", 50)])
+    pilot = make_pilot(
+        {"base": {"role": "baseline"}, "cand": {"role": "candidate", "drafter": "d"}},
+        sampling={"sampled": {"enabled": True, "samples_per_prompt": 10_000}})
+    size = campaign_size(pilot, trace, conditions=2)
+    assert size.requests > MAX_REQUESTS
+    why = size_problem(size)
+    assert why is not None and "sampling.sampled.samples_per_prompt" in why
+    assert "load.passes" in why and "\n" not in why
+
+
+@pytest.mark.parametrize("samples", [10_000])
+def test_the_cli_refuses_it_with_exit_4(tmp_path: Path, samples: int) -> None:
+    from testkit.endpoint_pilot import run_cli, write_endpoint_pilot
+
+    pilot = write_endpoint_pilot(tmp_path, "http://127.0.0.1:9", 50, extra={
+        "sampling": {"sampled": {"enabled": True, "samples_per_prompt": samples}}})
+    assert run_cli(["run", str(pilot), "--dry-run"]) == 4
