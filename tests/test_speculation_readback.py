@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def entry(stretch: int, before: dict[str, float] | None, after: dict[str, float]
                          stretch=stretch, spec_counters=before, spec_counters_end=after)
 
 
-def judged(p: Pilot, facts: dict[str, Any], schedule: list[ScheduleEntry] = (),  # type: ignore[assignment]
+def judged(p: Pilot, facts: dict[str, Any], schedule: Sequence[ScheduleEntry] = (),
            records: list[Any] | None = None) -> Any:
     records = records if records is not None else [make_record(c, "p0") for c in ("base", "cand")]
     data = saved_campaign(records, conditions={
