@@ -286,3 +286,28 @@ def test_accept_length_pooled_and_per_request_from_known_counts() -> None:
     assert (got.pooled, got.per_request_mean, got.requests, got.verify_steps) == (
         pytest.approx(1 + 35 / 40), pytest.approx(2.25), 2, 40)
     assert accept_length(records[2:]) is None
+
+
+def test_the_recorded_vllm_config_and_counters_reconcile() -> None:
+    """Recorded: a real vLLM CPU 0.32 server, K = 4 drafted by the tiny drafter; two greedy
+    requests' per-request stats against the /metrics counters' growth."""
+    rec = FIX / "vllm-0.32-cpu-draft-model"
+    ran = vllm_ran(json.loads((rec / "server_info.json").read_text()))
+    assert (ran.algorithm, ran.num_draft_tokens, ran.num_steps, ran.adaptive) == (
+        "draft_model", 4, None, False)
+    before = spec_counters_of((rec / "metrics_before.txt").read_text(), VLLM_METRICS)
+    after = spec_counters_of((rec / "metrics_after.txt").read_text(), VLLM_METRICS)
+    records = [make_record("cand", f"p{i}", stretch=0, spec_verify_ct=r["spec_verify_ct"],
+                           spec_drafts=r["spec_drafts"],
+                           spec_accepted_per_position=r["spec_accepted_per_position"],
+                           output_ids=list(range(r["output_tokens"])))
+               for i, r in enumerate(json.loads((rec / "results.json").read_text()))]
+    found = {r.counter: (r.records, r.engine) for r in reconcile([entry(0, before, after)],
+                                                                 records)}
+    assert found == {"verify_steps": (18, 18.0), "accepted": (50, 50.0)}
+    # The one definition: 1 + 50/18 pooled; vLLM's own per-request figure is τ_r itself.
+    got = accept_length(records)
+    assert got is not None and got.pooled == pytest.approx(1 + 50 / 18)
+    assert [1 + sum(r.spec_accepted_per_position or []) / (r.spec_drafts or 1)
+            for r in records] == pytest.approx(
+        [r["accept_length"] for r in json.loads((rec / "results.json").read_text())])
