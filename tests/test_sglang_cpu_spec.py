@@ -58,6 +58,7 @@ class Served:
     tokens_per_s: float
     left_alive: set[int]
     chunks: list[dict[str, Any]] = field(default_factory=list)
+    counters: tuple[dict[str, float], dict[str, float]] = ({}, {})  # around the streamed run
 
 
 def serve(p: Pilot, condition: str, log_dir: Path, *, stream_one: bool = False) -> Served:
@@ -70,9 +71,11 @@ def serve(p: Pilot, condition: str, log_dir: Path, *, stream_one: bool = False) 
                     for i, t in enumerate(PROMPTS)]  # fmt: skip
             return [await engine.generate(r) for r in reqs]
 
+        before = engine.spec_counters()
         t0 = time.perf_counter()
         results = asyncio.run(one_by_one())
         wall = time.perf_counter() - t0
+        after = engine.spec_counters()
         raw = [generate(engine, t) for t in PROMPTS]
         chunks = stream_chunks(engine, PROMPTS[1]) if stream_one else []
         fp = engine.fingerprint()
@@ -84,6 +87,7 @@ def serve(p: Pilot, condition: str, log_dir: Path, *, stream_one: bool = False) 
         tokens_per_s=sum(len(r.output_ids) for r in results) / wall,
         left_alive=still_alive(pids),
         chunks=chunks,
+        counters=(before, after),
     )
 
 
@@ -118,6 +122,17 @@ def check_served(s: Served, plain: Served, algorithm: str) -> None:
     # SGLang caps a speculative server's running requests (fairness compares it).
     assert s.fingerprint["max_running_requests"] == 48
     assert s.fingerprint["streaming"] == "incremental"
+    # Read back: the server resolved the settings the pilot pinned, and does not adapt them.
+    spec = s.fingerprint["speculation"]
+    for name in ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens"):
+        if spec["asked"][name] is not None:
+            assert spec["ran"][name] == spec["asked"][name], (name, spec)
+    assert spec["ran"]["adaptive"] is False
+    # Reconciled: the streamed requests' verify steps and tokens are what the engine counted.
+    before, after = s.counters
+    grew = {k: after[k] - before.get(k, 0.0) for k in ("verify_steps", "output_tokens")}
+    assert grew == {"verify_steps": sum(r.spec_verify_ct or 0 for r in s.results),
+                    "output_tokens": sum(len(r.output_ids) for r in s.results)}, (before, after)
     for res in s.results:
         assert res.ok, res.error
         assert res.spec_verify_ct and res.accept_length and res.accept_length >= 1.0
@@ -163,6 +178,8 @@ def test_standalone_chain(chain: Served, plain: Served, record_property: Any) ->
     record_property("tokens_per_s", round(chain.tokens_per_s, 1))
     record_property("plain_tokens_per_s", round(plain.tokens_per_s, 1))
     record_property("boot_s", round(chain.fingerprint["boot_s"], 1))
+    record_property("speculation_ran", chain.fingerprint["speculation"]["ran"])
+    record_property("counters", chain.counters)
 
 
 @pytest.fixture(scope="module")

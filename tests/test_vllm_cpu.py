@@ -77,12 +77,14 @@ def test_vllm_cpu_tiny_target_with_drafter(
             return list(await asyncio.gather(*(engine.generate(request(i)) for i in range(n))))
 
         asyncio.run(one_at_a_time())  # warm-up
+        before = engine.spec_counters()
         t0 = time.perf_counter()
         low = asyncio.run(one_at_a_time())
         low_rps = len(low) / (time.perf_counter() - t0)
         t0 = time.perf_counter()
         high = asyncio.run(together(8))
         high_rps = len(high) / (time.perf_counter() - t0)
+        after = engine.spec_counters()
 
         for res in low + high:
             assert res.ok, res.error
@@ -97,6 +99,18 @@ def test_vllm_cpu_tiny_target_with_drafter(
         assert pooled is not None and 1.0 <= pooled <= 5.0
         fp = engine.fingerprint()
         assert str(fp["version"]).startswith("0.32")
+        # Read back: the resolved speculative_config is the pilot's, K fixed.
+        spec = fp["speculation"]
+        assert spec["ran"]["source"] == "/server_info?config_format=json", spec
+        assert (spec["ran"]["algorithm"], spec["ran"]["num_draft_tokens"]) == ("draft_model", 4)
+        assert spec["ran"]["adaptive"] is False
+        # Reconciled: the per-request stats add up to the engine's counters.
+        done = low + high
+        grew = {k: after[k] - before.get(k, 0.0) for k in ("verify_steps", "accepted")}
+        sums = {"verify_steps": sum(r.spec_verify_ct or 0 for r in done),
+                "accepted": sum(sum(r.spec_accepted_per_position or []) for r in done)}
+        if all(r.spec_verify_ct for r in done):  # per-request stats (vLLM >= 0.32)
+            assert grew == sums, (before, after)
         rss = engine.memory_mb()
         figures = {
             "boot_s": round(boot_s, 1),
@@ -111,6 +125,9 @@ def test_vllm_cpu_tiny_target_with_drafter(
             ),
             "rss_mb": round(rss or 0),
             "kv_capacity_tokens": fp.get("kv_capacity_tokens"),
+            "speculation_ran": spec["ran"],
+            "reconciled_records": sums,
+            "reconciled_counters": grew,
         }
         for key, value in figures.items():
             record_property(key, value)

@@ -46,6 +46,12 @@ _EXIT_WAIT_S = 5.0
 FILLER_CANCELLED = "cancelled: a filler no longer needed (the stretch's measured requests ended)"
 
 
+async def _spec_counters(engine: Engine) -> dict[str, float] | None:
+    """The engine's speculation counter snapshot, where it has one (reconciled per stretch)."""
+    read = getattr(engine, "spec_counters", None)
+    return (await asyncio.to_thread(read) or None) if callable(read) else None
+
+
 @dataclass
 class _ConditionState:
     engine: Engine | None = None
@@ -370,7 +376,8 @@ class Campaign:
         stretch_id = stretch.index if stretch is not None else -1 - len(self.schedule)
         entry = ScheduleEntry(block=block, condition=name, load=level, mode=mode,
                               started=time.time(), boot=state.boot, pass_index=pass_index,
-                              stretch=stretch_id, loadavg=host_load())
+                              stretch=stretch_id, loadavg=host_load(),
+                              spec_counters=await _spec_counters(engine))
 
         margins = mode == "greedy" and state.boot == 0 and pass_index == 0
         failures: list[str] = []
@@ -466,6 +473,7 @@ class Campaign:
         self._note_memory(state)
         entry.ended = time.time()
         entry.loadavg_end = host_load()
+        entry.spec_counters_end = await _spec_counters(engine)
         self.schedule.append(entry)
         # A dying server refuses connections before the kernel reports its exit: after failed
         # requests, give it a moment, so the condition's error names the exit, not a symptom.

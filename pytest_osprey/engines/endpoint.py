@@ -12,6 +12,7 @@ from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import bearer
 from .process import api_key_from
 from .sglang import SGLangClient
+from .speculation import VLLM_METRICS, spec_counters_of
 from .vllm import OpenAIClient
 
 if TYPE_CHECKING:
@@ -87,6 +88,15 @@ class EndpointEngine:
         fp["chat_template"] = template_digest(self.tokenizer)
         fp["prompt_format"] = self.prompt_format
         return fp
+
+    def spec_counters(self) -> dict[str, float]:
+        """The server's speculation counters (SGLang or vLLM names on /metrics); empty
+        without."""
+        if self.sglang is not None:
+            return self.sglang.spec_counters()
+        if self.openai is not None:
+            return spec_counters_of(self.openai.get_text("/metrics") or "", VLLM_METRICS)
+        return {}
 
     def memory_mb(self) -> float | None:
         return None  # not ours to measure

@@ -32,6 +32,14 @@ from .sglang_stream import (
     top2_ids_of,
     verification_of,
 )
+from .speculation import (
+    SGLANG_METRICS,
+    SPEC_V2_ENV,
+    EffectiveSpeculation,
+    sglang_ran,
+    spec_counters_of,
+    speculation_facts,
+)
 
 if TYPE_CHECKING:
     from ..pilot.schema import Pilot
@@ -156,6 +164,25 @@ def speculation_args(pilot: Pilot, condition: str) -> list[str]:
     ]  # fmt: skip
 
 
+def sglang_asked(pilot: Pilot, condition: str) -> EffectiveSpeculation:
+    """The speculation the pilot asks of SGLang, as the flags this engine passes say it."""
+    args = speculation_args(pilot, condition)
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+
+    def number(flag: str) -> int | None:
+        return int(flags[flag]) if flag in flags else None
+
+    spec = pilot.conditions[condition].speculation
+    return EffectiveSpeculation(
+        algorithm=flags["--speculative-algorithm"],
+        num_steps=number("--speculative-num-steps"),
+        eagle_topk=number("--speculative-eagle-topk"),
+        num_draft_tokens=number("--speculative-num-draft-tokens"),
+        adaptive=bool(spec and spec.adaptive),
+        source="pilot",
+    )
+
+
 # --------------------------------------------------------------------------- client
 
 
@@ -216,7 +243,8 @@ class SGLangClient:
         if margins is not None and len(margins) != count:
             margins = None
         top2 = top2_ids_of(tops) if margins is not None else None
-        accepted = acceptance_from_histogram(meta.get("spec_correct_drafts_histogram"))
+        accepted = acceptance_from_histogram(
+            meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram")))
         prompt_tokens = meta.get("prompt_tokens")
         return GenerationResult(
             ok=True,
@@ -246,6 +274,16 @@ class SGLangClient:
                     data = r.json()
                     return data if isinstance(data, dict) else {}
         return {}
+
+    def spec_counters(self) -> dict[str, float]:
+        """Verify steps and output tokens of finished requests so far, and the active depth
+        where the server adapts it, from /metrics (--enable-metrics); empty without."""
+        try:
+            with self.pool.sync() as client:
+                r = client.get("/metrics")
+        except httpx.HTTPError:
+            return {}
+        return spec_counters_of(r.text, SGLANG_METRICS) if r.status_code == 200 else {}
 
     def served_context_length(self) -> int | None:
         """The context length the server resolved (its /v1/models max_model_len): server
@@ -332,8 +370,10 @@ class SGLangEngine(BootedServer[SGLangClient]):
     def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:
         super().__init__(pilot, condition, boot)
         self.key_file: KeyFile | None = None
+        self.spec_env: dict[str, str] = {}  # the server's spec-v2 switch, where set
 
     def command(self, env: dict[str, str], key: str | None, port: int) -> list[str]:
+        self.spec_env = {k: env[k] for k in (SPEC_V2_ENV,) if k in env}
         self.key_file = KeyFile(key) if key else None
         return sglang_argv(self.pilot, self.condition, port,
                            key_file=self.key_file.path if self.key_file else None)
@@ -345,6 +385,19 @@ class SGLangEngine(BootedServer[SGLangClient]):
         if self.key_file is not None:
             self.key_file.remove()
             self.key_file = None
+
+    def served_facts(self) -> dict[str, Any]:
+        cond = self.pilot.conditions[self.condition]
+        if not cond.speculates or self.client is None:
+            return {}
+        ran = sglang_ran(self.client.server_info(), self.spec_env)
+        adaptive = bool(cond.speculation and cond.speculation.adaptive)
+        return {"speculation": speculation_facts(sglang_asked(self.pilot, self.condition),
+                                                 ran, adaptive)}
+
+    def spec_counters(self) -> dict[str, float]:
+        """The server's counter snapshot (see :meth:`SGLangClient.spec_counters`)."""
+        return self.client.spec_counters() if self.client is not None else {}
 
     def flush(self) -> None:
         if self.client is not None:

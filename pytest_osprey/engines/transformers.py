@@ -28,6 +28,7 @@ from .batching import MAX_BATCH, Batcher, Flight, Processor
 from .chat_template import template_digest
 from .generation_hooks import LogitBias, OpenAIPenalties, token_times
 from .quantize import round_weights
+from .speculation import fixed_k_facts
 
 if TYPE_CHECKING:
     import torch
@@ -392,9 +393,9 @@ class TransformersEngine:
             device_name = torch.cuda.get_device_name(torch.device(device))
         else:
             device_name = platform.processor() or platform.machine()
-        spec = self.cond.speculation
-        memory = self.memory_facts()
-        return {
+        spec, memory = self.cond.speculation, self.memory_facts()
+        k = (spec.num_draft_tokens if spec else 4) if self._drafter else None
+        return ({} if k is None else {"speculation": fixed_k_facts(k, spec)}) | {
             "engine": "transformers",
             "version": transformers.__version__,
             "torch": torch.__version__,
@@ -408,7 +409,7 @@ class TransformersEngine:
             "model_digest": _folder_digest(Path(target.model)),
             "drafter": str(self.cond.drafter) if self.cond.drafter else None,
             "drafter_digest": _folder_digest(self.cond.drafter) if self.cond.drafter else None,
-            "num_draft_tokens": (spec.num_draft_tokens if spec else 4) if self._drafter else None,
+            "num_draft_tokens": k,
             "draft_loop": "engine" if self._drafter is not None else None,
             "batching": "continuous",
             "max_batch": MAX_BATCH,
@@ -416,8 +417,7 @@ class TransformersEngine:
             "chat_template": template_digest(self._tokenizer),
             # A KV cache that grows with the batch: no fixed capacity to report.
             "kv_capacity_tokens": None,
-            "memory": memory,
-            "memory_method": memory["note"],
+            "memory": memory, "memory_method": memory["note"],
         }
 
     @property

@@ -24,6 +24,13 @@ from .base import (
 from .booted import BootedServer
 from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
 from .process import engine_python
+from .speculation import (
+    VLLM_METRICS,
+    EffectiveSpeculation,
+    spec_counters_of,
+    speculation_facts,
+    vllm_ran,
+)
 from .vllm_metrics import (
     accept_from,
     acceptance_from,
@@ -142,6 +149,23 @@ def speculative_config(pilot: Pilot, condition: str) -> dict[str, Any]:
         longest = (spec.num_steps if spec else None) or k
         config.update(prompt_lookup_max=longest, prompt_lookup_min=min(NGRAM_MIN, longest))
     return config
+
+
+def vllm_asked(pilot: Pilot, condition: str) -> EffectiveSpeculation:
+    """The speculation the pilot asks of vLLM, as the --speculative-config passed says it."""
+    config = speculative_config(pilot, condition)
+    spec = pilot.conditions[condition].speculation
+    return EffectiveSpeculation(
+        algorithm=config["method"],
+        num_steps=config.get("prompt_lookup_max"),
+        num_draft_tokens=config["num_speculative_tokens"],
+        adaptive=bool(spec and spec.adaptive),
+        source="pilot",
+    )
+
+
+NOT_READ_BACK = ("not read back: /server_info is served in vLLM's dev mode only, which is "
+                 "kept to loopback")
 
 
 class OpenAIClient:
@@ -359,6 +383,13 @@ class VLLMEngine(BootedServer[OpenAIClient]):
         finally:
             self._in_flight -= 1
 
+    def spec_counters(self) -> dict[str, float]:
+        """The server's spec-decode counters now, under the names every engine's snapshot
+        uses (verify_steps = drafts, accepted, draft_tokens, pos0...); empty without."""
+        if self.client is None or not self.speculates:
+            return {}
+        return spec_counters_of(self.client.get_text("/metrics") or "", VLLM_METRICS)
+
     def pooled_accept_length(self) -> float | None:
         """1 + accepted/drafts over the engine's lifetime so far (all requests pooled)."""
         if self.client is None or not self.speculates:
@@ -371,15 +402,20 @@ class VLLMEngine(BootedServer[OpenAIClient]):
             "dtype": cond.dtype or self.pilot.target.dtype,
             "prefix_cache": FLUSHED if self.dev_mode else PREFIX_OFF,
         }
-        if self.speculates:
-            # Acceptance is in each request's record (a pooled figure read at boot is empty).
-            facts["speculative_config"] = speculative_config(self.pilot, self.condition)
         # The running cap, under SGLang's key: the fairness gate compares it to each level.
         info = None
         if self.dev_mode and self.client is not None:
             raw = self.client.get_text("/server_info?config_format=json")
             with contextlib.suppress(json.JSONDecodeError):
                 info = json.loads(raw) if raw else None
+        if self.speculates:
+            # Acceptance is in each request's record (a pooled figure read at boot is empty).
+            facts["speculative_config"] = speculative_config(self.pilot, self.condition)
+            ran = (vllm_ran(info) if self.dev_mode
+                   else EffectiveSpeculation(source=NOT_READ_BACK))
+            adaptive = bool(cond.speculation and cond.speculation.adaptive)
+            facts["speculation"] = speculation_facts(
+                vllm_asked(self.pilot, self.condition), ran, adaptive)
         cap = max_num_seqs_of(info, list(self.argv or []))
         if cap is not None:
             facts["max_running_requests"] = cap

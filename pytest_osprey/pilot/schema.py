@@ -59,6 +59,10 @@ class Speculation(Strict):
     prompt_lookup_max."""
     eagle_topk: Annotated[int, Field(ge=1, le=64)] | None = None
     """SGLang --speculative-eagle-topk (tree width)."""
+    adaptive: bool = False
+    """Allow the engine to change the speculation depth at run time (SGLang adaptive/auto
+    spec, vLLM K per batch size): the depth is then reported per stretch. Otherwise a server
+    found adapting it fails the fairness gate."""
 
 
 class Endpoint(Strict):

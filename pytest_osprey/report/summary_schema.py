@@ -299,11 +299,17 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
     GateKind.FAIRNESS: KindDoc(
         "engine, version, device, precision, context, sampling and trace identical; every "
         "closed-loop level held >= 0.95 x its concurrency in flight (measured from the "
-        "records) and ran within every condition's running cap", _NONE,
+        "records) and ran within every condition's running cap; every condition ran the "
+        "speculation its pilot names, its depth fixed unless `speculation.adaptive` "
+        "(docs/acceptance.md)", _NONE,
         _NONE,
         "`differences` (list of what differs), `compared` (field -> condition -> value), "
         "`in_flight` (per condition and level: `concurrency`, `rate`, `measured`, `fillers`, "
-        "`mean`, `min`, `within` (share within +-5%), `achieved_rate` (requests/s))"),
+        "`mean`, `min`, `within` (share within +-5%), `achieved_rate` (requests/s)), "
+        "`speculation` (condition -> `asked`, `ran`, `adaptive_allowed`), `depth_per_stretch` "
+        "(`condition`, `boot`, `stretch`, `load`, `num_steps`, `num_draft_tokens`: the depths "
+        "seen), `reconciliation` (per stretch and counter: `records`, `engine`, `mismatch`), "
+        "`flags` (mismatches, shown without failing the gate)"),
     GateKind.GREEDY_IDENTITY: KindDoc(
         "genuine divergences <= threshold, and the near-tie rate per compared token not above "
         "the identical-condition control's (the baseline's later blocks against its first: an "

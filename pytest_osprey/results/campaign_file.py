@@ -68,6 +68,12 @@ class ScheduleEntry(_Facts):
     null where the platform has none."""
     loadavg_end: list[float] | None = None
     """The same when it ended."""
+    spec_counters: dict[str, float] | None = None
+    """The engine's own speculation counters when the stretch started (verify_steps,
+    output_tokens, accepted, draft_tokens, pos0...) and gauges (num_steps, num_draft_tokens:
+    the active depth where it adapts); null where the engine exports none."""
+    spec_counters_end: dict[str, float] | None = None
+    """The same when it ended: the difference is the stretch's (docs/acceptance.md)."""
 
 
 class PlanFacts(_Facts):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from scipy import stats as sps
 
@@ -64,6 +65,37 @@ def pooled(records: Iterable[RequestRecord]) -> PositionRates | None:
     return PositionRates(drafts, tuple(total), n)
 
 
+@dataclass(frozen=True)
+class AcceptLength:
+    """Tokens per verify step, the bonus token included (docs/acceptance.md): ``pooled`` =
+    Σ(steps + accepted) / Σ steps (each step weighs the same), ``per_request_mean`` = the mean
+    of each request's 1 + accepted / steps (each request weighs the same)."""
+
+    pooled: float
+    per_request_mean: float
+    requests: int
+    verify_steps: int
+
+
+def accept_length(records: Iterable[RequestRecord]) -> AcceptLength | None:
+    """The one definition, from the completed requests that report verify steps and accepted
+    drafts per position; None when none does. The prefill's token is no verify step's: an
+    engine's completion_tokens / verify steps (SGLang's spec_accept_length) may exceed it by
+    1 / steps per request."""
+    steps = accepted = 0
+    per: list[float] = []
+    for r in records:
+        acc = r.spec_accepted_per_position
+        if not r.ok or not r.spec_drafts or acc is None:
+            continue
+        steps += r.spec_drafts
+        accepted += sum(acc)
+        per.append(1 + sum(acc) / r.spec_drafts)
+    if not per:
+        return None
+    return AcceptLength(1 + accepted / steps, sum(per) / len(per), len(per), steps)
+
+
 def _upper(k: int, n: int, alpha: float) -> float:
     return 1.0 if k >= n else float(sps.beta.ppf(1 - alpha, k + 1, n - k))
 
@@ -88,3 +120,83 @@ def collapses(
 def describe(found: list[Collapse]) -> str:
     return ", ".join(f"position {c.position + 1}: {c.rate:.2f} vs {c.compared_rate:.2f}"
                      for c in found)
+
+
+# ----------------------------------------------------------------- reconciled with the engine
+
+ROUNDING = 0.5
+"""Counters are whole counts sent as floats: a difference beyond this is a mismatch."""
+SUMMED = ("verify_steps", "output_tokens", "accepted")
+"""The snapshot counters a stretch's records add up to (docs/acceptance.md)."""
+
+
+def _share(r: RequestRecord, counter: str) -> int | None:
+    """What one record adds to ``counter`` (None: the record does not say)."""
+    if counter == "verify_steps":
+        return r.spec_verify_ct
+    if counter == "output_tokens":
+        return r.output_tokens
+    acc = r.spec_accepted_per_position
+    return sum(acc) if acc is not None else None
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """One counter of one stretch: the records' sum against the engine's own difference."""
+
+    condition: str
+    boot: int
+    stretch: int
+    counter: str  # verify_steps | output_tokens | accepted
+    records: int
+    engine: float
+
+    @property
+    def mismatch(self) -> bool:
+        return abs(self.records - self.engine) > ROUNDING
+
+    def text(self) -> str:
+        return (f"{self.condition} stretch {self.stretch} (boot {self.boot}): {self.counter} "
+                f"{self.records} in the records, {self.engine:g} by the engine's counters")
+
+
+def reconcile(schedule: Iterable[Any], records: Iterable[RequestRecord]) -> list[Reconciled]:
+    """Per stretch with engine counter snapshots (``spec_counters`` / ``spec_counters_end`` of
+    campaign.json's schedule), each counter the engine and every request of the stretch
+    (fillers included: the engine counted them too) both report, summed both ways. Stretches
+    with a failed request are left out: the engine may count a request the client gave up."""
+    groups: dict[tuple[str, int, int], list[RequestRecord]] = {}
+    for r in records:
+        if r.stretch is not None:
+            groups.setdefault((r.condition, r.boot, r.stretch), []).append(r)
+    out = []
+    for entry in schedule:
+        before, after = entry.spec_counters, entry.spec_counters_end
+        if not after or entry.stretch is None:
+            continue
+        recs = groups.get((entry.condition, entry.boot, entry.stretch), [])
+        if not recs or not all(r.ok for r in recs):
+            continue
+        for counter in SUMMED:
+            values = [_share(r, counter) for r in recs]
+            if counter not in after or any(v is None for v in values):
+                continue
+            delta = after[counter] - (before or {}).get(counter, 0.0)
+            out.append(Reconciled(entry.condition, entry.boot, entry.stretch, counter,
+                                  sum(v for v in values if v is not None), delta))
+    return out
+
+
+def depth_per_stretch(schedule: Iterable[Any]) -> list[dict[str, Any]]:
+    """The active depth (SGLang's num_steps / num_draft_tokens gauges) at the start and end of
+    each stretch, where the engine exports it: K per stretch, for adaptive servers."""
+    out = []
+    for entry in schedule:
+        ends = [c for c in (entry.spec_counters, entry.spec_counters_end) if c]
+        seen = {k: sorted({c[k] for c in ends if k in c}) for k in ("num_steps",
+                                                                      "num_draft_tokens")}
+        if any(seen.values()):
+            out.append({"condition": entry.condition, "boot": entry.boot,
+                        "stretch": entry.stretch, "load": entry.load,
+                        **{k: v for k, v in seen.items() if v}})
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...pilot.schema import Pilot
@@ -18,7 +18,9 @@ from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
 from ..gates.result import GateResult
 from ..gates.spec import GateSpec
+from ..quality.acceptance import depth_per_stretch, reconcile
 from .load import LevelLoad, drained, level_loads
+from .speculation import depth_differences, speculation_differences
 
 ADVICE = "keep the GPU, precision, sampling, context and request trace fixed"
 
@@ -51,6 +53,7 @@ class FairnessResult:
     compared: dict[str, dict[str, Any]] = field(default_factory=dict)
     not_shown: list[str] = field(default_factory=list)  # fields some conditions lack
     not_compared: list[str] = field(default_factory=list)  # conditions that did not run
+    flags: list[str] = field(default_factory=list)  # shown, not failing (acceptance counts)
 
     @property
     def summary(self) -> str:
@@ -62,6 +65,8 @@ class FairnessResult:
                 self.differences)
         if self.not_shown:
             head += "\n  not shown: " + "; ".join(self.not_shown)
+        if self.flags:
+            head += "\n  flagged: " + "\n  flagged: ".join(self.flags)
         return head
 
 
@@ -216,7 +221,30 @@ def judge_fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateRes
     meta = data.meta.model_dump(by_alias=True)
     meta["conditions"] = {n: c for n, c in meta["conditions"].items() if n in involved}
     loads = [lv for lv in level_loads(data) if lv.condition in involved]
-    res = fairness_check(meta, [r for r in data.records if r.condition in involved], loads)
+    records = [r for r in data.records if r.condition in involved]
+    res = fairness_check(meta, records, loads)
+    schedule = [e for e in data.meta.schedule if e.condition in involved]
+    depths = depth_per_stretch(schedule)
+    speculation: dict[str, Any] = {}
+    for name, run in data.meta.conditions.items():
+        facts = run.fingerprint.get("speculation")
+        if name not in involved or run.error or not isinstance(facts, Mapping):
+            continue
+        speculation[name] = facts
+        cond = pilot.conditions.get(name)
+        allowed = (bool(cond.speculation and cond.speculation.adaptive)
+                   if cond is not None else None)
+        res.differences += speculation_differences(name, facts, allowed)
+        res.differences += depth_differences(name, facts, depths, allowed)
+    res.ok = not res.differences
+    reconciled = reconcile(schedule, records)
+    # A count that disagrees with the engine's own says the records' acceptance figures are
+    # not the engine's: flagged for the reader, not a difference between the conditions.
+    res.flags += [f"acceptance not reconciled: {r.text()}" for r in reconciled if r.mismatch]
     return GateResult(spec, "pass" if res.ok else "fail", res.summary,
                       details={"differences": res.differences, "compared": res.compared,
-                               "in_flight": [lv.as_dict() for lv in loads]})
+                               "in_flight": [lv.as_dict() for lv in loads],
+                               "speculation": speculation, "depth_per_stretch": depths,
+                               "reconciliation": [asdict(r) | {"mismatch": r.mismatch}
+                                                  for r in reconciled],
+                               "flags": res.flags})
