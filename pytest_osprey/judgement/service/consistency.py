@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ...pilot.schema import Pilot
 from ...results.folder import SavedCampaign
-from ...results.records import RequestRecord
+from ...results.records import RequestRecord, timed_mode
 from ..gates.result import GateResult, Outcome
 from ..gates.spec import GateSpec
 from ..quality.identity import first_divergence
@@ -89,8 +89,9 @@ def _acceptance(records: Sequence[RequestRecord], boots: list[int], tolerance: f
 
     per_boot: dict[int, list[float]] = {b: [] for b in boots}
     pooled: dict[int, list[tuple[int, float]]] = {b: [] for b in boots}
+    mode = timed_mode(records)  # acceptance as served
     for r in records:
-        if r.ok and r.mode == "greedy" and r.output_tokens and r.spec_verify_ct:
+        if r.ok and r.mode == mode and r.output_tokens and r.spec_verify_ct:
             per_boot[r.boot].append(r.output_tokens / r.spec_verify_ct)
             pooled[r.boot].append((r.output_tokens, float(r.spec_verify_ct)))
     if not all(per_boot.values()):
@@ -120,7 +121,7 @@ def _acceptance(records: Sequence[RequestRecord], boots: list[int], tolerance: f
 
 def judge_boot_consistency(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     level = pilot.load.lightest()
-    res = boot_consistency(data.of(spec.condition), level,
+    res = boot_consistency([r for r in data.records if r.condition == spec.condition], level,
                            pilot.limits.quality.near_tie_epsilon,
                            pilot.decision.regression_tolerance)
     if res.boots < 2:
