@@ -49,13 +49,16 @@ def _pilot(trace: Path, temperature: float, **serving: Any) -> Pilot:
     )
 
 
-def _campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pilot: Pilot,
-              planted: Planted = Planted()) -> tuple[SavedCampaign, dict[str, TemperatureEngine]]:
+PLANTED = Planted(greedy=1.4, hot=0.85, at=0.8)  # the drafter's true speedup, falling with T
+
+
+def _campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              pilot: Pilot) -> tuple[SavedCampaign, dict[str, TemperatureEngine]]:
     engines: dict[str, TemperatureEngine] = {}
 
     def make(p: Pilot, condition: str, boot: Any) -> TemperatureEngine:
         engines[condition] = TemperatureEngine(condition, p.conditions[condition].speculates,
-                                               planted)
+                                               PLANTED)
         return engines[condition]
 
     monkeypatch.setattr(runner, "make_engine", make)

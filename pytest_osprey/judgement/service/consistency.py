@@ -8,7 +8,8 @@ itself across its boots:
 * greedy outputs at the lightest load level (one request at a time, so batch composition
   cannot explain a difference), first pass of each boot: a divergence is genuine unless the
   first boot's own top-1/top-2 margin there is within ``near_tie_epsilon``;
-* accept length (speculative conditions): per-request accept lengths of each boot against
+* accept length (speculative conditions; the timed records, so at the serving sampling where
+  the pilot serves sampled): per-request accept lengths of each boot against
   the pooled others, a Mann-Whitney test; a boot that differs by more than
   ``decision.regression_tolerance`` with p < 0.01 is flagged.
 """
