@@ -60,8 +60,8 @@ def main() -> None:
         engines[name] = engine
     for engine in engines.values():
         asyncio.run(engine.generate(GenerationRequest("w", "def main():", 8, want_margins=False)))
-    print(f"{len(prompts)} prompts x {args.tokens} tokens (fixed length), k={args.k}, "
-          f"{args.threads} thread(s), top-p {args.top_p} where sampled")
+    print(f"{len(prompts)} prompts x {args.tokens} tokens at most (sampled: fixed length, "
+          f"top-p {args.top_p}), k={args.k}, {args.threads} thread(s)")
     print(f"{'temperature':>12}{'base ms/tok':>13}{'draft ms/tok':>14}{'speedup':>9}"
           f"{'accept':>8}  load average")
     try:
