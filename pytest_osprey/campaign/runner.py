@@ -365,6 +365,7 @@ class Campaign:
                 result, run_id=self.run_id, condition=name, block=0, repetition=0, load=level,
                 concurrency=1, prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
                 mode="params", sample_index=0, probe=probe, request=settings or None,
+                temperature=0.0, top_p=1.0, min_p=0.0, ignore_eos=False,  # probes are greedy
             )
             writer.write(record)
             self._records.append(record)
