@@ -3,9 +3,10 @@
 Acceptance of a draft falls as sampling spreads the target's distribution, so a drafter
 that is well ahead greedy can be behind at the temperatures assistants serve with: here its
 per-token time is the baseline's divided by ``speedup(T)`` (linear between the two planted
-points). Requests really take their time (asyncio sleep), so the runner's clocks, the
-in-flight load and the noise shared in time (a slow wave over wall time that every condition
-meets) are those of a real campaign. Outputs: greedy, one fixed sequence per prompt;
+points). Requests really take their time (asyncio sleep) and report the time planned, so
+the runner's clocks and the in-flight load are those of a real campaign, the noise is the
+model's (per request, and a slow wave over wall time that every condition meets), and the
+truth is known. Outputs: greedy, one fixed sequence per prompt;
 sampled, one per seed (the same seed draws the same tokens on every condition); without
 ignore_eos a sampled output ends early, at a length drawn from its seed.
 """
@@ -22,7 +23,7 @@ from typing import Any
 from pytest_osprey.engines.base import GenerationRequest, GenerationResult
 
 TOKEN_S = 0.0015  # the baseline's time per output token
-PREFILL_S = 0.003
+PREFILL_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,11 @@ class TemperatureEngine:
         wave = 1.0 + 0.25 * math.sin(2 * math.pi * (time.perf_counter() - self.t0) / 0.7)
         jitter = math.exp(0.08 * (_unit("noise", self.condition, key, len(self.seen)) - 0.5))
         tpt = TOKEN_S / speedup * wave * jitter
-        start = time.perf_counter()
-        await asyncio.sleep(PREFILL_S + n * tpt)
-        e2e = time.perf_counter() - start
-        ttft = min(e2e, PREFILL_S + tpt)
+        # The request takes its time (the runner's clocks and in-flight load are real) and
+        # reports the planned time: an event loop late on a busy machine blurs neither side.
+        e2e = PREFILL_S + n * tpt
+        await asyncio.sleep(e2e)
+        ttft = PREFILL_S + tpt
         steps = max(1, round(n / speedup)) if self.drafter else None
         return GenerationResult(
             ok=True, ttft_s=ttft, e2e_s=e2e,
