@@ -339,7 +339,8 @@ class PilotRun:
                             load_levels=dict.fromkeys(self.pilot.load.levels, 0),
                             blocks=self.pilot.load.passes,
                             conditions={c: {} for c in self.conditions})
-        measured = sum(1 for r in campaign.measured if r.mode == "greedy")
+        done, mode = campaign.measured, campaign.timed_mode
+        measured = sum(1 for r in done if r.mode == mode)
         self.partial = incomplete_note(meta, measured)
         self.incomplete = True
         try:
@@ -396,8 +397,9 @@ class PilotRun:
             judgement = withhold(judgement, self.partial)
         else:  # a server that crashed mid-campaign: what involves it is partial
             counts: dict[str, int] = {}
+            mode = data.timed_mode
             for r in data.records:
-                if r.mode == "greedy":
+                if r.mode == mode:
                     counts[r.condition] = counts.get(r.condition, 0) + 1
             self.partial = stopped_note(data.meta, counts)
             if self.partial:

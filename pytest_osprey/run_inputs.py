@@ -72,7 +72,8 @@ def open_saved(directory: Path) -> tuple[SavedCampaign, str | None]:
         raise UsageError(f"{exc}; not a results folder this version can judge") from None
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc, f"{directory}: cannot read the saved campaign")) from None
-    measured = sum(1 for r in data.records if r.mode == "greedy")
+    mode = data.timed_mode
+    measured = sum(1 for r in data.records if r.mode == mode)
     return data, incomplete_note(data.meta, measured)
 
 

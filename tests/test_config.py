@@ -313,6 +313,8 @@ def test_list_given_as_a_string(tmp_path: Path) -> None:
         ("passes", "100000", "load.passes", "less than or equal to 64"),
         ("top_p", "1.5", "sampling.sampled.top_p", "less than or equal to 1"),
         ("temperature", "0", "sampling.sampled.temperature", "greater than 0"),
+        ("top_p", "0", "sampling.serving.top_p", "greater than 0"),
+        ("temperature", "-0.5", "sampling.serving.temperature", "greater than or equal to 0"),
         ("device_hour_price", "-0.1", "cost.device_hour_price", "greater than or equal to 0"),
         ("context_length", "1.5", "target.context_length",
          "expected an integer, got the number 1.5"),
@@ -322,7 +324,9 @@ def test_list_given_as_a_string(tmp_path: Path) -> None:
     ],
 )
 def test_out_of_range_numbers(tmp_path: Path, key: str, value: str, dotted: str, says: str) -> None:
-    text = set_value(key, value)
+    # The sampled pass and the serving sampling share key names: the first and second.
+    nth = {"sampling.sampled": 0, "sampling.serving": 1}.get(dotted.rpartition(".")[0])
+    text = set_value(key, value, nth=nth)
     assert_error(text, tmp_path, line_of(text, f"{key}: {value}"), dotted, says)
 
 

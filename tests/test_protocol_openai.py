@@ -362,3 +362,20 @@ def test_vllm_argv_bad_method_lists_valid_values() -> None:
         vl.vllm_argv(p, "cand", 1)
     for valid in vl.METHODS:
         assert valid in str(exc.value)
+
+
+def test_protocol_openai_serving_sampling_reaches_the_server() -> None:
+    """top-k, min-p, ignore-EOS and the seed of a timed request at a serving sampling are sent
+    under vLLM's names (recorded shape: the scripted server's received body)."""
+    with ScriptedServer() as srv:
+        srv.routes[("POST", "/v1/completions")] = Reply(events=stream())
+        res = run(vl.OpenAIClient(srv.url, "c", "osprey-target").generate(req(
+            temperature=0.7, top_p=0.95, top_k=40, min_p=0.05, ignore_eos=True, seed=9,
+            want_margins=False)))
+        (body,) = srv.bodies("/v1/completions")
+    assert res.ok, res.error
+    assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "ignore_eos",
+                                 "seed")} == {"temperature": 0.7, "top_p": 0.95, "top_k": 40,
+                                              "min_p": 0.05, "ignore_eos": True, "seed": 9}
+    plain = vl.OpenAIClient("http://x", "c", "m").body(req())
+    assert not {"top_k", "min_p", "ignore_eos"} & set(plain)  # defaults: nothing sent

@@ -396,3 +396,17 @@ def test_sglang_argv_refuses_a_second_config_file() -> None:
     assert sg.sglang_argv(p, "base", 1)[-2:] == ["--config", "my.yaml"]  # no key: fine
     with pytest.raises(EngineError, match="SGLang reads one config file"):
         sg.sglang_argv(p, "base", 1, key_file="/k.yaml")
+
+
+def test_protocol_sglang_serving_sampling_reaches_the_server() -> None:
+    """top-k, min-p, ignore-EOS and the seed go into sampling_params under SGLang's names."""
+    with ScriptedServer() as srv:
+        srv.routes[("POST", "/generate")] = Reply(events=cumulative_events())
+        res = run(sg.SGLangClient(srv.url, "c").generate(req(
+            temperature=0.7, top_p=0.95, top_k=40, min_p=0.05, ignore_eos=True, seed=9,
+            want_margins=False)))
+        (body,) = srv.bodies("/generate")
+    assert res.ok, res.error
+    assert body["sampling_params"] == {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.95,
+                                       "top_k": 40, "min_p": 0.05, "ignore_eos": True,
+                                       "sampling_seed": 9}

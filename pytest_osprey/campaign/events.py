@@ -25,7 +25,7 @@ class StopLook:
 @dataclass(frozen=True)
 class ProgressEvent:
     condition: str
-    phase: str  # boot | warmup | greedy | sampled | params | done | error
+    phase: str  # boot | warmup | greedy | serving | greedy (untimed) | sampled | params | ...
     load: str = ""
     block: int = 0  # greedy: the pass
     done: int = 0
@@ -43,8 +43,8 @@ class ProgressEvent:
             return f"[osprey] {self.condition}: {text}"
         eta = f", ETA {self.eta_s:.0f}s" if self.eta_s is not None and not finished else ""
         extra = f", {self.message}" if self.message else ""
-        if self.phase == "greedy":  # every condition's stretches of one pass, interleaved
-            return (f"[osprey] greedy pass {self.block + 1}{extra}: "
+        if self.phase in ("greedy", "serving"):  # a timed pass: every condition's stretches
+            return (f"[osprey] {self.phase} pass {self.block + 1}{extra}: "
                     f"{self.done}/{self.total} requests{eta}")
         return (f"[osprey] {self.condition} {self.phase} load {self.load}: "
                 f"{self.done}/{self.total}{eta}")

@@ -71,6 +71,15 @@ def sample_seed(base: int, condition: str, prompt_id: str, index: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
 
 
+def serving_seed(base: int, prompt_id: str, boot: int, pass_index: int, copy: int) -> int:
+    """The seed of a timed request at the serving sampling: the same for every condition (a
+    candidate that verifies exactly draws what the baseline draws, so a pair differs by the
+    drafter, not by luck), distinct per prompt, boot, pass and copy (each timed request an
+    independent draw of the served workload)."""
+    key = f"serving\x1f{base}\x1f{prompt_id}\x1f{boot}\x1f{pass_index}\x1f{copy}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
+
+
 def host_facts() -> dict[str, Any]:
     """The machine the campaign ran on, for campaign.json."""
     return {"machine": platform.machine(), "node": platform.node(),

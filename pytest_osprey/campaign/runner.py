@@ -25,7 +25,7 @@ from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry, text_sha256
 from ..results.folder import SavedCampaign, load_campaign
-from ..results.records import Measurement, RecordWriter, RequestRecord
+from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
 from ..version import __version__
 from .events import Progress, ProgressEvent, StopRule
 from .probing import run_probes
@@ -35,6 +35,7 @@ from .requests import (
     max_new_tokens,
     poisson_arrivals,
     sample_seed,
+    serving_seed,
     stop_reason,
 )
 from .schedule import ReplayPlan, Stretch, plan_facts, plan_replay
@@ -165,6 +166,8 @@ class Campaign:
             for name in self.conditions:
                 await self._boot(name, boot)
             stopped = await self._replay_plan([s for s in self.plan.stretches if s.boot == boot])
+            for name in self.conditions:
+                await self._greedy_pass(name)
             if stopped or boot == boots - 1:
                 for name in self.conditions:
                     await self._sampled_pass(name)
@@ -181,7 +184,10 @@ class Campaign:
             stretches = [s for s in self.plan.stretches if s.boot == boot]
             for name in dict.fromkeys(s.condition for s in stretches):
                 await self._boot(name, boot)
-                if await self._replay_plan([s for s in stretches if s.condition == name]):
+                stopped = await self._replay_plan([s for s in stretches if s.condition == name])
+                await self._greedy_pass(name)
+                if stopped:
+                    self._stop(self.states[name])
                     return
                 if boot == 0:
                     await self._sampled_pass(name)
@@ -274,13 +280,24 @@ class Campaign:
             return
         self.progress(ProgressEvent(name, "warmup", total=n))
         prompts = self.trace.prompts
+        serving = self.pilot.sampling.serving
         for i in range(n):
             p = prompts[i % len(prompts)]
+            # At the serving sampling where the timed passes run at it (its sampling kernels
+            # warmed too); seeded apart from every timed request.
+            sampled = serving.sampled
             await engine.generate(
                 GenerationRequest(
                     prompt_id=p.id,
                     prompt=self._text(p, engine),
                     max_new_tokens=min(16, max_new_tokens(self.pilot, p)),
+                    temperature=serving.temperature if sampled else 0.0,
+                    top_p=serving.top_p if sampled else 1.0,
+                    top_k=serving.top_k if sampled else None,
+                    min_p=serving.min_p if sampled else 0.0,
+                    ignore_eos=sampled and serving.fixed_length,
+                    seed=serving_seed(self.pilot.sampling.seed, p.id, -1, -1, i)
+                    if sampled else None,
                     want_margins=False,
                     timeout_s=self.pilot.load.request_timeout_s,
                 )
@@ -309,7 +326,24 @@ class Campaign:
             state.pass_index = s.pass_index
         prompts = self.trace.by_id()
         jobs = [(prompts[pid], 0) for pid in s.prompt_ids]
-        await self._replay(s.condition, state, s.level, "greedy", jobs, s)
+        await self._replay(s.condition, state, s.level, self.timed_mode, jobs, s)
+
+    @property
+    def timed_mode(self) -> Mode:
+        """The timed passes' mode: "serving" where the pilot serves sampled, else "greedy"."""
+        return "serving" if self.pilot.sampling.serving.sampled else "greedy"
+
+    async def _greedy_pass(self, name: str) -> None:
+        """Where the timed passes run at a sampled serving setting: one greedy pass of the
+        trace at the lightest level, on every boot, for what only greedy output can show
+        (identity against the baseline, correctness, boot consistency; margins on the first
+        boot). Untimed for the verdict: a greedy speed is not the served one."""
+        state = self.states[name]
+        if (self.timed_mode == "greedy" or not self.pilot.sampling.greedy
+                or state.engine is None or state.error):
+            return
+        jobs = [(p, 0) for p in self.trace.prompts]
+        await self._replay(name, state, self.pilot.load.lightest(), "greedy", jobs, None)
 
     async def _sampled_pass(self, name: str) -> None:
         sampled = self.pilot.sampling.sampled
@@ -337,6 +371,7 @@ class Campaign:
                 result, run_id=self.run_id, condition=name, block=0, repetition=0, load=level,
                 concurrency=1, prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
                 mode="params", sample_index=0, probe=probe, request=settings or None,
+                temperature=0.0, top_p=1.0, min_p=0.0, ignore_eos=False,  # probes are greedy
             )
             writer.write(record)
             self._records.append(record)
@@ -355,7 +390,7 @@ class Campaign:
         name: str,
         state: _ConditionState,
         level: str,
-        mode: str,
+        mode: Mode,
         jobs: list[tuple[Prompt, int]],
         stretch: Stretch | None,
     ) -> None:
@@ -365,6 +400,7 @@ class Campaign:
         assert engine is not None and self._writer is not None
         writer = self._writer
         sampled = self.pilot.sampling.sampled
+        serving = self.pilot.sampling.serving
         concurrency = self.pilot.load.concurrency(level)
         rate = self.pilot.load.rate(level)
         # Closed loop: a fixed number in flight. Open loop: only the optional cap.
@@ -387,7 +423,25 @@ class Campaign:
             copies.append(seen.get((p.id, i), 0))
             seen[(p.id, i)] = copies[-1] + 1
 
-        def request_for(prompt: Prompt, index: int, want_margins: bool) -> GenerationRequest:
+        def request_for(prompt: Prompt, index: int, want_margins: bool,
+                        copy: int = 0) -> GenerationRequest:
+            if mode == "serving":
+                return GenerationRequest(
+                    prompt_id=prompt.id,
+                    prompt=self._text(prompt, engine),
+                    max_new_tokens=max_new_tokens(self.pilot, prompt),
+                    temperature=serving.temperature,
+                    top_p=serving.top_p,
+                    top_k=serving.top_k,
+                    min_p=serving.min_p,
+                    # Every condition runs each prompt to the same length (like with like).
+                    ignore_eos=serving.fixed_length,
+                    # The same seed for every condition: the same draw where outputs agree.
+                    seed=serving_seed(self.pilot.sampling.seed, prompt.id, state.boot,
+                                      pass_index, copy),
+                    want_margins=False,
+                    timeout_s=self.pilot.load.request_timeout_s,
+                )
             greedy = mode == "greedy"
             return GenerationRequest(
                 prompt_id=prompt.id,
@@ -407,15 +461,18 @@ class Campaign:
                 timeout_s=self.pilot.load.request_timeout_s,
             )
 
-        def keep(result: Any, prompt: Prompt, index: int, started: float, *, copy: int = 0,
-                 lag: float | None = None, filler: bool = False) -> RequestRecord:
+        def keep(result: Any, prompt: Prompt, index: int, started: float,
+                 request: GenerationRequest, *, copy: int = 0, lag: float | None = None,
+                 filler: bool = False) -> RequestRecord:
             record = RequestRecord.from_measurement(
                 result, run_id=self.run_id, condition=name, block=block,
                 repetition=pass_index, load=level, concurrency=concurrency,
                 prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
-                mode="greedy" if mode == "greedy" else "sampled", sample_index=index,
+                mode=mode, sample_index=index,
                 started_at=started, rate=rate, dispatch_lag_s=lag, boot=state.boot,
                 stretch=stretch_id, copy=copy, filler=filler,
+                temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+                min_p=request.min_p, seed=request.seed, ignore_eos=request.ignore_eos,
             )
             writer.write(record)
             self._records.append(record)
@@ -426,7 +483,7 @@ class Campaign:
             lag: float | None = None
             if arrival_s is not None:
                 await asyncio.sleep(max(0.0, t_start + arrival_s - time.perf_counter()))
-            request = request_for(prompt, index, margins and copies[k] == 0)
+            request = request_for(prompt, index, margins and copies[k] == 0, copies[k])
             async with sem:
                 if arrival_s is not None:
                     # How late the request left: the generator's own fidelity, and under a cap
@@ -434,7 +491,7 @@ class Campaign:
                     lag = time.perf_counter() - (t_start + arrival_s)
                 started = time.time()
                 result = await engine.generate(request)
-            record = keep(result, prompt, index, started, copy=copies[k], lag=lag)
+            record = keep(result, prompt, index, started, request, copy=copies[k], lag=lag)
             unfinished[0] -= 1
             if not record.ok:
                 failures.append(record.prompt_id)
@@ -444,10 +501,10 @@ class Campaign:
         unfinished = [len(jobs)]  # measured requests not yet ended
 
         async def filler() -> bool:
-            """One filler (greedy, like the measured requests); False once one fails (an
+            """One filler (sampled like the measured requests); False once one fails (an
             engine that fails requests is not kept busy with more)."""
             prompt = next(fillers)
-            request = request_for(prompt, 0, False)
+            request = request_for(prompt, 0, False, -1)
             started, t0 = time.time(), time.perf_counter()
             try:
                 result = await engine.generate(request)
@@ -456,13 +513,13 @@ class Campaign:
                 why = (FILLER_CANCELLED if unfinished[0] <= 0
                        else "cancelled (the run was interrupted)")
                 keep(Measurement.failure(why, e2e_s=time.perf_counter() - t0), prompt, 0,
-                     started, filler=True)
+                     started, request, filler=True)
                 raise
-            return keep(result, prompt, 0, started, filler=True).ok
+            return keep(result, prompt, 0, started, request, filler=True).ok
 
         # Open-loop arrival times count from t_start.
         t_start = time.perf_counter()
-        if stretch is not None and mode == "greedy" and concurrency and rate is None:
+        if stretch is not None and mode == self.timed_mode and concurrency and rate is None:
             # Closed loop: the load held at ``concurrency`` until the last measured request
             # ends (fillers), not a block that drains as its requests finish.
             await hold_load(concurrency, len(jobs), one, filler)
@@ -498,24 +555,29 @@ class Campaign:
         return f"server exited with code {code}{where}; log: {server.log_path}"
 
     def _tick(self, name: str, mode: str, level: str, pass_index: int) -> None:
-        """Progress: requests done in this pass (greedy, every condition) or sampled pass."""
+        """Progress: requests done in this timed pass (every condition), or in one
+        condition's greedy (untimed) or sampled pass."""
         state_boot = self.states[name].boot
-        key = (mode if mode == "greedy" else f"{mode}:{name}", state_boot, pass_index)
+        timed = mode == self.timed_mode
+        key = (mode if timed else f"{mode}:{name}", state_boot, pass_index)
         if key != self._progress_key:
             self._progress_key, self._progress_done, self._progress_t0 = key, 0, time.perf_counter()
         self._progress_done += 1
-        if mode == "greedy":
+        if timed:
             total = sum(len(s.prompt_ids) for s in self.plan.stretches
                         if s.boot == state_boot and s.pass_index == pass_index)
             who = "all"
+        elif mode == "greedy":
+            total, who = len(self.trace.prompts), name
         else:
             sampled = self.pilot.sampling.sampled
             n = min(sampled.prompts or len(self.trace.prompts), len(self.trace.prompts))
             total, who = n * sampled.samples_per_prompt, name
         done = min(self._progress_done, total)
         elapsed = time.perf_counter() - self._progress_t0
+        phase = "greedy (untimed)" if mode == "greedy" and not timed else mode
         self.progress(ProgressEvent(
-            who, mode, level if mode != "greedy" else "", pass_index, done, total,
+            who, phase, level if not timed else "", pass_index, done, total,
             eta_s=elapsed / done * (total - done) if done else None,
             message=f"boot {state_boot + 1}" if self.plan.boots_per_condition > 1 else ""))
 

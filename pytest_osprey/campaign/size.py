@@ -18,7 +18,8 @@ MAX_REQUESTS = 1_000_000
 
 @dataclass(frozen=True)
 class CampaignSize:
-    """Measured requests (fillers not counted) and their output-token budget."""
+    """Measured requests (fillers and warm-up not counted) and their output-token budget;
+    "timed" includes the untimed greedy pass that runs beside sampled timed passes."""
 
     conditions: int
     timed_per_condition: int
@@ -45,10 +46,12 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
     load, sampling = pilot.load, pilot.sampling
     prompts = trace.prompts
     budget = sum(max_new_tokens(pilot, p) for p in prompts)
-    per_pass = len(prompts) * len(load.levels)
-    timed = per_pass * load.passes * load.boots_per_condition if sampling.greedy else 0
-    tokens = budget * len(load.levels) * load.passes * load.boots_per_condition \
-        if sampling.greedy else 0
+    boots = load.boots_per_condition
+    timed = len(prompts) * len(load.levels) * load.passes * boots
+    tokens = budget * len(load.levels) * load.passes * boots
+    if sampling.serving.sampled and sampling.greedy:  # the untimed greedy pass beside them
+        timed += len(prompts) * boots
+        tokens += budget * boots
     sampled = 0
     if sampling.sampled.enabled:
         chosen = prompts[: sampling.sampled.prompts or len(prompts)]

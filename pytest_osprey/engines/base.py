@@ -15,9 +15,12 @@ class EngineError(RuntimeError):
 
 
 # Sampling parameters beyond temperature/top-p, as the OpenAI and SGLang APIs name them
-# (min_new_tokens is vLLM's min_tokens). An engine lists those it honours in SAMPLING_PARAMS.
+# (min_new_tokens is vLLM's min_tokens). An engine lists those it honours in SAMPLING_PARAMS:
+# one it cannot honour fails the request by name, never dropped in silence (a timed pass at
+# a serving top-k the engine ignored would time another workload).
 EXTRA_PARAMS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "stop",
-                "min_new_tokens", "logit_bias", "json_schema", "regex")
+                "min_new_tokens", "logit_bias", "json_schema", "regex", "top_k", "min_p",
+                "ignore_eos")
 
 
 @dataclass(frozen=True)

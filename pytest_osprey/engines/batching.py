@@ -252,7 +252,8 @@ class Batcher:
                 d.tokens.append(token)
                 if q is not None:
                     d.probs.append(q)
-                more = len(d.tokens) < d.proposed and token not in self.eos
+                more = len(d.tokens) < d.proposed and (token not in self.eos
+                                                       or f.request.ignore_eos)
                 feed[b] = [token] if more else []
         return out
 
@@ -304,7 +305,8 @@ class Batcher:
         for token in tokens:
             f.ids.append(token)
             n += 1
-            if token in self.eos or (f.request.stop and self.stop_hit(f.ids, f.request.stop)):
+            if (token in self.eos and not f.request.ignore_eos) or (
+                    f.request.stop and self.stop_hit(f.ids, f.request.stop)):
                 f.finish = "stop"
             elif len(f.ids) >= f.request.max_new_tokens:
                 f.finish = "length"

@@ -1,13 +1,41 @@
 """What the in-process engine adds to transformers' logits processors (OpenAI-style penalties,
-logit bias), and per-token times from the times of the steps that emitted them."""
+logit bias), the sampling warpers of a request, and per-token times from the times of the
+steps that emitted them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
+
+from .base import GenerationRequest
 
 if TYPE_CHECKING:
     import torch
+
+Warper = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+
+
+def sampling_warpers(request: GenerationRequest) -> list[Warper]:
+    """Temperature, top-k, top-p and min-p of a sampled request, in generate()'s order; the
+    full vocabulary where none is set; none for a greedy request."""
+    from transformers import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    if request.greedy:
+        return []
+    warpers: list[Warper] = [TemperatureLogitsWarper(float(request.temperature))]
+    if request.top_k is not None:
+        warpers.append(TopKLogitsWarper(int(request.top_k)))
+    if request.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(float(request.top_p)))
+    if request.min_p > 0.0:
+        # Typed for LongTensor ids; called like every other warper.
+        warpers.append(cast(Warper, MinPLogitsWarper(float(request.min_p))))
+    return warpers
 
 
 class OpenAIPenalties:

@@ -49,9 +49,11 @@ DEFAULT_ALGORITHM = "STANDALONE"  # a plain draft model
 _NEEDS_DRAFTER = ("EAGLE", "EAGLE3", "STANDALONE")
 _ARGS_KEPT = ("model_path", "dtype", "context_length", "tp_size", "mem_fraction_static", "device")
 FLUSH_RETRY_S = 30.0
-# Every extra sampling parameter maps onto SGLang 0.5.23's sampling_params (same names).
+# Every extra sampling parameter maps onto SGLang 0.5.23's sampling_params (same names,
+# top_k, min_p and ignore_eos included).
 SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
-                             "stop", "min_new_tokens", "logit_bias", "json_schema", "regex"})
+                             "stop", "min_new_tokens", "logit_bias", "json_schema", "regex",
+                             "top_k", "min_p", "ignore_eos"})
 INCREMENTAL = "--incremental-streaming-output"
 SEED_IGNORED = ("ignored: SGLang honours sampling_seed only with --enable-deterministic-inference "
                 "(target.deterministic); sampled outputs are not reproducible")

@@ -26,7 +26,7 @@ from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
 from .batching import MAX_BATCH, Batcher, Flight, Processor
 from .chat_template import template_digest
-from .generation_hooks import LogitBias, OpenAIPenalties, token_times
+from .generation_hooks import LogitBias, OpenAIPenalties, sampling_warpers, token_times
 from .quantize import round_weights
 from .speculation import fixed_k_facts
 
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 ALGORITHMS = ("assisted",)
 # transformers has no constrained decoding of its own (json_schema, regex).
 SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
-                             "stop", "min_new_tokens", "logit_bias"})
+                             "stop", "min_new_tokens", "logit_bias",
+                             "top_k", "min_p", "ignore_eos"})
 
 
 
@@ -364,16 +365,7 @@ class TransformersEngine:
         return processors
 
     def _warpers(self, request: GenerationRequest) -> list[Processor]:
-        """Temperature and top-p of a sampled request; the full vocabulary otherwise (no
-        top-k: engines sample from all of it)."""
-        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
-
-        if request.greedy:
-            return []
-        warpers: list[Processor] = [TemperatureLogitsWarper(float(request.temperature))]
-        if request.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(float(request.top_p)))
-        return warpers
+        return sampling_warpers(request)
 
     def _eos(self) -> set[int]:
         ids: set[int] = set()

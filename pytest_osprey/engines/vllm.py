@@ -57,9 +57,11 @@ DEV_MODE = "VLLM_SERVER_DEV_MODE"
 FLUSHED = "flushed before each pass (/reset_prefix_cache, VLLM_SERVER_DEV_MODE=1 on loopback)"
 PREFIX_OFF = ("off (--no-enable-prefix-caching): the server listens beyond loopback, where "
               "vLLM's dev-mode reset endpoint is not exposed")
-# OpenAI completions names, plus vLLM's repetition_penalty, min_tokens and structured outputs.
+# OpenAI completions names, plus vLLM's repetition_penalty, min_tokens, top_k, min_p,
+# ignore_eos and structured outputs.
 SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
-                             "stop", "min_new_tokens", "logit_bias", "json_schema", "regex"})
+                             "stop", "min_new_tokens", "logit_bias", "json_schema", "regex",
+                             "top_k", "min_p", "ignore_eos"})
 
 
 def vllm_argv(

@@ -523,9 +523,11 @@ def _outputs(data: SavedCampaign) -> str:
     levels: list[str | None] = [*data.meta.load_levels] or [None]
     if not baseline or not others:
         return out[0] + '<p class="note">No condition to compare with the baseline.</p>'
-    ref = _first_outputs(data.of(baseline, levels[0]))
+    # Timed at a sampled serving setting, the greedy outputs are the untimed greedy pass's.
+    level = levels[0] if data.timed_mode == "greedy" else None
+    ref = _first_outputs(data.of(baseline, level, "greedy"))
     for cond in others:
-        cand = _first_outputs(data.of(cond, levels[0]))
+        cand = _first_outputs(data.of(cond, level, "greedy"))
         common = [p for p in ref if p in cand]
         divergent = [p for p in common if ref[p].output_ids != cand[p].output_ids
                      or (not ref[p].output_ids and ref[p].output_text != cand[p].output_text)]

@@ -87,8 +87,9 @@ def prompt_speedups(
     ref: dict[str, dict[int, list[float]]] = {}
     cand: dict[str, dict[int, list[float]]] = {}
     slices: dict[str, str] = {}
+    mode = data.timed_mode
     for r in data.records:
-        if r.mode != "greedy" or r.load != load or not r.ok or not r.e2e_s or r.e2e_s <= 0:
+        if r.mode != mode or r.load != load or not r.ok or not r.e2e_s or r.e2e_s <= 0:
             continue
         side = ref if r.condition == reference else cand if r.condition == candidate else None
         if side is not None:

@@ -38,9 +38,10 @@ def _legend(ax: Axes, **kw: Any) -> None:
 
 
 def timeline(data: SavedCampaign) -> bytes:
-    """Completion latency of every greedy request against wall time, one colour per
+    """Completion latency of every timed request against wall time, one colour per
     condition, one marker per load level, passes shaded, load average beside."""
-    recs = [r for r in data.records if r.mode == "greedy" and r.ok and r.e2e_s is not None
+    mode = data.timed_mode
+    recs = [r for r in data.records if r.mode == mode and r.ok and r.e2e_s is not None
             and r.started_at is not None]
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -50,7 +51,7 @@ def timeline(data: SavedCampaign) -> bytes:
     t0 = min([r.started_at or 0.0 for r in recs] + [e.started for e in data.meta.schedule])
     blocks: dict[int, list[float]] = {}
     for e in data.meta.schedule:
-        if e.mode == "greedy":
+        if e.mode == mode:
             span = blocks.setdefault(e.boot * 1000 + e.pass_index,
                                      [e.started, e.ended or e.started])
             span[0], span[1] = min(span[0], e.started), max(span[1], e.ended or e.started)

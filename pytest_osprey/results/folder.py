@@ -12,7 +12,7 @@ from typing import Any
 
 from ..pilot.trace import Prompt, TraceError, load_trace
 from .campaign_file import CampaignFile, read_campaign_file
-from .records import RecordsError, RequestRecord, read_records
+from .records import RecordsError, RequestRecord, read_records, timed_mode
 
 
 @dataclass
@@ -42,9 +42,17 @@ class SavedCampaign:
         """Every request sent, fillers included (what was in flight at the engine)."""
         return [*self.records, *self.fillers]
 
+    @property
+    def timed_mode(self) -> str:
+        """The mode of the timed records (speed, latency, load, cost): "serving" where the
+        campaign timed at a sampled serving setting, else "greedy"."""
+        return timed_mode(self.records)
+
     def of(
-        self, condition: str, load: str | None = None, mode: str = "greedy"
+        self, condition: str, load: str | None = None, mode: str | None = None
     ) -> list[RequestRecord]:
+        """A condition's records (at ``load``) of ``mode``, by default the timed ones."""
+        mode = mode or self.timed_mode
         return [
             r
             for r in self.records
@@ -99,11 +107,12 @@ def iter_pairs(
     metric: Callable[[RequestRecord], float | None],
     slice_: str | None = None,
 ) -> Iterator[tuple[str, list[float], list[float]]]:
-    """Per prompt: the metric's values for reference and candidate (ok greedy requests)."""
+    """Per prompt: the metric's values for reference and candidate (ok timed requests)."""
     ref: dict[str, list[float]] = {}
     cand: dict[str, list[float]] = {}
+    mode = data.timed_mode
     for r in data.records:
-        if r.mode != "greedy" or r.load != load or not r.ok:
+        if r.mode != mode or r.load != load or not r.ok:
             continue
         if slice_ is not None and r.slice != slice_:
             continue

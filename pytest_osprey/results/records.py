@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -17,7 +17,10 @@ from typing import IO, Any, Literal
 from .redact import json_ready
 
 SCHEMA = 2  # 2: block is the replay plan's block; repetition the pass; boot, stretch
-Mode = Literal["greedy", "sampled", "params"]
+Mode = Literal["greedy", "serving", "sampled", "params"]
+"""greedy: timed at temperature 0, or (when the pilot serves sampled) the untimed greedy pass
+that identity and correctness read; serving: timed at the pilot's serving sampling; sampled:
+the distribution pass; params: the sampling-parameters pass."""
 
 
 @dataclass
@@ -89,6 +92,13 @@ class RequestRecord(Measurement):
     copy: int = 0
     """Which occurrence of its prompt this is within its stretch (a stretch that repeats a
     prompt: the trace cycled to reach the level's concurrency)."""
+    temperature: float | None = None
+    """The sampling the request was sent with (None: a record from before it was kept)."""
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None
     probe: str | None = None  # params pass: which sampling-parameter probe ("plain": none)
     request: dict[str, Any] | None = None  # params pass: the non-default parameters sent
     schema: int = SCHEMA
@@ -125,6 +135,12 @@ class RequestRecord(Measurement):
         if self.output_tokens < 2:
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def timed_mode(records: Iterable[RequestRecord]) -> Mode:
+    """The mode of the records that time speed: "serving" where the campaign timed at a
+    sampled serving setting, else "greedy" (the greedy passes are then the timed ones)."""
+    return "serving" if any(r.mode == "serving" for r in records) else "greedy"
 
 
 class RecordWriter:

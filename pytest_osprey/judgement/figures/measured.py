@@ -167,7 +167,7 @@ def all_figures(data: SavedCampaign, pilot: Pilot | None = None) -> list[Figures
                 extra["cost_per_request"] = condition_cost(pilot, data, cond, level) \
                     .cost_per_request
             if data.prompts is not None:
-                passed = correctness_by_prompt(data.of(cond, level), data.prompts)
+                passed = correctness_by_prompt(data.of(cond, level, "greedy"), data.prompts)
                 n = len(passed)
                 extra |= {"checked": n, "correct": sum(passed.values()),
                           "correct_fraction": sum(passed.values()) / n if n else None}

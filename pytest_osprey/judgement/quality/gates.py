@@ -47,7 +47,8 @@ def _rate(events: int, tokens: int, confidence: float) -> str:
 def judge_greedy_identity(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     q = pilot.limits.quality
     assert spec.reference is not None
-    res = greedy_identity(data.of(spec.reference), data.of(spec.condition), q.near_tie_epsilon,
+    res = greedy_identity(data.of(spec.reference, mode="greedy"),
+                          data.of(spec.condition, mode="greedy"), q.near_tie_epsilon,
                           _alpha(pilot), q.max_near_tie_rate)
     cand, control, test = res.candidate, res.control, res.test
     if cand.compared == 0:
@@ -100,7 +101,8 @@ def judge_correctness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> Gate
     if data.prompts is None:
         return GateResult(spec, "skip", "the trace files are gone or changed: nothing to check")
     q = pilot.limits.quality
-    res = correctness_gate(data.of(spec.reference), data.of(spec.condition), data.prompts,
+    res = correctness_gate(data.of(spec.reference, mode="greedy"),
+                           data.of(spec.condition, mode="greedy"), data.prompts,
                            q.max_loss_rate, _alpha(pilot))
     test = res.test
     details: dict[str, Any] = {"n_pairs": res.n_pairs, "reference_rate": res.reference_rate,

@@ -8,7 +8,8 @@ itself across its boots:
 * greedy outputs at the lightest load level (one request at a time, so batch composition
   cannot explain a difference), first pass of each boot: a divergence is genuine unless the
   first boot's own top-1/top-2 margin there is within ``near_tie_epsilon``;
-* accept length (speculative conditions): per-request accept lengths of each boot against
+* accept length (speculative conditions; the timed records, so at the serving sampling where
+  the pilot serves sampled): per-request accept lengths of each boot against
   the pooled others, a Mann-Whitney test; a boot that differs by more than
   ``decision.regression_tolerance`` with p < 0.01 is flagged.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ...pilot.schema import Pilot
 from ...results.folder import SavedCampaign
-from ...results.records import RequestRecord
+from ...results.records import RequestRecord, timed_mode
 from ..gates.result import GateResult, Outcome
 from ..gates.spec import GateSpec
 from ..quality.identity import first_divergence
@@ -89,8 +90,9 @@ def _acceptance(records: Sequence[RequestRecord], boots: list[int], tolerance: f
 
     per_boot: dict[int, list[float]] = {b: [] for b in boots}
     pooled: dict[int, list[tuple[int, float]]] = {b: [] for b in boots}
+    mode = timed_mode(records)  # acceptance as served
     for r in records:
-        if r.ok and r.mode == "greedy" and r.output_tokens and r.spec_verify_ct:
+        if r.ok and r.mode == mode and r.output_tokens and r.spec_verify_ct:
             per_boot[r.boot].append(r.output_tokens / r.spec_verify_ct)
             pooled[r.boot].append((r.output_tokens, float(r.spec_verify_ct)))
     if not all(per_boot.values()):
@@ -120,7 +122,7 @@ def _acceptance(records: Sequence[RequestRecord], boots: list[int], tolerance: f
 
 def judge_boot_consistency(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     level = pilot.load.lightest()
-    res = boot_consistency(data.of(spec.condition), level,
+    res = boot_consistency([r for r in data.records if r.condition == spec.condition], level,
                            pilot.limits.quality.near_tie_epsilon,
                            pilot.decision.regression_tolerance)
     if res.boots < 2:

@@ -139,8 +139,10 @@ def _achieved_rate(recs: Sequence[RequestRecord], open_loop: bool) -> float | No
     return count / span if count and span > 0 else None
 
 
-def level_loads(data: SavedCampaign, mode: str = "greedy") -> list[LevelLoad]:
-    """The measured in-flight load of every condition at every level, from records alone."""
+def level_loads(data: SavedCampaign, mode: str | None = None) -> list[LevelLoad]:
+    """The measured in-flight load of every condition at every level, from records alone
+    (of ``mode``, by default the timed records)."""
+    mode = mode or data.timed_mode
     sent = [r for r in data.sent if r.mode == mode]
     figures: dict[tuple[str, str], list[float]] = {}
     for r, value in in_flight(sent):

@@ -20,6 +20,7 @@ from .advice import advise
 from .crossover import shared_share
 from .drift import Drift, drift_check
 from .sequential import Look, sequential_look, sequential_plan
+from .served import lengths, sampling_text, served_sampling
 from .speedup import (
     CONFOUNDED,
     FloatArray,
@@ -48,15 +49,19 @@ def _requests(data: SavedCampaign, level: str, conditions: tuple[str, ...],
               slice_: str | None = None, upto_look: int | None = None) -> list[Request]:
     block = blocks_of(data, level)
     planned = data.meta.plan is not None  # records carry their pass's block
+    mode = data.timed_mode
+    # Timed at a sampled serving setting: latencies like with like (served.py).
+    at = lengths(data.records, level, mode).latency if mode == "serving" else None
     out = []
     for r in data.records:
-        if r.mode != "greedy" or r.load != level or r.condition not in conditions:
+        if r.mode != mode or r.load != level or r.condition not in conditions:
             continue
         if (slice_ is not None and r.slice != slice_) or r.prompt_id not in block:
             continue
         if upto_look is not None and _look_of(data, r) > upto_look:
             continue
-        out.append(Request(r.condition, r.prompt_id, r.e2e_s, r.ok and r.e2e_s is not None,
+        latency = r.e2e_s if at is None else at(r)
+        out.append(Request(r.condition, r.prompt_id, latency, r.ok and latency is not None,
                            r.boot, r.repetition, r.block if planned else block[r.prompt_id],
                            r.stretch or 0, r.started_at or 0.0))
     return out
@@ -114,8 +119,9 @@ def threshold_for(pilot: Pilot, reference: str) -> float:
 
 
 def looks_done(data: SavedCampaign, level: str) -> int:
+    mode = data.timed_mode
     return max((_look_of(data, r) for r in data.records
-                if r.mode == "greedy" and r.load == level), default=0)
+                if r.mode == mode and r.load == level), default=0)
 
 
 def plan_looks(pilot: Pilot, data: SavedCampaign) -> int:
@@ -220,6 +226,21 @@ def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResu
         + (f" x {res.n_boots} boots" if res.n_boots > 1 else "")
         + f"; one-sided p={p_value:.3g} (two-way cluster-robust t, df {gate.df:.1f})"
     )
+    mode = data.timed_mode
+    if (timed := sampling_text(served_sampling(data.records, mode))):
+        summary += f"; {timed}"
+    if mode == "serving":
+        got = lengths(data.records, spec.load, mode)
+        details["sampling"] = served_sampling(data.records, mode)
+        details["lengths"] = {
+            "timed": got.timed, "rescaled": got.rescaled,
+            "rule": "at a sampled serving setting each timed latency is taken at its prompt's "
+                    "common length (e2e x L / output tokens, L the most tokens of the prompt's "
+                    "timed requests at this level): unchanged where lengths agree (fixed "
+                    "length), per output token where they do not"}
+        if got.rescaled:
+            summary += (f"; {got.rescaled} of {got.timed} timed requests ended short of their "
+                        f"prompt's length and were compared per output token")
     if res.reason:
         summary += f"; {res.reason}"
     summary += "".join(f"; {note}" for note in res.notes if note != CONFOUNDED)

@@ -96,8 +96,9 @@ def stability(data: SavedCampaign) -> Stability:
     baseline = data.meta.baseline
     drift = baseline_drift(data, baseline) if baseline else []
     loads = []
+    mode = data.timed_mode
     for e in data.meta.schedule:
-        if e.mode != "greedy":
+        if e.mode != mode:
             continue
         seen = [v[0] for v in (e.loadavg, e.loadavg_end) if v]
         loads.append(BlockLoad(block=e.pass_index + 1, condition=e.condition, load=e.load,
