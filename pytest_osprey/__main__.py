@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on bad usage; this tool's usage code is 4
         return EXIT_USAGE if exc.code not in (0, None) else 0
     try:
-        return _command(args, sys.argv[1:] if argv is None else argv)
+        return _command(args)
     except KeyboardInterrupt:
         _INTERRUPTED.append(True)
         _say("interrupted", err=True)
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _command(args: argparse.Namespace, argv: list[str]) -> int:
+def _command(args: argparse.Namespace) -> int:
     if args.command == "run":
         return _run(args)
     if args.command == "k8s":
@@ -221,7 +221,7 @@ def _command(args: argparse.Namespace, argv: list[str]) -> int:
         from .pilot.base import ConfigError
 
         try:
-            k8s_command(args, argv)
+            k8s_command(args)
         except ConfigError as exc:
             _say(f"error: {exc}", err=True)
             return EXIT_USAGE

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +240,16 @@ def test_a_bad_pilot_is_refused_before_any_manifest(tmp_path: Path,
     assert captured.out == "" and str(bad) in captured.err
     with pytest.raises(ConfigError, match="--shards"):
         manifests(K8sOptions(**{**BASE.__dict__, "shards": 0}))
+
+
+def test_the_header_names_the_command_that_writes_the_same_manifests(tmp_path: Path) -> None:
+    first, again = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    pilot = str(ROOT / "pilot.yaml")
+    assert main(["k8s", pilot, "--shards", "3", "--image", "img:1", "--gpus", "0",
+                 "--object-store", "s3://bucket/p", "--secret", "s3", "--retries", "2",
+                 "--pilot-in-image", "/app/pilot.yaml", "--out", str(first)]) == 0
+    (line,) = (x for x in first.read_text().splitlines() if x.startswith("# Written by: "))
+    words = shlex.split(line.removeprefix("# Written by: "))
+    assert words[:4] == ["python", "-m", "pytest_osprey", "k8s"]
+    assert main([*words[3:], "--out", str(again)]) == 0
+    assert again.read_text() == first.read_text()

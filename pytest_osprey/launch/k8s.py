@@ -327,7 +327,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="FILE", help="Write here (default: standard output)")
 
 
-def command(args: argparse.Namespace, argv: list[str]) -> None:
+def command_line(pilot: str, o: K8sOptions) -> str:
+    """The ``k8s`` command that writes these manifests (every option spelt out)."""
+    words = ["python", "-m", "pytest_osprey", "k8s", pilot, "--shards", str(o.shards),
+             "--image", o.image, "--gpus", str(o.gpus), "--name", o.name]
+    defaults = K8sOptions(pilot=o.pilot, shards=o.shards, image=o.image, name=o.name)
+    flags = {"gpu_resource": "--gpu-resource", "namespace": "--namespace", "pvc": "--pvc",
+             "storage_size": "--storage-size", "storage_class": "--storage-class",
+             "object_store": "--object-store", "workdir": "--workdir", "retries": "--retries",
+             "shm_size": "--shm-size", "merge_wait_s": "--merge-wait"}
+    if o.pilot != Path(pilot).as_posix():
+        words += ["--pilot-in-image", o.pilot]
+    for key, flag in flags.items():
+        if getattr(o, key) != getattr(defaults, key):
+            words += [flag, str(getattr(o, key))]
+    for secret in o.secrets:
+        words += ["--secret", secret]
+    return shlex.join(words)
+
+
+def command(args: argparse.Namespace) -> None:
     """``k8s``: check the pilot and the options, write the manifests; ConfigError on bad input."""
     from ..pilot.loading import load_pilot
 
@@ -341,7 +360,7 @@ def command(args: argparse.Namespace, argv: list[str]) -> None:
         object_store=args.object_store, secrets=tuple(args.secret), workdir=args.workdir,
         retries=args.retries, shm_size=args.shm_size, merge_wait_s=args.merge_wait)
     header = (f"pytest-osprey: {options.shards} shard(s) of {pilot.name} and their merge.\n"
-              f"Written by: python -m pytest_osprey {shlex.join(argv)}\n"
+              f"Written by: {command_line(args.pilot, options)}\n"
               "Apply: kubectl apply -f THIS_FILE; the verdict: kubectl logs "
               f"job/{options.name}-merge (docs/kubernetes.md)")
     text = render(manifests(options), header)
