@@ -69,7 +69,8 @@ def _tty() -> bool:
 EXAMPLES = """examples:
   python -m pytest_osprey run pilot.yaml --dry-run     check the pilot and artifacts only
   python -m pytest_osprey run pilot.yaml --results out measure, judge, write out/report.html
-  python -m pytest_osprey report out                   judge a saved campaign again"""
+  python -m pytest_osprey report out                   judge a saved campaign again
+  python -m pytest_osprey k8s pilot.yaml --shards 4 --image IMG --out osprey.yaml"""
 
 
 _ANSI = {"red": "31", "green": "32", "yellow": "33", "bold": "1"}
@@ -217,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                      "in campaign.json)")
     rep.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
+    from .launch.k8s import add_arguments as k8s_arguments
+
+    k8s_arguments(command("k8s", "Write Kubernetes manifests: an Indexed Job of shards, their "
+                          "results store and a merge Job without a GPU"))
     command("schema", "Print the JSON Schema of pilot.yaml (for editor completion)")
     command("reference", "Print the pilot.yaml reference (Markdown)")
     command("summary-schema", "Print the JSON Schema of summary.json")
@@ -242,6 +247,15 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args: argparse.Namespace) -> int:
     if args.command == "run":
         return _run(args)
+    if args.command == "k8s":
+        from .launch.k8s import command as k8s_command
+        from .pilot.base import ConfigError
+
+        try:
+            k8s_command(args)
+        except ConfigError as exc:
+            _say(f"error: {exc}", err=True)
+            return EXIT_USAGE
     if args.command == "report":
         return _report(args)
     if args.command == "schema":

@@ -50,6 +50,10 @@ FORBIDDEN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pytest_osprey.report": (
         ("campaign", "engines", "preflight", "run", "pytest_adapter", "plugin"),
         ("pytest", "_pytest", "torch", "transformers")),
+    # Launchers write what other machinery runs: the pilot file is all they read.
+    "pytest_osprey.launch": (
+        ("results", "judgement", "campaign", "engines", "preflight", "report", "run",
+         "pytest_adapter", "plugin"), ("pytest", "_pytest", "numpy", "torch", "kubernetes")),
     "pytest_osprey.run": (("pytest_adapter", "plugin"), ("pytest", "_pytest")),
     "pytest_osprey.__main__": (("pytest_adapter", "plugin"), ("pytest", "_pytest")),
 }

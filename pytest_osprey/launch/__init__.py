@@ -1,0 +1,1 @@
+"""Launchers: thin adapters that run a pilot's shards on machinery that already exists."""
