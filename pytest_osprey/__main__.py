@@ -54,6 +54,7 @@ def _styled(line: Line, color: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from .campaign import ProgressEvent
+    from .campaign.shards import ShardError, parse_shard
     from .engines.stopping import INTERRUPT_GRACE_S
     from .judgement import PREFLIGHT
     from .report.console import Line, closing_lines, dry_run_lines
@@ -68,11 +69,16 @@ def _run(args: argparse.Namespace) -> int:
             last[:] = [key]
             _say(event.line(finished))
 
-    options = RunOptions(results=args.results, reuse=args.reuse, dry_run=args.dry_run,
-                         conditions=args.conditions.split(",") if args.conditions else None,
-                         compare=args.compare, reuse_hint="--reuse DIR (or `report DIR`)")
     try:
+        shard = parse_shard(args.shard) if args.shard else None
+        options = RunOptions(results=args.results, reuse=args.reuse, dry_run=args.dry_run,
+                             conditions=args.conditions.split(",") if args.conditions else None,
+                             compare=args.compare, reuse_hint="--reuse DIR (or `report DIR`)",
+                             shard=shard)
         run = PilotRun(args.pilot, options, progress=progress)
+    except ShardError as exc:
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
     except UsageError as exc:
         _say(f"error: {exc}", err=True)
         return EXIT_USAGE
@@ -155,6 +161,27 @@ def _report(args: argparse.Namespace) -> int:
     return 0 if all(v.verdict == "KEEP" for v in judgement.verdicts) else 1
 
 
+def _merge(args: argparse.Namespace) -> int:
+    """Pool shards into one judged folder: exit 0 every verdict KEEP, 1 otherwise (or a
+    partial merge), 4 refused."""
+    from .merge import MergeError, merge_shards
+    from .report.headline import headline
+
+    try:
+        merged = merge_shards(Path(args.out), [Path(d) for d in args.shards],
+                              partial=args.partial, heterogeneous=args.allow_heterogeneous)
+    except MergeError as exc:
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    for note in merged.notes:
+        _say(f"warning: {note}", err=True)
+    for path in merged.reports:
+        _say(f"results: {path}")
+    for d in merged.diagnoses:
+        _say(headline(d))
+    return merged.exit_code
+
+
 def _print_json(make: Callable[[], object]) -> None:
     json.dump(make(), sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -179,6 +206,18 @@ def main(argv: list[str] | None = None) -> int:
                      help="Run only these conditions (the baseline is always included)")
     run.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
+    run.add_argument("--shard", metavar="K/N",
+                     help="Run shard K of N (1-based): a disjoint share of the plan's passes, "
+                          "every condition; pool the shards with `merge`")
+    merge = command("merge", "Pool shard results folders into one judged results folder OUT")
+    merge.add_argument("out", metavar="OUT", help="The merged results folder (new or empty)")
+    merge.add_argument("shards", metavar="DIR", nargs="+", help="The shards' results folders")
+    merge.add_argument("--partial", action="store_true",
+                       help="Merge although shards are missing or incomplete (labelled "
+                            "partial: no verdict is claimed for data that is not there)")
+    merge.add_argument("--allow-heterogeneous", action="store_true",
+                       help="Merge shards whose hardware, engine version or model digests "
+                            "differ (each machine a stratum; the heterogeneity is reported)")
     rep = command("report", "Re-judge a results folder into DIR/rejudged-<time>/ (the original "
                   "reports stay as they are)")
     rep.add_argument("directory", help="A results folder (holds campaign.json)")
@@ -213,6 +252,8 @@ def _command(args: argparse.Namespace) -> int:
         return _run(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "merge":
+        return _merge(args)
     if args.command == "schema":
         from .pilot.schema import json_schema
 
