@@ -182,6 +182,37 @@ def _merge(args: argparse.Namespace) -> int:
     return merged.exit_code
 
 
+def _ray(args: argparse.Namespace) -> int:
+    """The shards as Ray tasks, then the merge: the merge's exit codes."""
+    from .merge import MergeError
+    from .ray_launcher import RayError, launch
+    from .report.headline import headline
+    from .run import PilotRun, RunOptions, UsageError
+    from .run_folders import default_results
+
+    if args.shards < 1:
+        _say(f"error: --shards {args.shards}: needs at least 1", err=True)
+        return EXIT_USAGE
+    try:
+        from .campaign.shards import Shard
+
+        checked = PilotRun(args.pilot, RunOptions(dry_run=True, shard=Shard(1, args.shards)))
+        out = Path(args.results) if args.results else default_results(Path.cwd(),
+                                                                         checked.pilot.name)
+        done = launch(checked.pilot_path, checked.pilot, args.shards, out,
+                      address=args.address, gpus_per_shard=args.gpus_per_shard)
+    except (UsageError, RayError, MergeError) as exc:
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    for k, why in sorted(done.dead.items()):
+        _say(f"warning: shard {k}: {why}; the merge is partial", err=True)
+    for path in done.merged.reports:
+        _say(f"results: {path}")
+    for d in done.merged.diagnoses:
+        _say(headline(d))
+    return done.exit_code
+
+
 def _print_json(make: Callable[[], object]) -> None:
     json.dump(make(), sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -218,6 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--allow-heterogeneous", action="store_true",
                        help="Merge shards whose hardware, engine version or model digests "
                             "differ (each machine a stratum; the heterogeneity is reported)")
+    ray = command("ray", "Run a pilot's shards as Ray tasks, gather and merge them (early "
+                  "stopping across shards)")
+    ray.add_argument("pilot", help="The pilot file (pilot.yaml), readable on every node")
+    ray.add_argument("--shards", type=int, required=True, metavar="N", help="Shards (tasks)")
+    ray.add_argument("--address", metavar="ADDR",
+                     help="The Ray cluster (default: RAY_ADDRESS, else a local one)")
+    ray.add_argument("--gpus-per-shard", type=float, default=0.0, metavar="G",
+                     help="GPUs each shard's task needs (default 0)")
+    ray.add_argument("--results", metavar="OUT",
+                     help="The merged results folder (new or empty; the shards' folders go "
+                          "beside it, OUT-shards/)")
     rep = command("report", "Re-judge a results folder into DIR/rejudged-<time>/ (the original "
                   "reports stay as they are)")
     rep.add_argument("directory", help="A results folder (holds campaign.json)")
@@ -254,6 +296,8 @@ def _command(args: argparse.Namespace) -> int:
         return _report(args)
     if args.command == "merge":
         return _merge(args)
+    if args.command == "ray":
+        return _ray(args)
     if args.command == "schema":
         from .pilot.schema import json_schema
 

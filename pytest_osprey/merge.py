@@ -155,7 +155,7 @@ def _heterogeneity(shards: list[_Shard]) -> str | None:
 
 
 def _merged_meta(shards: list[_Shard], expected: int, run_id: str, missing: list[int],
-                 note: str | None) -> CampaignFile:
+                 note: str | None, why_missing: dict[int, str]) -> CampaignFile:
     base = shards[0].data.meta
     conditions: dict[str, ConditionRun] = {}
     for name in base.conditions:
@@ -173,7 +173,8 @@ def _merged_meta(shards: list[_Shard], expected: int, run_id: str, missing: list
                           passes=list(s.data.meta.shard.passes) if s.data.meta.shard else [],
                           greedy_requests=sum(1 for r in s.data.records if r.mode == "greedy"),
                           hardware=_machine(s), note=s.note) for s in shards]
-    merged += [MergedShard(index=k, note="missing: no results folder given") for k in missing]
+    merged += [MergedShard(index=k, note="missing: " + why_missing.get(
+        k, "no results folder given")) for k in missing]
     merged.sort(key=lambda m: m.index)
     lacking = [m for m in merged if m.status != "complete"]
     status = "complete" if not lacking else "interrupted"
@@ -187,15 +188,20 @@ def _merged_meta(shards: list[_Shard], expected: int, run_id: str, missing: list
         "run_id": run_id, "shard": None, "merged": merged, "merge_note": note,
         "conditions": conditions, "status": status, "stop_reason": reason,
         "schedule": [e for s in shards for e in s.data.meta.schedule],
-        "sequential": {}, "stopped_after_block": None, "early_stop": False,
+        # Looks taken across shards (a driver's rule) are every shard's, recorded alike.
+        "sequential": base.sequential, "early_stop": any(s.data.meta.early_stop for s in shards),
+        "stopped_after_block": max((s.data.meta.stopped_after_block or 0 for s in shards),
+                                   default=0) or None,
         "started_at": min(starts, default=None), "ended_at": max(ends, default=None),
         "host": {}, "writer_pid": None,
     })
 
 
 def merge_shards(out: Path, directories: list[Path], *, partial: bool = False,
-                 heterogeneous: bool = False) -> Merged:
-    """Check, pool and judge the shards in ``directories`` into the new folder ``out``."""
+                 heterogeneous: bool = False,
+                 missing_notes: dict[int, str] | None = None) -> Merged:
+    """Check, pool and judge the shards in ``directories`` into the new folder ``out``;
+    ``missing_notes``: why a shard is missing (a launcher whose worker died), by index."""
     if not directories:
         raise MergeError("merge: no shard folders given")
     shards = [_open(d) for d in directories]
@@ -223,7 +229,7 @@ def merge_shards(out: Path, directories: list[Path], *, partial: bool = False,
         raise MergeError(str(exc)) from None
     run_id = (datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-merged-"
               + secrets.token_hex(3))
-    meta = _merged_meta(shards, first.count, run_id, missing, note)
+    meta = _merged_meta(shards, first.count, run_id, missing, note, missing_notes or {})
     quality_from = shards[0].index  # the sampled passes ran on shard 1 (the lowest present)
     writer = RecordWriter(out / "records.jsonl")
     try:

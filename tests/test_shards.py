@@ -183,3 +183,12 @@ def test_more_shards_than_passes_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="fewer than the 3 shards"):
         PilotRun(pilot, RunOptions(results=tmp_path / "r", shard=Shard(1, 3)))
     assert main(["run", str(pilot), "--shard", "4/3", "--dry-run"]) == 4
+
+
+def test_the_ray_command_refuses_bad_usage_in_a_line(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    pilot = _pilot(tmp_path, passes=2)
+    assert main(["ray", str(pilot), "--shards", "0"]) == 4
+    assert main(["ray", str(pilot), "--shards", "3"]) == 4  # more shards than passes
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--shards 0" in err[0] and "fewer than the 3 shards" in err[1]
