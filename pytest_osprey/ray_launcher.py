@@ -120,7 +120,7 @@ def _shard_task(pilot_path: str, shard: Shard, board: Any, early_stop: bool) -> 
     def rule(records: list[RequestRecord], look_index: int) -> StopLook:
         new = [r for r in records[sent[0]:] if not r.filler]
         sent[0] = len(records)
-        round_ = shard.passes(10**6).index(look_index - 1) + 1
+        round_ = (look_index - 1) // shard.count + 1  # its pass p is round p // N + 1
         meta = read_campaign_file(folder / "campaign.json").model_dump(mode="json",
                                                                         by_alias=True)
         ray.get(board.report.remote(shard.index, new, round_, meta))
@@ -170,7 +170,7 @@ def launch(pilot_path: Path, pilot: Pilot, shards: int, out: Path, *,
 
     if not ray.is_initialized():
         try:
-            ray.init(address=address, log_to_driver=False, include_dashboard=False)
+            ray.init(address=address, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise RayError(f"--address {address}: {' '.join(str(exc).split())}") from None
     per_node = SHARD_RESOURCE in ray.cluster_resources()
