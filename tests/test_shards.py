@@ -192,3 +192,31 @@ def test_the_ray_command_refuses_bad_usage_in_a_line(tmp_path: Path,
     assert main(["ray", str(pilot), "--shards", "3"]) == 4  # more shards than passes
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--shards 0" in err[0] and "fewer than the 3 shards" in err[1]
+
+
+def test_the_pytest_option_runs_a_shard(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from testkit.pilot_run import QUIET
+
+    pilot = _pilot(tmp_path, passes=2)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", *QUIET, f"--osprey-config={pilot}",
+             "--osprey-shard", "2/2", "--osprey-results", str(tmp_path / "s2")],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+        bad = subprocess.run(
+            [sys.executable, "-m", "pytest", *QUIET, f"--osprey-config={pilot}",
+             "--osprey-shard", "2of2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=120, check=False)
+    finally:
+        kill_marked(str(tmp_path))
+    assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+    meta = json.loads((tmp_path / "s2" / "campaign.json").read_text())
+    assert meta["shard"] == {**meta["shard"], "index": 2, "count": 2, "passes": [1]}
+    assert {r["repetition"] for r in _records(tmp_path / "s2") if r["mode"] == "greedy"} == {1}
+    assert bad.returncode == 4 and "expected K/N" in bad.stderr
