@@ -85,6 +85,7 @@ def _styled(line: Line, color: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from .campaign import ProgressEvent
+    from .campaign.shards import ShardError, parse_shard
     from .engines.stopping import INTERRUPT_GRACE_S
     from .judgement import PREFLIGHT
     from .report.console import Line, closing_lines, dry_run_lines
@@ -99,11 +100,16 @@ def _run(args: argparse.Namespace) -> int:
             last[:] = [key]
             _say(event.line(finished))
 
-    options = RunOptions(results=args.results, reuse=args.reuse, dry_run=args.dry_run,
-                         conditions=args.conditions.split(",") if args.conditions else None,
-                         compare=args.compare, reuse_hint="--reuse DIR (or `report DIR`)")
     try:
+        shard = parse_shard(args.shard) if args.shard else None
+        options = RunOptions(results=args.results, reuse=args.reuse, dry_run=args.dry_run,
+                             conditions=args.conditions.split(",") if args.conditions else None,
+                             compare=args.compare, reuse_hint="--reuse DIR (or `report DIR`)",
+                             shard=shard)
         run = PilotRun(args.pilot, options, progress=progress)
+    except ShardError as exc:
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
     except UsageError as exc:
         _say(f"error: {exc}", err=True)
         return EXIT_USAGE
@@ -188,6 +194,58 @@ def _report(args: argparse.Namespace) -> int:
     return 0 if all(v.verdict == "KEEP" for v in judgement.verdicts) else 1
 
 
+def _merge(args: argparse.Namespace) -> int:
+    """Pool shards into one judged folder: exit 0 every verdict KEEP, 1 otherwise (or a
+    partial merge), 4 refused."""
+    from .merge import MergeError, merge_shards
+    from .report.headline import headline
+
+    try:
+        merged = merge_shards(Path(args.out), [Path(d) for d in args.shards],
+                              partial=args.partial, heterogeneous=args.allow_heterogeneous)
+    except MergeError as exc:
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    for note in merged.notes:
+        _say(f"warning: {note}", err=True)
+    for path in merged.reports:
+        _say(f"results: {path}")
+    for d in merged.diagnoses:
+        _say(headline(d))
+    return merged.exit_code
+
+
+def _ray(args: argparse.Namespace) -> int:
+    """The shards as Ray tasks, then the merge: the merge's exit codes."""
+    from .merge import MergeError
+    from .ray_launcher import RayError, launch
+    from .report.headline import headline
+    from .run import PilotRun, RunOptions, UsageError
+    from .run_folders import default_results
+
+    if args.shards < 1:
+        _say(f"error: --shards {args.shards}: needs at least 1", err=True)
+        return EXIT_USAGE
+    try:
+        from .campaign.shards import Shard
+
+        checked = PilotRun(args.pilot, RunOptions(dry_run=True, shard=Shard(1, args.shards)))
+        out = Path(args.results) if args.results else default_results(Path.cwd(),
+                                                                         checked.pilot.name)
+        done = launch(checked.pilot_path, checked.pilot, args.shards, out,
+                      address=args.address, gpus_per_shard=args.gpus_per_shard)
+    except (UsageError, RayError, MergeError) as exc:
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    for k, why in sorted(done.dead.items()):
+        _say(f"warning: shard {k}: {why}; the merge is partial", err=True)
+    for path in done.merged.reports:
+        _say(f"results: {path}")
+    for d in done.merged.diagnoses:
+        _say(headline(d))
+    return done.exit_code
+
+
 def _print_json(make: Callable[[], object]) -> None:
     _write(json.dumps(make(), indent=2) + "\n")
 
@@ -211,6 +269,29 @@ def main(argv: list[str] | None = None) -> int:
                      help="Run only these conditions (the baseline is always included)")
     run.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
+    run.add_argument("--shard", metavar="K/N",
+                     help="Run shard K of N (1-based): a disjoint share of the plan's passes, "
+                          "every condition; pool the shards with `merge`")
+    merge = command("merge", "Pool shard results folders into one judged results folder OUT")
+    merge.add_argument("out", metavar="OUT", help="The merged results folder (new or empty)")
+    merge.add_argument("shards", metavar="DIR", nargs="+", help="The shards' results folders")
+    merge.add_argument("--partial", action="store_true",
+                       help="Merge although shards are missing or incomplete (labelled "
+                            "partial: no verdict is claimed for data that is not there)")
+    merge.add_argument("--allow-heterogeneous", action="store_true",
+                       help="Merge shards whose hardware, engine version or model digests "
+                            "differ (each machine a stratum; the heterogeneity is reported)")
+    ray = command("ray", "Run a pilot's shards as Ray tasks, gather and merge them (early "
+                  "stopping across shards)")
+    ray.add_argument("pilot", help="The pilot file (pilot.yaml), readable on every node")
+    ray.add_argument("--shards", type=int, required=True, metavar="N", help="Shards (tasks)")
+    ray.add_argument("--address", metavar="ADDR",
+                     help="The Ray cluster (default: RAY_ADDRESS, else a local one)")
+    ray.add_argument("--gpus-per-shard", type=float, default=0.0, metavar="G",
+                     help="GPUs each shard's task needs (default 0)")
+    ray.add_argument("--results", metavar="OUT",
+                     help="The merged results folder (new or empty; the shards' folders go "
+                          "beside it, OUT-shards/)")
     rep = command("report", "Re-judge a results folder into DIR/rejudged-<time>/ (the original "
                   "reports stay as they are)")
     rep.add_argument("directory", help="A results folder (holds campaign.json)")
@@ -258,6 +339,10 @@ def _command(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     if args.command == "report":
         return _report(args)
+    if args.command == "merge":
+        return _merge(args)
+    if args.command == "ray":
+        return _ray(args)
     if args.command == "schema":
         from .pilot.schema import json_schema
 

@@ -37,6 +37,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Run the latency series as pytest-benchmark benchmarks and show its "
                          "tables (implied by --benchmark-json, --benchmark-autosave and "
                          "--benchmark-compare)")
+    group.addoption("--osprey-shard", metavar="K/N", default=None,
+                    help="Run shard K of N (1-based) of the pilot's plan: a disjoint share of "
+                         "its passes, every condition; `python -m pytest_osprey merge` pools "
+                         "the shards' folders")
     group.addoption("--osprey-compare", metavar="DIR", default=None,
                     help="Compare with an earlier accepted campaign of the same trace and flag "
                          "regressions of the drafters kept there")
@@ -55,10 +59,17 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("pytest-osprey runs one campaign per session and cannot be "
                                 "split over xdist workers: drop -n / --numprocesses")
     from . import pytest_adapter
+    from .campaign.shards import ShardError, parse_shard
     from .run import PilotRun, RunOptions, UsageError, sigterm_interrupts
 
     spec = config.getoption("osprey_conditions")
+    shard = config.getoption("osprey_shard")
+    try:
+        parsed = parse_shard(shard) if shard else None
+    except ShardError as exc:
+        raise pytest.UsageError(str(exc)) from None
     options = RunOptions(
+        shard=parsed,
         results=config.getoption("osprey_results"),
         reuse=config.getoption("osprey_reuse"),
         conditions=spec.split(",") if spec else None,

@@ -22,11 +22,13 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .campaign import Campaign, ProgressEvent, StopLook
+from .campaign import Campaign, ProgressEvent, StopLook, StopRule
 from .campaign.requests import stop_reason
+from .campaign.shards import Shard, ShardCampaign, ShardError
 from .campaign.size import CampaignSize, campaign_size, size_problem
 from .judgement import (
     PREFLIGHT,
@@ -103,6 +105,13 @@ class RunOptions:
     """An earlier campaign of the same trace to hold its kept drafters to."""
     reuse_hint: str = "--osprey-reuse DIR"
     """How the adapter's user re-judges a folder (named in the non-empty-folder error)."""
+    shard: Shard | None = None
+    """Replay only this shard of the plan (``--shard K/N``): a disjoint share of its passes,
+    every condition (campaign/shards.py); ``merge`` pools the shards' folders."""
+    stop_rule: StopRule | None = None
+    """The early-stopping rule, when something outside this run supplies it (a driver that
+    looks at every shard's records); default: the pilot's ``decision.early_stop`` on this
+    run's own records, and none for a shard (its records alone are not the plan's looks)."""
 
 
 @dataclass
@@ -179,6 +188,10 @@ class PilotRun:
         too_big = size_problem(size)
         if too_big:
             raise UsageError(f"{pilot_path}: {too_big}")
+        if options.shard is not None and pilot.load.passes < options.shard.count:
+            raise UsageError(f"{pilot_path}: load.passes is {pilot.load.passes}, fewer than the "
+                             f"{options.shard.count} shards of --shard {options.shard.text} "
+                             "(each shard replays whole passes)")
         warning = bind_warning(pilot)
         reuse = (reuse_saved(_under(here, options.reuse), str(path)) if options.reuse
                  else None)
@@ -200,9 +213,11 @@ class PilotRun:
 
     @classmethod
     def from_saved(cls, saved: ReusedCampaign, pilot: Pilot,
-                   compare_with: Path | None = None) -> PilotRun:
+                   compare_with: Path | None = None, *, results: Path | None = None) -> PilotRun:
         """A run judging ``saved`` under ``pilot``'s limits (any pilot: its paths need not
-        exist, nothing is measured); its conditions are those the campaign ran."""
+        exist, nothing is measured); its conditions are those the campaign ran. ``results``:
+        the reports go there, as a campaign's own (a merged campaign's folder), instead of
+        into a marked ``rejudged-<time>/`` copy."""
         previous = None
         if compare_with is not None:
             try:
@@ -214,7 +229,9 @@ class PilotRun:
                    pilot_path=saved.directory / "campaign.json", pilot=pilot,
                    pilot_text=saved.data.meta.pilot_text or "", trace=None,
                    conditions=[c for c in pilot.conditions if c in saved.data.meta.conditions],
-                   notes=[], reuse=saved, results=None, previous=previous)
+                   notes=[], reuse=saved, results=results, previous=previous)
+        if results is not None:
+            run.rejudged = None
         return run
 
     def _begin(self, *, options: RunOptions, cwd: Path, progress: Progress | None,
@@ -312,10 +329,15 @@ class PilotRun:
         trace = self.trace
         assert trace is not None, "a run built from a saved campaign never measures"
         preflight = self.preflight()
-        campaign = Campaign(
-            self.pilot, trace, self.results_dir, self.conditions, preflight.failed(),
-            progress=self.progress, config_text=self.pilot_text, stop_rule=self._stop_rule(),
-        )
+        shard = self.options.shard
+        try:
+            campaign = (Campaign if shard is None else partial(ShardCampaign, shard=shard))(
+                self.pilot, trace, self.results_dir, self.conditions, preflight.failed(),
+                progress=self.progress, config_text=self.pilot_text,
+                stop_rule=self._stop_rule())
+        except ShardError as exc:
+            self.campaign_error = str(exc)
+            raise CampaignError(self.campaign_error) from None
         try:
             self._campaign = campaign.run()
         except KeyboardInterrupt as exc:
@@ -352,9 +374,13 @@ class PilotRun:
         except Exception as err:  # a full disk, an unreadable file: said, not raised
             self.notes.append(one_line(err, "the interrupted run's reports were not written"))
 
-    def _stop_rule(self) -> Callable[[list[RequestRecord], int], StopLook] | None:
-        """Early stopping (``decision.early_stop``): the group-sequential look after a block."""
-        if not self.pilot.decision.early_stop:
+    def _stop_rule(self) -> StopRule | None:
+        """Early stopping: the rule supplied (``RunOptions.stop_rule``), else with
+        ``decision.early_stop`` the group-sequential look after a pass on this run's records
+        (none for a shard: the looks span every shard)."""
+        if self.options.stop_rule is not None:
+            return self.options.stop_rule
+        if not self.pilot.decision.early_stop or self.options.shard is not None:
             return None
         pilot = self.pilot
 

@@ -63,6 +63,8 @@ class Noise:
     switch_penalty: float = 0.0
     pass_slowdown: tuple[float, float] = (0.0, 0.0)  # one pass slowed by U(lo, hi)
     slowdown_reference_only: bool = False  # that pass slowed for the reference alone (a bias)
+    machine_sd: float = 0.0  # per machine (shard): an offset to every condition alike
+    machine_interaction_sd: float = 0.0  # per machine: the candidate's gain differs there
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Design:
     passes: int = 2
     boots: int = 1
     order: Order = "interleaved"
+    shards: int = 1  # machines: pass p runs on machine p mod shards (campaign/shards.py)
 
     def level_names(self) -> list[str]:
         return [name for name, _ in self.levels]
@@ -230,6 +233,15 @@ def simulate(
         noise_log += math.log(noise.burst_factor) * ((events - lagged) > 0)
     if noise.switch_penalty:
         noise_log += noise.switch_penalty * first
+    if design.shards > 1 and (noise.machine_sd or noise.machine_interaction_sd):
+        # Pairs stay within a machine (a pass is one machine's), so a machine's offset
+        # cancels; its interaction with the drafter does not. The verdict names the machines
+        # that ran: the planted speedup is their mean, the interactions centred over them.
+        machine = pas % design.shards
+        offset = noise.machine_sd * rng.standard_normal((n_sims, design.shards))
+        inter = noise.machine_interaction_sd * rng.standard_normal((n_sims, design.shards))
+        inter -= inter.mean(axis=1, keepdims=True)
+        noise_log += offset[s_idx, machine] - cond * inter[s_idx, machine]
     lo, hi = noise.pass_slowdown
     if hi > 0:
         which = rng.integers(0, design.boots * design.passes, n_sims)[:, None]
@@ -379,12 +391,18 @@ def drift_state(c: Campaigns, look: int = 0) -> tuple[npt.NDArray[np.bool_], Flo
     """The drift check per campaign as the gate runs it (the reference and the candidate at
     every level, each against itself; the bias bound from the pairs at each level), on the
     data of ``look`` (0: all): (unstable, log bias bound)."""
-    from pytest_osprey.judgement.speed.drift import drift_batch
+    from pytest_osprey.judgement.speed.drift import drift_batch, within_machines
 
     n_looks = looks_of(c.design)
     names = c.design.level_names()
     series = [(_upto(side[name], c.design, look, n_looks) if look else side[name],
                c.units[name]) for side in (c.reference, c.candidate) for name in names]
+    if c.design.shards > 1:  # as the gate does for a merged campaign (gate.machines_of)
+        machines = np.arange(c.design.passes) % c.design.shards
+        n_lv = len(names)
+        for i in range(n_lv):  # each level's two conditions together, as the gate does
+            ref, cand = within_machines([series[i][0], series[i + n_lv][0]], machines)
+            series[i], series[i + n_lv] = (ref, series[i][1]), (cand, series[i + n_lv][1])
     n = len(names)
     batch = drift_batch(series, pairs=[(i, i + n) for i in range(n)])
     return batch.unstable, batch.log_bias_bound

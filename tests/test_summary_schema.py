@@ -133,7 +133,8 @@ def test_schema_rejects_a_broken_sheet(run: Run) -> None:
 
 TOP_KEYS = ["schema", "run_id", "pilot_name", "trace_hash", "config_hash", "status",
             "partial", "rejudged", "verdicts", "gates", "figures", "cost", "conditions",
-            "comparison", "setup", "stability", "goodput", "domains", "acceptance_by_position"]
+            "comparison", "setup", "stability", "goodput", "domains", "acceptance_by_position",
+            "shards", "merge_note"]
 GATE_KEYS = ["kind", "id", "condition", "reference", "load", "slice", "gating", "outcome",
              "evidence", "summary", "estimate", "ci", "threshold", "p_value", "details"]
 FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", "ttft_p95_s",

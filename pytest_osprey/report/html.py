@@ -20,7 +20,7 @@ from ..judgement.figures import Figures, all_figures
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
-from .setup import memory_basis
+from .setup import memory_basis, shards_line
 from .terminal import Columns, header, legend, speedup_cells, table_rows
 
 MAX_DIVERGENT = 20  # divergent prompts shown per condition pair
@@ -597,6 +597,9 @@ def _banner(summary: dict[str, Any]) -> str:
     if isinstance(rejudged, dict):
         out.append(f'<p class="note"><b>Re-judged copy</b> ({esc(rejudged.get("at"))}, limits '
                    f"from {esc(rejudged.get('pilot'))}); the original reports are untouched.</p>")
+    shards = shards_line(summary)
+    if shards:
+        out.append(f'<p class="note">{esc(shards)}.</p>')
     return "".join(out)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..judgement import Figures
 from ..results.campaign_file import CampaignFile
-from .setup import hardware, memory_basis, short_setup, started
+from .setup import hardware, memory_basis, shards_line, short_setup, started
 from .terminal import Columns, speedup_cells, speedup_text, table_rows
 
 GITHUB_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step summary
@@ -289,6 +289,11 @@ def _fit(title: str, lines: list[str], room: int) -> str | None:
     return None
 
 
+def _shards(summary: Mapping[str, Any]) -> list[str]:
+    line = shards_line(summary)
+    return [f"_{esc(line)}._", ""] if line else []
+
+
 def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder: str,
              max_kib: int = 64) -> str:
     """report.md for ``summary`` (summary.json's content), at most ``max_kib`` KiB."""
@@ -302,7 +307,7 @@ def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder:
     if isinstance(rejudged, Mapping):
         head += [f"_Re-judged copy ({esc(rejudged.get('at'))}, limits from "
                  f"{esc(rejudged.get('pilot'))}); the original reports are untouched._", ""]
-    head += [*_verdicts(summary), *_comparison(summary)]
+    head += [*_shards(summary), *_verdicts(summary), *_comparison(summary)]
     warnings = (summary.get("stability") or {}).get("warnings") or []
     if warnings:
         head += ["> [!WARNING]", *[f"> Unsteady machine: {esc(w)}" for w in warnings], ""]

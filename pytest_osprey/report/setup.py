@@ -210,3 +210,16 @@ def setup_rows(meta: CampaignFile, pilot: Pilot | None = None,
     if when:
         rows.append(("started", when))
     return rows
+
+
+def shards_line(summary: Mapping[str, Any]) -> str | None:
+    """A merged campaign's shards in a line (None for a one-machine run)."""
+    shards = summary.get("shards") or []
+    if not shards:
+        return None
+    parts = [f"shard {s['index']} on {s.get('node') or 'an unknown host'}: {s['status']}"
+             + (f" ({s['note']})" if s.get("note") else "") for s in shards]
+    line = f"Merged from {len(shards)} shards: " + "; ".join(parts)
+    if summary.get("merge_note"):
+        line += f". {summary['merge_note']} (each machine a stratum of its own passes)"
+    return line

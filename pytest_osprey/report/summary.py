@@ -69,6 +69,10 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "goodput": goodput_section(pilot, data),
         "domains": all_domain_rows(data, pilot.primary_load, pilot.sampling.seed),
         "acceptance_by_position": acceptance,
+        "shards": [{"index": m.index, "status": m.status, "node": m.node, "passes": m.passes,
+                    "greedy_requests": m.greedy_requests, "note": m.note}
+                   for m in meta.merged],
+        "merge_note": meta.merge_note,
     })
     return summary.model_dump(by_alias=True)
 

@@ -192,6 +192,23 @@ class ConditionEntry(_Sheet):
     """Peak device memory over the campaign (MiB)."""
 
 
+class ShardEntry(_Sheet):
+    """One shard a merged campaign pooled, or lacks (`shards[]`)."""
+
+    index: int
+    """K of a `--shard K/N` run (1-based)."""
+    status: str
+    """complete, incomplete or missing."""
+    node: str | None = None
+    """The machine's host name."""
+    passes: list[int] = Field(default_factory=list)
+    """The plan's passes (0-based) it replayed."""
+    greedy_requests: int = 0
+    """Measured (greedy) requests it recorded."""
+    note: str | None = None
+    """Why it is not complete (a dead worker, an interrupt, a folder not given)."""
+
+
 class Rejudged(_Sheet):
     """How a re-judged copy was made (`rejudged`)."""
 
@@ -257,6 +274,10 @@ class Summary(_Sheet):
     """Condition -> share of verify steps accepting the draft token at each position (0-1,
     first drafted token first), where the engine recorded per-position counts; `{}` when
     none did."""
+    shards: list[ShardEntry] = Field(default_factory=list)
+    """A merged campaign's shards, every one expected; empty for a one-machine run."""
+    merge_note: str | None = None
+    """What differs between the merged shards' machines (`--allow-heterogeneous`)."""
 
 
 def json_schema() -> dict[str, Any]:

@@ -96,6 +96,36 @@ def text_sha256(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+class ShardFacts(_Facts):
+    """The share of the replay plan one machine ran (``--shard K/N``)."""
+
+    index: int
+    """K, 1-based."""
+    count: int
+    """N: the shards the plan was split into."""
+    passes: list[int] = Field(default_factory=list)
+    """The plan's passes (0-based) this shard replayed (pass p: shard p mod N + 1)."""
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    """Per condition: engine, version, device, dtype, model and drafter digests."""
+
+
+class MergedShard(_Facts):
+    """One shard a merged campaign pooled (or expected and lacks)."""
+
+    index: int
+    source: str | None = None
+    """The shard's results folder; null for a shard that is missing."""
+    run_id: str | None = None
+    status: str = "missing"
+    """The shard campaign's status (complete, interrupted, killed, running) or missing."""
+    node: str | None = None
+    passes: list[int] = Field(default_factory=list)
+    greedy_requests: int = 0
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    note: str | None = None
+    """Why the shard is not complete (a worker that died, an interrupt), if it is not."""
+
+
 class CampaignFile(_Facts):
     """campaign.json."""
 
@@ -136,6 +166,12 @@ class CampaignFile(_Facts):
     started_at: float | None = None
     ended_at: float | None = None
     host: dict[str, Any] = Field(default_factory=dict)
+    shard: ShardFacts | None = None
+    """The share of a sharded plan this campaign ran; null for a whole (one-machine) run."""
+    merged: list[MergedShard] = Field(default_factory=list)
+    """A merged campaign's shards (``python -m pytest_osprey merge``); empty otherwise."""
+    merge_note: str | None = None
+    """What a merged campaign lacks or mixes (missing shards, heterogeneous machines)."""
     writer_pid: int | None = None
     """The process writing this campaign: with ``host.node``, how a reader tells a campaign
     still running from one whose process was killed (status left at running)."""

@@ -82,6 +82,9 @@ class RequestRecord(Measurement):
     dispatch_lag_s: float | None = None  # open loop: sent this late after its arrival time
     boot: int = 0
     """Which boot of the condition served it (0-based)."""
+    shard: int | None = None
+    """The shard (1-based) of a sharded plan whose machine ran it, set when shards are
+    merged (in a shard's own folder, campaign.json's ``shard`` says it); null: one machine."""
     stretch: int | None = None
     """The replay plan's stretch: one condition replaying one block, contiguous in time."""
     filler: bool = False

@@ -88,6 +88,30 @@ class _Series:
     units: IntArray  # (S,R,n) each prompt's cluster in each instance
 
 
+def within_machines(series: Sequence[FloatArray], machines: IntArray) -> list[FloatArray]:
+    """The conditions' latencies ``(..., boots, passes, prompts)`` at one level with each
+    machine's offset taken out: ``machines[p]`` is the machine (shard) that ran pass p. Per
+    prompt, a machine's mean log latency over its passes and over every condition alike is
+    replaced by the prompt's mean over all machines. A slower box is no change of the
+    environment during the campaign (pairs never cross machines, so it cancels in the
+    speedup); what stays is each pass against the others, and anything that hit one condition
+    alone on a machine, which does not cancel."""
+    logs = [np.log(lat) for lat in series]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a prompt no machine ran: NaN stays
+        stacked = np.stack(logs)  # (conditions, ..., boots, passes, prompts)
+        axes = (0, -3, -2)
+        overall = np.nanmedian(stacked, axis=axes, keepdims=True)[0]
+        shift = np.zeros_like(stacked[0])
+        for m in np.unique(machines):
+            on = machines == m
+            # The median over the machine's cells: one pass that ran slow for one condition
+            # (a bias the check is there to catch) barely moves it.
+            level = np.nanmedian(stacked[..., on, :], axis=axes, keepdims=True)[0]
+            shift[..., on, :] = np.broadcast_to(level - overall, shift[..., on, :].shape)
+    return [np.asarray(np.exp(y - shift), dtype=np.float64) for y in logs]
+
+
 def instance_units(units: IntArray, campaigns: int, instances: int) -> IntArray:
     """``units`` as cluster ids per campaign and instance ``(S, R, n)``, from a ``(prompts,)``
     layout (fixed blocks: the same clusters in every instance), ``(boots, passes, prompts)``

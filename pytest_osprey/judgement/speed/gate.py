@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ...pilot.schema import Pilot
 from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
@@ -18,7 +20,7 @@ from ..gates.result import GateResult, Outcome
 from ..gates.spec import GateSpec
 from .advice import advise
 from .crossover import shared_share
-from .drift import Drift, drift_check
+from .drift import Drift, drift_check, within_machines
 from .sequential import Look, sequential_look, sequential_plan
 from .served import lengths, sampling_text, served_sampling
 from .speedup import (
@@ -89,6 +91,7 @@ def drift(pilot: Pilot, data: SavedCampaign, reference: str, candidate: str, lev
     (a pass covers them all: more data to see it by); the bias bound pairs the two conditions
     at each level. ``level`` alone when the levels' pass layouts differ."""
     levels = [lv for lv in pilot.load.levels if lv != level]
+    machines = machines_of(data)
     for attempt in ([level, *levels], [level]):
         series: list[tuple[FloatArray, IntArray]] = []
         names: list[str] = []
@@ -105,6 +108,11 @@ def drift(pilot: Pilot, data: SavedCampaign, reference: str, candidate: str, lev
                 names.append(cond if len(attempt) == 1 else f"{cond} at {lv}")
             if len(got) == 2:
                 pairs.append((got[0], got[1]))
+            if machines is not None and got:
+                fair = within_machines([series[i][0] for i in got],
+                                       machines[: series[got[0]][0].shape[1]])
+                for i, lat in zip(got, fair, strict=True):
+                    series[i] = (lat, series[i][1])
         if series and len({s[0].shape[:2] for s in series}) == 1:
             try:
                 return drift_check(series, tolerance=pilot.decision.drift_tolerance,
@@ -112,6 +120,15 @@ def drift(pilot: Pilot, data: SavedCampaign, reference: str, candidate: str, lev
             except (SpeedError, ValueError):
                 return None
     return None
+
+
+def machines_of(data: SavedCampaign) -> IntArray | None:
+    """A merged campaign's machine (shard, 0-based) per pass of its plan (pass p ran on
+    shard p mod N: campaign/shards.py); None for a one-machine campaign."""
+    plan, shards = data.meta.plan, len(data.meta.merged)
+    if plan is None or shards < 2:
+        return None
+    return np.arange(plan.passes, dtype=np.int64) % shards
 
 
 def threshold_for(pilot: Pilot, reference: str) -> float:

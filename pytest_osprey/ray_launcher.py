@@ -1,0 +1,213 @@
+"""A pilot's shards as Ray tasks (``python -m pytest_osprey ray PILOT --shards N``).
+
+One task per shard (campaign/shards.py), each with the resources it needs (``num_gpus``: the
+shard's GPUs; one shard per node where the cluster offers the custom resource
+``osprey_shard``). Each task returns its results folder as an archive, so nothing has to be
+shared between nodes but the pilot file and its models; the driver gathers them and merges
+them (merge.py). Ray being optional (``pip install pytest-osprey[ray]``), it is imported here
+only.
+
+Because Ray has a driver, early stopping works across shards: after each of its passes a
+shard reports its new records to a :class:`LookBoard` actor and waits until every live shard
+has reported that round; the board then takes the group-sequential look on every shard's
+records pooled (``look_at``, the rule a one-machine run applies) and every shard stops once
+every candidate is decided. A look taken after N passes at once skips the looks in between:
+their share of alpha is not spent, so the rule stays conservative. A shard whose worker dies
+(its node lost, its process killed) is named in the merged report, the board stops waiting
+for it, and the merge is partial: no verdict is claimed for data that is not there.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .campaign import StopLook
+from .campaign.shards import Shard
+from .judgement import look_at
+from .pilot import Pilot
+from .results import SavedCampaign
+from .results.campaign_file import CampaignFile, read_campaign_file
+from .results.records import RequestRecord
+
+__all__ = ["LookBoard", "RayError", "RayLaunch", "launch"]
+
+SHARD_RESOURCE = "osprey_shard"
+_POLL_S = 0.2
+
+
+class RayError(RuntimeError):
+    """Ray cannot run the pilot (not installed, no cluster at the address)."""
+
+
+class LookBoard:
+    """The driver's view of every shard's records, and the looks taken on them (a Ray actor:
+    one instance, its methods called from the shards' tasks and the driver)."""
+
+    def __init__(self, pilot: Pilot, count: int) -> None:
+        self.pilot = pilot
+        self.count = count
+        self.records: list[RequestRecord] = []
+        self.meta: CampaignFile | None = None
+        self.rounds: dict[int, int] = {}
+        self.done: set[int] = set()
+        self.dead: dict[int, str] = {}
+        self.looks: dict[int, StopLook] = {}
+
+    def report(self, shard: int, records: list[RequestRecord], round_: int,
+               meta: dict[str, Any]) -> None:
+        """Shard ``shard`` has ended its ``round_``-th pass with these new records."""
+        self.records += records
+        self.rounds[shard] = round_
+        if self.meta is None:
+            self.meta = CampaignFile.model_validate(meta)
+
+    def finished(self, shard: int) -> None:
+        self.done.add(shard)
+
+    def died(self, shard: int, why: str) -> None:
+        self.dead[shard] = why
+
+    def look(self, round_: int) -> StopLook | None:
+        """The look after every live shard's ``round_``-th pass (None: not every shard is
+        there yet)."""
+        if round_ in self.looks:
+            return self.looks[round_]
+        waiting = [k for k in range(1, self.count + 1)
+                   if k not in self.dead and k not in self.done
+                   and self.rounds.get(k, 0) < round_]
+        if waiting:
+            return None
+        assert self.meta is not None
+        data = SavedCampaign(Path("."), self.meta.model_copy(update={"shard": None}),
+                             list(self.records))
+        passes = max((r.repetition + 1 for r in data.records if r.mode == "greedy"), default=0)
+        decided, looks = True, {}
+        for cand in self.pilot.candidates:
+            if cand not in self.meta.conditions:
+                continue
+            got = look_at(self.pilot, data, cand, passes)
+            if isinstance(got, str):
+                decided = False
+                continue
+            looks[cand] = {"look": got.look, "z": got.z, "keep_boundary": got.keep_boundary,
+                           "drop_boundary": got.drop_boundary, "decision": got.decision,
+                           "estimate": got.gating.estimate, "shards": self.count - len(self.dead)}
+            decided = decided and got.decision != "continue"
+        self.looks[round_] = StopLook(decided, looks)
+        return self.looks[round_]
+
+    def dead_shards(self) -> dict[int, str]:
+        return dict(self.dead)
+
+
+def _shard_task(pilot_path: str, shard: Shard, board: Any, early_stop: bool) -> bytes:
+    """One shard, run where Ray placed it; its results folder as a gzipped tar."""
+    import ray
+
+    from .run import PilotRun, RunOptions
+
+    work = Path(tempfile.mkdtemp(prefix=f"osprey-shard-{shard.index}-"))
+    folder = work / f"shard-{shard.index}"
+    sent = [0]
+
+    def rule(records: list[RequestRecord], look_index: int) -> StopLook:
+        new = [r for r in records[sent[0]:] if not r.filler]
+        sent[0] = len(records)
+        round_ = (look_index - 1) // shard.count + 1  # its pass p is round p // N + 1
+        meta = read_campaign_file(folder / "campaign.json").model_dump(mode="json",
+                                                                        by_alias=True)
+        ray.get(board.report.remote(shard.index, new, round_, meta))
+        while (look := ray.get(board.look.remote(round_))) is None:
+            time.sleep(_POLL_S)
+        assert isinstance(look, StopLook)
+        return look
+
+    options = RunOptions(results=folder, shard=shard,
+                         stop_rule=rule if early_stop else None)
+    try:
+        run = PilotRun(pilot_path, options)
+        run.run()
+        if run.judged_data is not None:  # the passes after its last look, for later looks
+            rest = run.judged_data.records[sent[0]:] if early_stop else []
+            if rest:
+                ray.get(board.report.remote(shard.index, rest, 10**6,
+                                            run.judged_data.meta.model_dump(mode="json",
+                                                                            by_alias=True)))
+    finally:
+        ray.get(board.finished.remote(shard.index))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    shutil.rmtree(work, ignore_errors=True)
+    return buffer.getvalue()
+
+
+@dataclass
+class RayLaunch:
+    """What a Ray launch gathered: the shards' folders, the dead ones, the merged run."""
+
+    shards: dict[int, Path]
+    dead: dict[int, str]
+    exit_code: int
+    merged: Any  # merge.Merged
+
+
+def launch(pilot_path: Path, pilot: Pilot, shards: int, out: Path, *,
+           address: str | None = None, gpus_per_shard: float = 0.0) -> RayLaunch:
+    """Run ``shards`` shards of the pilot as Ray tasks, gather and merge them into ``out``."""
+    try:
+        import ray
+    except ImportError:
+        raise RayError("Ray is not installed: pip install 'pytest-osprey[ray]'") from None
+    from .merge import merge_shards
+
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise RayError(f"--address {address}: {' '.join(str(exc).split())}") from None
+    per_node = SHARD_RESOURCE in ray.cluster_resources()
+    resources = {SHARD_RESOURCE: 1} if per_node else {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # The board lives on the driver's node: a shard's node that dies must not take it along.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    board = ray.remote(LookBoard).options(num_cpus=0, scheduling_strategy=here).remote(
+        pilot, shards)
+    task = ray.remote(_shard_task).options(num_cpus=1, num_gpus=gpus_per_shard,
+                                           resources=resources, max_retries=0)
+    # Looks across shards follow the plan's passes: one boot, interleaved (schedule.py).
+    early = (pilot.decision.early_stop and pilot.load.boots_per_condition == 1
+             and pilot.load.interleaved)
+    running = {task.remote(str(pilot_path), Shard(k, shards), board, early): k
+               for k in range(1, shards + 1)}
+    gathered = out.parent / f"{out.name}-shards"  # the shards' own folders, beside OUT
+    gathered.mkdir(parents=True, exist_ok=True)
+    folders: dict[int, Path] = {}
+    dead: dict[int, str] = {}
+    while running:
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+        for ref in ready:
+            k = running.pop(ref)
+            try:
+                archive = ray.get(ref)
+            except Exception as exc:  # a worker or node that died: named, not raised
+                dead[k] = f"its Ray worker died ({type(exc).__name__})"
+                ray.get(board.died.remote(k, dead[k]))
+                continue
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+                tar.extractall(gathered, filter="data")
+            folders[k] = gathered / f"shard-{k}"
+    if not folders:
+        raise RayError("every shard's Ray worker died: "
+                       + "; ".join(f"shard {k}: {why}" for k, why in sorted(dead.items())))
+    merged = merge_shards(out, [folders[k] for k in sorted(folders)], partial=bool(dead),
+                          missing_notes=dead)
+    return RayLaunch(folders, dead, merged.exit_code, merged)

@@ -1,0 +1,222 @@
+"""Sharded pilots: a disjoint share of the seeded plan per shard, every condition on every
+shard; merging refuses what does not belong together and judges the pooled records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_osprey.__main__ import main
+from pytest_osprey.campaign.schedule import plan_replay
+from pytest_osprey.campaign.shards import Shard, ShardError, parse_shard, shard_plan
+from pytest_osprey.merge import MergeError, merge_shards
+from pytest_osprey.run import PilotRun, RunOptions, UsageError
+from testkit.factories import write_pilot
+from testkit.pilot_run import MARK, fake_sglang, kill_marked
+
+IDS = [f"p{i}" for i in range(12)]
+STRATA = {pid: ("rare" if i % 4 == 3 else "core") for i, pid in enumerate(IDS)}
+
+
+def _plan(passes: int = 4) -> Any:
+    return plan_replay(IDS, ("base", "cand", "cur"), {"low": 1, "x4": 4}, passes,
+                       strata=STRATA, seed=7)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_shards_split_the_plan_into_disjoint_whole_passes(n: int) -> None:
+    plan = _plan()
+    cuts = [shard_plan(plan, Shard(k, n)) for k in range(1, n + 1)]
+    got = [s for cut in cuts for s in cut.stretches]
+    assert sorted(s.index for s in got) == [s.index for s in plan.stretches]  # disjoint, all
+    for cut in cuts:
+        passes = {s.pass_index for s in cut.stretches}
+        assert passes and len({p % n for p in passes}) == 1
+        for p in passes:  # a whole pass: every condition, every prompt of every slice
+            mine = [s for s in cut.stretches if s.pass_index == p]
+            assert {s.condition for s in mine} == {"base", "cand", "cur"}
+            for level in ("low", "x4"):
+                ids = {pid for s in mine if s.level == level for pid in s.prompt_ids}
+                assert ids == set(IDS)
+        indices = [s.index for s in cut.stretches]
+        assert indices == sorted(indices)  # the plan's order
+
+
+def test_a_shard_spec_is_k_of_n_and_needs_a_pass_each() -> None:
+    assert parse_shard(" 2/4 ") == Shard(2, 4)
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
+        with pytest.raises(ShardError):
+            parse_shard(bad)
+    with pytest.raises(ShardError, match="fewer than 4 shards"):
+        shard_plan(_plan(passes=3), Shard(1, 4))
+
+
+# --------------------------------------------------------------------------- real shards
+
+def _pilot(folder: Path, passes: int = 4) -> Path:
+    sections = fake_sglang(folder / "events", blocks=passes, order="interleaved",
+                           levels={"low": 1})
+    sections["load"].pop("block_prompts")
+    sections["target"]["env"][MARK] = str(folder)
+    return write_pilot(folder, sections.pop("conditions"), prompts=5, **sections)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two shards of a 4-pass pilot on the fake SGLang server, run in this process."""
+    root = tmp_path_factory.mktemp("shards")
+    pilot = _pilot(root)
+    try:
+        for k in (1, 2):
+            run = PilotRun(pilot, RunOptions(results=root / f"s{k}", shard=Shard(k, 2)))
+            assert run.run().exit_code in (0, 1)
+    finally:
+        kill_marked(str(root))
+    return root
+
+
+def _records(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+
+
+def test_each_shard_is_an_ordinary_folder_naming_its_share(shards: Path) -> None:
+    for k, passes in ((1, [0, 2]), (2, [1, 3])):
+        meta = json.loads((shards / f"s{k}" / "campaign.json").read_text())
+        assert meta["shard"]["index"] == k and meta["shard"]["passes"] == passes
+        assert meta["shard"]["hardware"]["cand"]["engine"] == "sglang"
+        assert meta["host"]["node"] and meta["status"] == "complete"
+        greedy = Counter((r["condition"], r["repetition"]) for r in _records(shards / f"s{k}")
+                         if r["mode"] == "greedy" and not r["filler"])
+        assert greedy == {(c, p): 5 for c in ("baseline", "cand") for p in passes}
+        assert (shards / f"s{k}" / "summary.json").is_file()
+
+
+def test_merge_pools_the_shards_into_one_judged_folder(shards: Path, tmp_path: Path) -> None:
+    code = main(["merge", str(tmp_path / "m"), str(shards / "s2"), str(shards / "s1")])
+    assert code in (0, 1)
+    out = tmp_path / "m"
+    for name in ("campaign.json", "records.jsonl", "summary.json", "report.md"):
+        assert (out / name).is_file(), name
+    records = [r for r in _records(out) if r["mode"] == "greedy" and not r["filler"]]
+    assert Counter((r["shard"], r["repetition"]) for r in records) == {
+        (1, 0): 10, (2, 1): 10, (1, 2): 10, (2, 3): 10}
+    assert len({r["run_id"] for r in _records(out)}) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] is None and summary["status"] == "complete"
+    assert [s["status"] for s in summary["shards"]] == ["complete", "complete"]
+    gate = next(g for g in summary["gates"] if g["kind"] == "speedup")
+    assert "4 passes" in gate["summary"]  # judged over every shard's passes
+    assert code == (0 if all(v["verdict"] == "KEEP" for v in summary["verdicts"]) else 1)
+    assert "Merged from 2 shards" in (out / "report.md").read_text()
+
+
+def _copy(src: Path, dst: Path, **changes: Any) -> Path:
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "campaign.json").read_text())
+    for key, value in changes.items():
+        where = meta
+        *path, last = key.split("__")
+        for part in path:
+            where = where[part]
+        where[last] = value
+    (dst / "campaign.json").write_text(json.dumps(meta))
+    return dst
+
+
+def test_merge_refuses_what_does_not_belong_together(shards: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    s1, s2 = shards / "s1", shards / "s2"
+    cases = {
+        "missing": ([s1], "shard 2 of 2 missing"),
+        "twice": ([s1, s1, s2], "given twice"),
+        "same shard": ([s1, _copy(s1, tmp_path / "again", run_id="other"), s2],
+                       "shard 1 given twice"),
+        "config": ([s1, _copy(s2, tmp_path / "cfg", config_hash="0" * 64)],
+                   "different config"),
+        "trace": ([s1, _copy(s2, tmp_path / "trc", trace_hash="f" * 64)], "different trace"),
+        "pilot": ([s1, _copy(s2, tmp_path / "plt", pilot_name="other")], "different pilot"),
+        "hardware": ([s1, _copy(s2, tmp_path / "hw", shard__hardware__cand__version="9.9")],
+                     "different machines or software"),
+        "digest": ([s1, _copy(s2, tmp_path / "dg",
+                              shard__hardware__baseline__model_digest="abc")], "model_digest"),
+        "whole run": ([s1, _copy(s2, tmp_path / "whole", shard=None)], "not a shard"),
+        "interrupted": ([s1, _copy(s2, tmp_path / "int", status="interrupted")],
+                        "shard 2 incomplete"),
+    }
+    for name, (folders, reason) in cases.items():
+        capsys.readouterr()
+        code = main(["merge", str(tmp_path / f"out-{name.replace(' ', '-')}"),
+                     *map(str, folders)])
+        err = capsys.readouterr().err.strip()
+        assert code == 4, name
+        assert reason in err and len(err.splitlines()) == 1, (name, err)
+        assert not (tmp_path / f"out-{name}" / "summary.json").exists()
+
+
+def test_a_partial_merge_is_labelled_and_claims_no_verdict(shards: Path, tmp_path: Path) -> None:
+    merged = merge_shards(tmp_path / "m", [shards / "s1"], partial=True)
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert "shard 2 of 2 missing" in (summary["partial"] or "")
+    assert [s["status"] for s in summary["shards"]] == ["complete", "missing"]
+    assert all(v["verdict"] == "INCONCLUSIVE" for v in summary["verdicts"])
+    assert merged.exit_code == 1
+    assert "shard 2" in (tmp_path / "m" / "report.md").read_text()
+
+
+def test_heterogeneous_shards_merge_when_allowed_and_say_so(shards: Path, tmp_path: Path) -> None:
+    other = _copy(shards / "s2", tmp_path / "hw", host__cpus=64)
+    with pytest.raises(MergeError, match=r"host\.cpus"):
+        merge_shards(tmp_path / "refused", [shards / "s1", other])
+    merge_shards(tmp_path / "m", [shards / "s1", other], heterogeneous=True)
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert "host.cpus 64" in summary["merge_note"]
+    assert summary["partial"] is None
+
+
+def test_more_shards_than_passes_is_a_usage_error(tmp_path: Path) -> None:
+    pilot = _pilot(tmp_path, passes=2)
+    with pytest.raises(UsageError, match="fewer than the 3 shards"):
+        PilotRun(pilot, RunOptions(results=tmp_path / "r", shard=Shard(1, 3)))
+    assert main(["run", str(pilot), "--shard", "4/3", "--dry-run"]) == 4
+
+
+def test_the_ray_command_refuses_bad_usage_in_a_line(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    pilot = _pilot(tmp_path, passes=2)
+    assert main(["ray", str(pilot), "--shards", "0"]) == 4
+    assert main(["ray", str(pilot), "--shards", "3"]) == 4  # more shards than passes
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--shards 0" in err[0] and "fewer than the 3 shards" in err[1]
+
+
+def test_the_pytest_option_runs_a_shard(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from testkit.pilot_run import QUIET
+
+    pilot = _pilot(tmp_path, passes=2)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", *QUIET, f"--osprey-config={pilot}",
+             "--osprey-shard", "2/2", "--osprey-results", str(tmp_path / "s2")],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+        bad = subprocess.run(
+            [sys.executable, "-m", "pytest", *QUIET, f"--osprey-config={pilot}",
+             "--osprey-shard", "2of2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=120, check=False)
+    finally:
+        kill_marked(str(tmp_path))
+    assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+    meta = json.loads((tmp_path / "s2" / "campaign.json").read_text())
+    assert meta["shard"] == {**meta["shard"], "index": 2, "count": 2, "passes": [1]}
+    assert {r["repetition"] for r in _records(tmp_path / "s2") if r["mode"] == "greedy"} == {1}
+    assert bad.returncode == 4 and "expected K/N" in bad.stderr
