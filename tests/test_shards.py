@@ -125,6 +125,11 @@ def _copy(src: Path, dst: Path, **changes: Any) -> Path:
             where = where[part]
         where[last] = value
     (dst / "campaign.json").write_text(json.dumps(meta))
+    if "run_id" in changes:  # the copy's records are that run's too (else it has none)
+        rows = [json.loads(line) for line in (dst / "records.jsonl").read_text().splitlines()
+                if line.strip()]
+        (dst / "records.jsonl").write_text("".join(
+            json.dumps({**row, "run_id": changes["run_id"]}) + "\n" for row in rows))
     return dst
 
 
