@@ -55,6 +55,13 @@ def identity(cand: str, identical: int = 21, compared: int = 21) -> GateResult:
                                             "genuine": [], "near_ties": []})
 
 
+def checked(cand: str) -> list[GateResult]:
+    """Passing correctness, distribution and sampling-params gates: with greedy identity,
+    every quality check ran."""
+    return [GateResult(GateSpec(kind, cand, reference="baseline"), "pass", f"{kind} held")
+            for kind in ("correctness", "distribution", "sampling_params")]
+
+
 def figures(cand: str, accept: float) -> list[Figures]:
     out = []
     for cond in ("baseline", cand):
@@ -85,20 +92,46 @@ def check_headline(text: str) -> None:
 def test_keep_headline_carries_the_deciding_numbers() -> None:
     p = make_pilot()
     results = [speed("cand", "low", 1.30, 1.20, 1.42), speed("cand", "concurrent", 1.23,
-               1.15, 1.37, total_time={"estimate": 1.2, "ci": [1.1, 1.3]}), identity("cand")]
+               1.15, 1.37, total_time={"estimate": 1.2, "ci": [1.1, 1.3]}), identity("cand"),
+               *checked("cand")]
     d = run(p, results, 3.17)
     text = headline(d)
     check_headline(text)
     assert text == ("KEEP cand: speedup 1.23x [1.15, 1.37] vs 1.10x needed at concurrent, "
                     "total time 1.20x [1.10, 1.30], accept 3.17, quality identical")
-    assert d.reasons == [] and d.notes == []
+    assert d.reasons == [] and d.notes == [] and d.unchecked == []
+
+
+@pytest.mark.parametrize("missing", ["distribution", "correctness", "sampling_params"])
+@pytest.mark.parametrize("how", ["absent", "skipped", "could not fail"])
+def test_a_quality_check_that_did_not_run_is_named_never_implied(missing: str,
+                                                                 how: str) -> None:
+    p = make_pilot()
+    others = [g for g in checked("cand") if g.spec.kind != missing]
+    planted = GateResult(GateSpec(missing, "cand", reference="baseline"),
+                         "skip" if how == "skipped" else "pass", "nothing to compare",
+                         evidence="not_evaluable")
+    results = [speed("cand", "low", 1.30, 1.20, 1.42), speed("cand", "concurrent", 1.23,
+               1.15, 1.37, total_time={"estimate": 1.2, "ci": [1.1, 1.3]}), identity("cand"),
+               *others, *([] if how == "absent" else [planted])]
+    d = run(p, results, 3.17)
+    name = {"distribution": "sampled distribution", "correctness": "correctness",
+            "sampling_params": "sampling params"}[missing]
+    assert [(u.check, u.kind) for u in d.unchecked] == [(name, missing)]
+    text = headline(d)
+    check_headline(text)
+    assert "quality identical" not in text
+    assert text.endswith(f"greedy output identical; unchecked: {name}"), text
+    assert any(line.strip().startswith(f"- unchecked {name}: ") for line in bullet_lines(d))
+    # However short the line must be, what did not run is still said.
+    assert headline(d, width=70).endswith(f"unchecked: {name}"), headline(d, width=70)
 
 
 def test_weak_drafter_is_diagnosed_as_never_accepted() -> None:
     p = make_pilot("tiny-drafter-weak")
     c = "tiny-drafter-weak"
     results = [speed(c, "low", 0.66, 0.62, 0.70), speed(c, "concurrent", 0.61, 0.57, 0.66),
-               identity(c)]
+               identity(c), *checked(c)]
     d = run(p, results, 1.00)
     text = headline(d)
     check_headline(text)

@@ -107,7 +107,8 @@ def test_files_without_the_later_additions_still_validate(run: Run) -> None:
              "correct_fraction")
     old["figures"] = [{k: v for k, v in f.items() if k not in added} for f in old["figures"]]
     old["gates"] = [{k: v for k, v in g.items() if k != "evidence"} for g in old["gates"]]
-    old["verdicts"] = [{k: v for k, v in v.items() if k != "unproven"} for v in old["verdicts"]]
+    old["verdicts"] = [{k: v for k, v in v.items() if k not in ("unproven", "unchecked")}
+                       for v in old["verdicts"]]
     old["cost"] = {**old["cost"], "table": [{k: v for k, v in c.items() if k != "load_label"}
                                             for c in old["cost"]["table"]]}
     jsonschema.validate(old, json_schema())
@@ -165,7 +166,7 @@ def test_golden_structure(run: Run) -> None:
     assert all(list(c) == COST_ROW_KEYS for c in s["cost"]["table"])
     assert [list(b) for b in s["cost"]["break_even"]] == [BREAK_EVEN_KEYS] * 4  # 2 x 2 refs
     assert list(s["verdicts"][0]) == ["candidate", "verdict", "reasons", "headline", "bullets",
-                                      "notes", "unproven", "crossover"]
+                                      "notes", "unproven", "unchecked", "crossover"]
     assert all(len(v["headline"]) <= 160 for v in s["verdicts"])
     assert list(s["goodput"]) == ["ttft_s", "tpot_s", "e2e_s", "min_share", "margin", "table"]
     assert [(r["condition"], r["load"]) for r in s["goodput"]["table"]] == [
@@ -178,6 +179,14 @@ def test_golden_structure(run: Run) -> None:
                                                                      ("slow", "d")}
     assert all(list(c) == ["role", "error", "boot_s", "peak_memory_mb"]
                for c in s["conditions"].values())
+    # Every quality check the recorded campaign ran is checked; the one it did not, named.
+    for v in s["verdicts"]:
+        assert [list(u) for u in v["unchecked"]] == [["check", "kind", "why"]] * len(
+            v["unchecked"])
+        assert "sampled distribution" not in [u["check"] for u in v["unchecked"]], v
+        if v["unchecked"]:
+            assert "quality identical" not in v["headline"], v
+            assert "unchecked: " in v["headline"], v
     # Counts stay integers, CIs pairs.
     assert _gate(s, "greedy_identity", "cand-vs-baseline")["estimate"] == 0
     assert '"estimate": 0,' in run.text

@@ -28,11 +28,24 @@ def _total(s: Speed | None) -> str | None:
     return text
 
 
+def quality_text(d: Diagnosis) -> str:
+    """``quality identical`` only when every quality check ran; otherwise what was checked,
+    then ``unchecked: sampled distribution, ...``."""
+    if not d.unchecked:
+        return f"quality {d.quality}"
+    checked = "greedy output identical" if d.quality == "identical" else f"quality {d.quality}"
+    return f"{checked}; {unchecked_text(d)}"
+
+
+def unchecked_text(d: Diagnosis) -> str:
+    return "unchecked: " + ", ".join(u.check for u in d.unchecked) if d.unchecked else ""
+
+
 def headline(d: Diagnosis, width: int = MAX_HEADLINE) -> str:
     """``KEEP cand: speedup 1.23x [1.10, 1.37] vs 1.10x needed at concurrent, total time
     1.20x, accept 3.17, quality identical``: the optional parts are dropped (total time
     first, then accept length, then quality) and then the speed text shortened until the
-    line fits ``width``."""
+    line fits ``width``. The quality checks that did not run are never dropped."""
     head = f"{d.verdict} {d.candidate}: "
     if d.withheld:  # a partial campaign: said before any figure
         head += "INTERRUPTED, no verdict: "
@@ -45,17 +58,20 @@ def headline(d: Diagnosis, width: int = MAX_HEADLINE) -> str:
     options = [f"speedup {t}" if t else "speed not judged" for t in speeds]
     extra = [p for p in (
         _total(s), f"accept {d.accept_length:.2f}" if d.accept_length is not None else None,
-        f"quality {d.quality}") if p]
+        quality_text(d)) if p]
+    tail = [unchecked_text(d)] if d.unchecked else []
     for required in options:
         parts = list(extra)
         while True:
-            line = head + ", ".join([required, *parts])
+            # Once the quality part is dropped, what did not run is still said.
+            shown = parts if parts[-1:] == extra[-1:] else [*parts, *tail]
+            line = head + ", ".join([required, *shown])
             if len(line) <= width:
                 return line
             if not parts:
                 break
             parts.pop(0)  # total time, then accept length, then quality
-    line = head + options[-1]
+    line = head + ", ".join([options[-1], *tail])
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
@@ -65,11 +81,13 @@ def reason_line(r: Reason) -> str:
 
 
 def bullet_lines(d: Diagnosis, indent: str = "  ") -> list[str]:
-    """The reasons, then diagnoses tied to no listed reason, as indented lines."""
+    """The reasons, then diagnoses tied to no listed reason, then the quality checks that
+    did not run and why, as indented lines."""
     out = []
     for r in d.reasons:
         out.append(f"{indent}- {reason_line(r)}")
         if r.diagnosis:
             out.append(f"{indent}  diagnosis: {r.diagnosis}")
     out += [f"{indent}- note: {n}" for n in d.notes]
+    out += [f"{indent}- unchecked {u.check}: {u.why}" for u in d.unchecked]
     return out

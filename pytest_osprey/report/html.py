@@ -229,6 +229,8 @@ def _verdicts(summary: dict[str, Any]) -> str:
             items = [f"<li>{esc(r)}</li>" for r in v.get("reasons") or []]
         items += [f'<li class="diag">note: {esc(n)}</li>' for n in v.get("notes") or []]
         items += [f"<li>could not have failed: {esc(u)}</li>" for u in v.get("unproven") or []]
+        items += [f"<li>unchecked {esc(u.get('check'))}: {esc(u.get('why'))}</li>"
+                  for u in v.get("unchecked") or []]
         if not items and verdict == "KEEP":
             items = ["<li>every gating gate passed</li>"]
         out.append(f'<div class="verdict {cls}"><span class="label">{esc(verdict)}</span>'

@@ -86,6 +86,8 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
                                           "report.html)" if n == plotted else "")
                 for n in v.get("notes", [])]
         out += [f"- *could not have failed:* {esc(u)}" for u in v.get("unproven", [])]
+        out += [f"- *unchecked {esc(u.get('check'))}:* {esc(u.get('why'))}"
+                for u in v.get("unchecked", [])]
         out.append("")
     if not out:
         out = ["No candidate was judged.", ""]

@@ -50,7 +50,7 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "verdicts": [
             {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons,
              "headline": headline(d), "bullets": [asdict(r) for r in d.reasons],
-             "notes": d.notes,
+             "notes": d.notes, "unchecked": [u.as_dict() for u in d.unchecked],
              "crossover": d.crossover.as_dict() if d.crossover is not None else None,
              "unproven": [f"{g.spec.kind}[{g.spec.id}] {g.evidence}" for g in v.unproven]}
             for v, d in zip(judgement.verdicts, diagnoses, strict=True)

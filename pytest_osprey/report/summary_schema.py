@@ -44,6 +44,19 @@ class _Sheet(BaseModel):
                               populate_by_name=True)
 
 
+class UncheckedEntry(_Sheet):
+    """A quality check that did not run for the candidate (`verdicts[].unchecked[]`): the
+    verdict says nothing about it, and its headline names it."""
+
+    check: str
+    """`greedy identity`, `correctness`, `sampled distribution` or `sampling params`."""
+    kind: str
+    """Its gate kind (`gates[].kind`)."""
+    why: str
+    """The pilot key that is off (`not run (sampling.sampled.enabled is off)`), or the
+    outcome and first line of the gate that could not judge."""
+
+
 class ReasonEntry(_Sheet):
     """One reason of a verdict, in words (`verdicts[].bullets[]`)."""
 
@@ -120,7 +133,8 @@ class VerdictEntry(_Sheet):
     summary`. Empty for KEEP."""
     headline: str = ""
     """The verdict in one line of at most 160 characters: the deciding speedup with its CI
-    and threshold, total-time speedup when judged, accept length, quality in a word."""
+    and threshold, total-time speedup when judged, accept length, quality in a word, and
+    the quality checks that did not run (`unchecked: ...`, never shortened away)."""
     bullets: list[ReasonEntry] = Field(default_factory=list)
     """The failed, then inconclusive, gating gates in words, each with a diagnosis where the
     pattern is a known one."""
@@ -130,6 +144,10 @@ class VerdictEntry(_Sheet):
     """Gating gates that passed or were skipped without the evidence to have failed
     (`evidence` not `tested`): `kind[id] evidence`. A KEEP with entries here rests on gates
     that could hardly, or not at all, have said no."""
+    unchecked: list[UncheckedEntry] = Field(default_factory=list)
+    """The quality checks that did not run for this candidate (a gate absent, skipped or
+    unable to fail); the headline says `greedy output identical; unchecked: ...` rather than
+    `quality identical` while any is listed."""
     crossover: CrossoverEntry | None = None
     """Up to which concurrency speculation pays (always set by this version; `status`
     `not_estimable` with its `reason` when it cannot be estimated)."""

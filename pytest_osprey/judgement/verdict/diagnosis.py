@@ -33,6 +33,7 @@ from ..gates.kinds import GateKind as K
 from ..gates.result import GateResult, Outcome, Verdict
 from ..speed.crossover import Crossover, crossover, levels_from_gates
 from .partial import WITHHELD
+from .unchecked import Unchecked, unchecked
 from .verdicts import CandidateVerdict
 
 ACCEPT_FLOOR = 1.15
@@ -81,6 +82,7 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)  # diagnoses not tied to a listed reason
     withheld: str | None = None  # why no verdict: the campaign (or a condition) is partial
     crossover: Crossover | None = None  # up to which concurrency speculation pays
+    unchecked: list[Unchecked] = field(default_factory=list)  # quality checks that did not run
 
 
 def _num(value: Any) -> float | None:
@@ -309,7 +311,7 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         notes.append(where.text())
     withheld = f"{WITHHELD}: {verdict.withheld}" if verdict.withheld is not None else None
     return Diagnosis(cand, verdict.verdict, deciding, accept, quality_word(mine), reasons, notes,
-                     withheld, where)
+                     withheld, where, unchecked(pilot, cand, results))
 
 
 def diagnose_all(pilot: Pilot, verdicts: Sequence[CandidateVerdict],
