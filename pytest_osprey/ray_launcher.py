@@ -173,7 +173,7 @@ def launch(pilot_path: Path, pilot: Pilot, shards: int, out: Path, *,
             ray.init(address=address, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise RayError(f"--address {address}: {' '.join(str(exc).split())}") from None
-    per_node = SHARD_RESOURCE in ray.cluster_resources()
+    per_node = SHARD_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]
     resources = {SHARD_RESOURCE: 1} if per_node else {}
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -200,7 +200,7 @@ def launch(pilot_path: Path, pilot: Pilot, shards: int, out: Path, *,
                 archive = ray.get(ref)
             except Exception as exc:  # a worker or node that died: named, not raised
                 dead[k] = f"its Ray worker died ({type(exc).__name__})"
-                ray.get(board.died.remote(k, dead[k]))
+                ray.get(board.died.remote(k, dead[k]))  # type: ignore[attr-defined]
                 continue
             with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
                 tar.extractall(gathered, filter="data")
