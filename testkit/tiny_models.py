@@ -17,7 +17,7 @@ from .factories import TINY_DRAFTER, TINY_TARGET
 def need() -> ModuleType:
     """torch, where torch, transformers and the tiny models are all here; otherwise the calling
     test module is skipped (call it at module level)."""
-    torch = pytest.importorskip("torch")
+    torch: ModuleType = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     if not TINY_DRAFTER.is_dir() or not TINY_TARGET.is_dir():
         pytest.skip("no tiny models", allow_module_level=True)
@@ -29,7 +29,8 @@ def load(path: Path) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
 
 
 def tokenizer() -> Any:
