@@ -11,29 +11,29 @@ Greedy outputs at xN are checked against x1 (token-identical).
     python benchmarks/embedded_batching.py [--prompts 16] [--tokens 48] [--concurrency 4]
         [--repeats 3] [--threads 1] [--models fixtures/models]
 
-Measured on a shared 2-core machine (12 prompts x 48 tokens, 3 repeats, load average 7.5 before
-and 11.7 after: the figures are noisy): baseline x4 / x1 1.86 median (per repeat 1.56, 1.86,
-2.29); tiny-drafter speedup 1.59 at x1 and 1.36 at x4; greedy outputs identical across levels
-and conditions. A lighter run (8 prompts x 32 tokens, 1 repeat, load 2.3, before the cache
-appended in place) gave 1.36: a prefill (about a fifth of a request at x1 on these prompts)
-is not batched, and the target's own forward over 4 sequences costs about 1.6x one here.
+Measured on the shared 2-core machine, 12 prompts x 48 tokens, 3 repeats. Before a step stopped
+copying the whole batch's cache when nobody joined (load average 1.5 before, 2.1 after):
+baseline x4 / x1 1.41 median (per repeat 1.10, 1.41, 1.60), 41.2 and 58.0 tok/s; tiny-drafter
+speedup 1.44 at x1, 1.57 at x4. After (others loading the machine, load about 2-3): 1.67
+median (per repeat 2.82, 1.67, 1.44), 52.4 and 88.8 tok/s; tiny-drafter speedup 1.22 at x1,
+1.40 at x4; greedy outputs identical across levels and conditions. The per-repeat spread is
+the machine's: x1 and x4 back to back in one process (load 2.7) gave 2.34 and 2.52. Profiled
+(cProfile, x4 on the same prompts) the copy had been about half the step: every step merged
+"nobody" into the batch by re-padding and concatenating every layer's keys and values, and the
+copy left the cache's spare room behind, so the next forward re-allocated it as well.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
 import time
-from pathlib import Path
 
-from pytest_osprey.engines import BootSpec, GenerationRequest
+from pytest_osprey.engines import GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.pilot.schema import Condition, Pilot, Speculation, Target, TraceSpec
 from pytest_osprey.pilot.trace import load_trace, render_prompt
-
-ROOT = Path(__file__).resolve().parent.parent
+from testkit import embedded_bench
 
 
 async def _closed_loop(engine: TransformersEngine, requests: list[GenerationRequest],
@@ -54,29 +54,11 @@ async def _closed_loop(engine: TransformersEngine, requests: list[GenerationRequ
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=ROOT / "fixtures" / "models")
-    ap.add_argument("--trace", type=Path, default=ROOT / "prompts" / "pilot.jsonl")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=48)
+    ap = embedded_bench.parser(__doc__, prompts=16, threads=1)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    spec = Speculation(algorithm="assisted", num_draft_tokens=4)
-    pilot = Pilot(
-        target=Target(model=str(args.models / "tiny-target"), context_length=1024,
-                      threads=args.threads),
-        conditions={"baseline": Condition(role="baseline"),
-                    "tiny-drafter": Condition(role="candidate",
-                                              drafter=args.models / "tiny-drafter",
-                                              speculation=spec)},
-        trace=TraceSpec(files=[args.trace]),
-    )
-    engines = {}
-    for name in pilot.conditions:
-        engines[name] = TransformersEngine(pilot, name, BootSpec(name, Path("/tmp")))
-        engines[name].start()
+    engines = embedded_bench.start(args, embedded_bench.conditions(args, "tiny-drafter"))
     prompts = load_trace([args.trace]).prompts[: args.prompts]
     requests = {n: [GenerationRequest(p.id, render_prompt(p, e.tokenizer), args.tokens,
                                       want_margins=False) for p in prompts]

@@ -13,59 +13,33 @@ interleaved per prompt so that drift on a shared machine hits all alike.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
 import time
 from pathlib import Path
 
-from pytest_osprey.engines import BootSpec, GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
-from pytest_osprey.pilot.schema import Condition, Pilot, Speculation, Target, TraceSpec
+from pytest_osprey.engines import GenerationRequest
 from pytest_osprey.pilot.trace import load_trace, render_prompt
-
-ROOT = Path(__file__).resolve().parent.parent
+from testkit import embedded_bench
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=ROOT / "fixtures" / "models")
-    ap.add_argument("--trace", type=Path, default=ROOT / "prompts" / "pilot.jsonl")
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--prompts", type=int, default=50)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap = embedded_bench.parser(__doc__, prompts=50, threads=None)
     ap.add_argument("--drafter", action="append", default=[], metavar="NAME=DIR",
                     help="a further drafter, interleaved with the shipped ones (repeatable)")
     args = ap.parse_args()
-    spec = Speculation(algorithm="assisted", num_draft_tokens=args.k)
-    conditions = {
-        "baseline": Condition(role="baseline"),
-        "tiny-drafter": Condition(role="candidate", drafter=args.models / "tiny-drafter",
-                                  speculation=spec),
-        "tiny-drafter-weak": Condition(role="candidate", drafter=args.models / "tiny-drafter-weak",
-                                       speculation=spec),
-    }
+    more: dict[str, Path] = {}
     for item in args.drafter:
         name, sep, path = item.partition("=")
         if not sep or not Path(path).is_dir():
             ap.error(f"--drafter {item}: expected NAME=DIR, DIR a model directory")
-        if name in conditions:
+        if name in more or name in ("baseline", "tiny-drafter", "tiny-drafter-weak"):
             ap.error(f"--drafter {item}: the name {name} is taken")
-        conditions[name] = Condition(role="candidate", drafter=Path(path), speculation=spec)
-    pilot = Pilot(
-        target=Target(model=str(args.models / "tiny-target"), context_length=1024,
-                      threads=args.threads),
-        conditions=conditions,
-        trace=TraceSpec(files=[args.trace]),
-    )
+        more[name] = Path(path)
+    conds = embedded_bench.conditions(args, "tiny-drafter", "tiny-drafter-weak", more=more)
     prompts = load_trace([args.trace]).prompts[: args.prompts]
-    engines = {}
-    for name in pilot.conditions:
-        eng = TransformersEngine(pilot, name, BootSpec(name, Path("/tmp")))
-        eng.start()
-        engines[name] = eng
+    engines = embedded_bench.start(args, conds)
     # Warm-up, then interleave conditions per prompt so drift hits all alike.
     per: dict[str, list[float]] = {n: [] for n in engines}
     tokens: dict[str, list[int]] = {n: [] for n in engines}
@@ -77,7 +51,7 @@ def main() -> None:
     load0 = os.getloadavg()
     for p in prompts:
         for name, eng in engines.items():
-            text = render_prompt(p, eng._tokenizer)
+            text = render_prompt(p, eng.tokenizer)
             res = asyncio.run(eng.generate(
                 GenerationRequest(p.id, text, args.tokens, want_margins=False)
             ))

@@ -12,13 +12,10 @@ from typing import Any
 import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
+from testkit import tiny_models
 from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(not TINY_DRAFTER.is_dir(), reason="no tiny models")
-
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+torch = tiny_models.need()
 
 from pytest_osprey.engines import batching, draft_loop  # noqa: E402
 from pytest_osprey.engines.generation_hooks import LogitBias, OpenAIPenalties  # noqa: E402
@@ -37,11 +34,8 @@ TOKENS = [40, 24, 33, 40, 17, 29]  # different lengths: sequences leave the batc
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread() -> Iterator[None]:
-    """One torch thread, as the pilot runs it: on a shared machine two spin against each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with tiny_models.one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +63,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Tran
 def reference() -> dict[str, Any]:
     """transformers' batch-1 greedy generate, plain and assisted (with the engine's draft
     loop), and its number of target forwards per assisted request."""
-    tok = AutoTokenizer.from_pretrained(TINY_TARGET)
-    target = AutoModelForCausalLM.from_pretrained(TINY_TARGET, dtype=torch.float32).eval()
-    drafter = AutoModelForCausalLM.from_pretrained(TINY_DRAFTER, dtype=torch.float32).eval()
+    tok = tiny_models.tokenizer()
+    target, drafter = tiny_models.load(TINY_TARGET), tiny_models.load(TINY_DRAFTER)
     assert draft_loop.attach(target, drafter, 4)
     plain, assisted, forwards = [], [], []
     calls: list[int] = []

@@ -4,18 +4,14 @@ still draws from the target's distribution; a draft distribution that lies is ca
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testkit import tiny_models
 from testkit.factories import TINY_DRAFTER, TINY_TARGET
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(not TINY_DRAFTER.is_dir(), reason="no tiny models")
-
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+torch = tiny_models.need()
 
 from pytest_osprey.engines import draft_loop  # noqa: E402
 
@@ -26,20 +22,15 @@ PROMPTS = [
 ]
 
 
-def _load(path: Path) -> Any:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model
-
-
 @pytest.fixture(scope="module")
 def models() -> tuple[Any, Any, Any, Any]:
     """(tokenizer, target with the draft loop, target as transformers ships it, drafter)."""
-    tok = AutoTokenizer.from_pretrained(TINY_TARGET)
-    drafter = _load(TINY_DRAFTER)
+    tok = tiny_models.tokenizer()
+    drafter = tiny_models.load(TINY_DRAFTER)
     gc = drafter.generation_config
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 4, "constant"
     gc.assistant_confidence_threshold = 0.0
-    looped, stock = _load(TINY_TARGET), _load(TINY_TARGET)
+    looped, stock = tiny_models.load(TINY_TARGET), tiny_models.load(TINY_TARGET)
     assert draft_loop.install(looped, drafter, 4)
     return tok, looped, stock, drafter
 
@@ -122,7 +113,7 @@ def test_speculative_sampling_keeps_the_targets_distribution(models: Any) -> Non
     assert _p_value(counts, probs) > 1e-3, counts
 
     # The same check catches a draft loop whose returned distribution is not what it drew from.
-    lying = _load(TINY_TARGET)
+    lying = tiny_models.load(TINY_TARGET)
     original = lying._get_candidate_generator
 
     def choose(**kwargs: Any) -> Any:

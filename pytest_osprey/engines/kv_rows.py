@@ -156,7 +156,7 @@ class KVRows:
         import torch.nn.functional as F
 
         parts = [kv for kv in [self, *others] if kv.rows]
-        if not parts:
+        if not others or not parts:  # nothing joins: no copy (a copy costs the cache's room)
             return
         width = max(kv.columns for kv in parts)
         valid = torch.cat([F.pad(kv.valid, (width - kv.columns, 0)) for kv in parts], dim=0)
