@@ -356,7 +356,7 @@ def _command(args: argparse.Namespace) -> int:
 
         _print_json(summary_json_schema)
     elif args.command == "summary-reference":
-        from .report.summary_schema import render_reference
+        from .report.summary_reference import render_reference
 
         _write(render_reference())
     return 0

@@ -40,7 +40,7 @@ def test_x32_campaign_on_fifty_prompts_gives_a_finite_interval(tmp_path: Path) -
         target={"engine": "transformers", "model": str(TINY_TARGET), "context_length": 1024,
                 "threads": 1},
         trace={"files": [str(TRACE)]},
-        max_new_tokens_cap=16,
+        max_new_tokens_cap=8,
         sampling={"sampled": {"enabled": False}, "params": {"enabled": False}},
         load={"levels": {"x32": 32}, "warmup_requests": 2, "passes": 2},
         limits={"speedup_min": 1.0},

@@ -21,13 +21,12 @@ from pytest_osprey.__main__ import main
 from pytest_osprey.judgement.cost.pricing import BreakEven, ConditionCost
 from pytest_osprey.judgement.figures.measured import Figures
 from pytest_osprey.judgement.gates import evaluate as decision
+from pytest_osprey.report.summary_reference import GATE_KINDS, render_reference
 from pytest_osprey.report.summary_schema import (
-    GATE_KINDS,
     SUMMARY_SCHEMA,
     GateEntry,
     Summary,
     json_schema,
-    render_reference,
 )
 from testkit.recorded_campaign import (
     CONDITIONS,

@@ -1,5 +1,6 @@
 """The structure of summary.json (the results sheet): pydantic models that build and validate
-it, and from which its JSON Schema and its reference (docs/summary-json.md) are rendered.
+it, and from which its JSON Schema and (with summary_reference.py) docs/summary-json.md are
+rendered.
 
 Versioning: ``schema`` is bumped when a key is removed or renamed, or its meaning or unit
 changes. Keys may be added within a version, so every model keeps keys it does not declare
@@ -8,7 +9,6 @@ changes. Keys may be added within a version, so every model keeps keys it does n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +25,6 @@ from ..judgement import (
     Evidence,
     Figures,
     Finding,
-    GateKind,
     GoodputRow,
     GoodputSection,
     Outcome,
@@ -302,221 +301,6 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema of summary.json (draft 2020-12, the dialect pydantic writes)."""
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             **Summary.model_json_schema()}
-
-
-@dataclass(frozen=True)
-class KindDoc:
-    """What a gate kind puts in `estimate`, `ci`, `threshold` and `details`."""
-
-    passes_when: str
-    estimate: str
-    threshold: str
-    details: str
-
-
-_NONE = "-"
-_DIVERGENCE = ("`prompt_id`, `load`, `position` (token index), `reference_token`, "
-               "`candidate_token`, `margin` (the reference's top-1 minus top-2 logprob there), "
-               "`runner_up` (the reference's top-2 token id there; null: not recorded), "
-               "`near_tie`, `reference_text`, `candidate_text`")
-
-GATE_KINDS: dict[GateKind, KindDoc] = {
-    GateKind.COMMAND_LINE: KindDoc(
-        "the condition's engine command line builds (and parses where the engine's parser is "
-        "importable)", _NONE, _NONE,
-        "`condition`, `ok`, `lines` (the masked command line and parser messages), "
-        "`environment` (a launched engine's: the variables the pilot sets and how many of "
-        "this process's were withheld as possible credentials; null for the embedded engine)"),
-    GateKind.ARTIFACT: KindDoc(
-        "every drafter check passes", _NONE, _NONE,
-        "`ok`, `checks` (list of `name`, `ok`, `detail`)"),
-    GateKind.COMPLETED: KindDoc(
-        "completed fraction >= threshold",
-        "completed requests / requests sent at the level (fraction 0-1)",
-        "`limits.min_completed_fraction` (fraction 0-1)",
-        "`ok`, `total` (requests)"),
-    GateKind.FAIRNESS: KindDoc(
-        "engine, version, device, precision, context, sampling and trace identical; every "
-        "closed-loop level held >= 0.95 x its concurrency in flight (measured from the "
-        "records) and ran within every condition's running cap; every condition ran the "
-        "speculation its pilot names, its depth fixed unless `speculation.adaptive` "
-        "(docs/acceptance.md)", _NONE,
-        _NONE,
-        "`differences` (list of what differs), `compared` (field -> condition -> value), "
-        "`in_flight` (per condition and level: `concurrency`, `rate`, `measured`, `fillers`, "
-        "`mean`, `min`, `within` (share within +-5%), `achieved_rate` (requests/s)), "
-        "`speculation` (condition -> `asked`, `ran`, `adaptive_allowed`), `depth_per_stretch` "
-        "(`condition`, `boot`, `stretch`, `load`, `num_steps`, `num_draft_tokens`: the depths "
-        "seen), `reconciliation` (per stretch and counter: `records`, `engine`, `mismatch`), "
-        "`flags` (mismatches, shown without failing the gate)"),
-    GateKind.GREEDY_IDENTITY: KindDoc(
-        "genuine divergences <= threshold, and the near-tie rate per compared token not above "
-        "the identical-condition control's (the baseline's later blocks against its first: an "
-        "exact test relabelling each prompt's runs, one-sided at (1 - `decision.confidence`)/2; "
-        "without a control, an exact Poisson test against `limits.quality.max_near_tie_rate`). "
-        "A near-tie: the candidate's token is the baseline's runner-up and the baseline's "
-        "margin there <= `limits.quality.near_tie_epsilon`",
-        "genuine (not near-tie) greedy divergences over the candidate's outputs (count)",
-        "`limits.quality.max_genuine_divergences` (count)",
-        "`compared`, `identical` (the candidate's greedy outputs, every prompt, block and load "
-        "level, each against the baseline's first output of its prompt and level), `tokens` "
-        "(compared tokens), `genuine`, "
-        "`near_ties` (lists of divergences: " + _DIVERGENCE + "), `near_tie_rate` (per "
-        "token), `rate_test` (`control` or `fixed`), `control` (`compared`, `tokens`, "
-        "`near_ties`, `genuine` of the baseline against its rerun; null without one). "
-        "`p_value`: the near-tie rate test's"),
-    GateKind.CORRECTNESS: KindDoc(
-        "losses (answers the baseline got right that the candidate gets wrong) <= threshold: "
-        "the exact binomial loss rule; new right answers never offset a loss. skip (evidence "
-        "`not_evaluable`) when the baseline got none of the checked prompts right; evidence "
-        "`underpowered` when the rule would catch a drafter breaking 20% of answers with "
-        "less than 80% probability",
-        "losses (count); CI: [0, one-sided upper Clopper-Pearson bound of the loss rate at "
-        "1 - (1 - `decision.confidence`)/2] (fraction)",
-        "the critical count: the most losses a drafter at `limits.quality.max_loss_rate` "
-        "exceeds with probability <= (1 - `decision.confidence`)/2 (0 with the default: any "
-        "loss fails)",
-        "`n_pairs` (checked prompts), `at_risk` (of those, right for the baseline), "
-        "`reference_rate`, `candidate_rate` (fractions 0-1), `losses` (prompt id -> why the "
-        "candidate's answer failed), `gains` (prompt ids), `critical`, `power` (loss rate -> "
-        "probability the rule fails such a drafter at this size), `control_losses` (the "
-        "baseline against its own rerun; null without one). `p_value`: P(Bin(at_risk, "
-        "max_loss_rate) >= losses)"),
-    GateKind.DISTRIBUTION: KindDoc(
-        "the stratified permutation test (each prompt's samples relabelled independently) of "
-        "the summed standardised MMD^2 under a sequence kernel does not reject at the "
-        "threshold; inconclusive (evidence `not_evaluable`) when the smallest attainable "
-        "p-value of the budget exceeds it",
-        "distance: mean unbiased MMD^2 over prompts (0 expected for identical samplers; "
-        "unitless, kernel scale 0-2)",
-        "alpha, `limits.quality.distribution_alpha` (probability)",
-        "`smallest_p` (floor of the p-value at this budget), `critical` (the smallest "
-        "distance this budget flags), `similarity_ratio` (candidate within-prompt sample "
-        "similarity over the baseline's; > 1: less diverse), `prompts`, "
-        "`samples_per_prompt`, `worst` (the most different prompt, in words)"),
-    GateKind.SAMPLING_PARAMS: KindDoc(
-        "every sampling-parameter probe (penalties, stop, max/min tokens, logit bias: "
-        "identical greedy tokens; JSON schema, regex: valid output) honoured as by the "
-        "baseline; skip when no probe could be tested",
-        "parameters not honoured (count)", "0",
-        "`honoured` (probe names), `broken` (probe -> what went wrong), `not_tested` (probe -> "
-        "why: unsupported by the engine, no effect on the baseline, ...)"),
-    GateKind.ACCEPTANCE: KindDoc(
-        "reported only, never gating: no draft position's acceptance rate collapsed, against "
-        "the lightest load level or the current drafter (below (1 - "
-        "`limits.quality.max_acceptance_drop`) x the compared rate, with confidence); skip "
-        "when the engine reports no per-position acceptance",
-        _NONE, _NONE,
-        "`rates` (load level -> acceptance rate per draft position), `collapses` (in words, "
-        "with the positions)"),
-    GateKind.SPEEDUP: KindDoc(
-        "CI low > threshold (the deciding test's one-sided p <= alpha) and the environment "
-        "stable enough (no pass changed by as much as that margin); fail when CI high < "
-        "threshold; else inconclusive. The primary gate with "
-        "`decision.early_stop`: the group-sequential decision at the campaign's last look",
-        "completion-latency speedup, reference / candidate, by `decision.speedup_metric`: "
-        "per_prompt (geometric mean of per-prompt ratios) or total_time (ratio of summed "
-        "latencies) (ratio; > 1 is faster); CI: t with a variance clustered by prompt and by "
-        "time unit (a block in one pass; total_time: Fieller)",
-        "`limits.speedup_min` against the baseline, 1.0 against another reference (ratio)",
-        "`method`, `metric`, `n_prompts`, `n_clusters` (min of prompts and time units: what df "
-        "rests on), `n_time_units` ((boot, pass, block) units), `n_boots`, `n_passes`, "
-        "`per_prompt` and `total_time` (each `estimate`, `ci`, `p_value`, `df`, `outcome`), "
-        "`time_share` and `boot_share` (shares of the estimate's variance due to pass-to-pass "
-        "and boot-to-boot variation), `shared_share` (the share of it the other load levels "
-        "hold too: stable prompt-to-prompt and boot variation; the crossover's covariance), "
-        "`boot_confounded` (one boot per condition: a boot "
-        "offset cannot be told from the drafter), `drift` (each condition against itself: "
-        "`estimate` ratio, `ci`, `p_value`, `boot`, `pass`, `unstable`, `tolerance`, "
-        "`bias_bound`: the largest change of one pass of the reference against the same pass "
-        "of the candidate, ratio; an unstable environment vetoes a KEEP only when CI low / "
-        "threshold <= `bias_bound`), "
-        "`reason` (why not KEEP despite the interval), `held_back` (that reason as a word: "
-        "`one_block` or `unstable_environment`), `sequential` (`look`, `looks`, `z`, "
-        "`keep_boundary`, `drop_boundary`, `decision`), `advice` (`more_prompts`, "
-        "`more_passes`: (smallest, central, largest), `better`, `settle`: what would settle "
-        "it, in words)"),
-    GateKind.BOOT_CONSISTENCY: KindDoc(
-        "with `load.boots_per_condition` >= 2: the condition's boots serve alike: identical "
-        "greedy outputs at the lightest load (first pass of each boot; near-ties by the first "
-        "boot's own margin apart) and no boot whose accept length differs from its other "
-        "boots' by more than `decision.regression_tolerance` (Mann-Whitney, p < 0.01)",
-        "genuine greedy output divergences between boots (count)", "0 (count)",
-        "`boots`, `prompts` (compared on every boot), `divergent`, `near_ties` (in words), "
-        "`accept_length` (boot -> pooled tokens per verify step), `accept_flags`"),
-    GateKind.GOODPUT: KindDoc(
-        "non-inferior share of requests meeting `limits.goodput`'s targets (exact paired "
-        "test, pairs = prompt x block; CI low > threshold) and, with `min_share`, the share's "
-        "lower bound at or above it; inconclusive when the baseline meets the targets too "
-        "rarely for a loss to show (a gate that could not fail never passes)",
-        "candidate share minus baseline share of good requests (fraction -1..1)",
-        "minus `limits.goodput.margin` (fraction)",
-        "`n_pairs`, `reference_share`, `candidate_share` (0-1), `gains`, `losses` (pairs), "
-        "`targets` (in words), `margin`; with a floor `min_share`, `share_low`, "
-        "`share_high` (one-sided Clopper-Pearson bounds, 0-1)"),
-    GateKind.LATENCY: KindDoc(
-        "upper confidence bound of the percentile <= threshold; fail when the lower bound is "
-        "above it",
-        "observed percentile of the limit's metric (seconds); CI: [estimate, upper bound], "
-        "the prompt's block as the unit (Korn-Graubard clustered Clopper-Pearson)",
-        "the limit's `max_s` (seconds)",
-        "`units` (independent units), `effective_n`, `lower` (lower bound, seconds), `metric` and "
-        "`percentile` (the limit's)"),
-    GateKind.MEMORY: KindDoc(
-        "peak within `limits.memory` (absolute and increase over the baseline)",
-        "peak device memory of the candidate (MiB)",
-        "`limits.memory.max_peak_mb` (MiB); null when only the increase is limited", _NONE),
-    GateKind.COST: KindDoc(
-        "cost per successful request <= threshold",
-        "cost per successful request at the level (currency)",
-        "`limits.cost.max_cost_per_request` (currency)",
-        "the level's cost row (see ConditionCost)"),
-    GateKind.BREAK_EVEN: KindDoc(
-        "break-even days <= threshold",
-        "days of expected traffic until the setup cost is recovered (days), by the savings "
-        "per request against the reference: the baseline, and the current drafter when the "
-        "pilot has one (one gate each)",
-        "`limits.cost.max_break_even_days` (days)",
-        "the break-even entry (see BreakEven)"),
-}
-
-INTRO = """# summary.json reference
-
-Generated from the models in `pytest_osprey/report/summary_schema.py`
-(`python -m pytest_osprey summary-reference`); a test keeps it current.
-`python -m pytest_osprey summary-schema` prints the JSON Schema.
-
-summary.json is the machine-readable results sheet, in the results folder beside
-`records.jsonl` and `campaign.json`. Re-judging a campaign
-(`python -m pytest_osprey report DIR`) judges it again from those files alone and writes a
-marked copy into `DIR/rejudged-<UTC time>/`, the original untouched.
-
-Every key below is always written; "null" marks the values that may be null. `schema`
-changes when a key is removed or renamed, or its meaning or unit changes; keys may be added
-within a version, so readers should ignore keys they do not know. Numbers are written as
-Python's `json` writes them: an unbounded confidence limit is `Infinity`.
-"""
-
-
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def render_reference() -> str:
-    """docs/summary-json.md: the field tables, then what each gate kind reports."""
-    from ..pilot.reference import render_models
-
-    parts = [render_models(Summary, INTRO, defaults=False, paragraph=True)]
-    parts.append("## Gate kinds\n")
-    parts.append("What `estimate`, `ci`, `threshold` and `details` of a gate hold, by `kind`. "
-                 "`-`: always null (`details`: `{}`).\n")
-    parts.append("| kind | passes when | estimate (unit) | threshold (unit) | details |\n"
-                 "|---|---|---|---|---|")
-    for kind, doc in GATE_KINDS.items():
-        parts.append(f"| `{kind}` | {_cell(doc.passes_when)} | {_cell(doc.estimate)} "
-                     f"| {_cell(doc.threshold)} | {_cell(doc.details)} |")
-    parts.append("")
-    return "\n".join(parts)
 
 
 # Models documented in the reference that live with the code computing them.
