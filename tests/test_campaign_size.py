@@ -34,7 +34,7 @@ def test_a_budget_no_run_can_hold_is_refused_naming_the_keys(tmp_path: Path) -> 
     trace = load_trace([write_trace(tmp_path / "t.jsonl", 50)])
     pilot = make_pilot(
         {"base": {"role": "baseline"}, "cand": {"role": "candidate", "drafter": "d"}},
-        sampling={"sampled": {"enabled": True, "samples_per_prompt": 10_000}})
+        sampling={"sampled": {"enabled": True, "prompts": 50, "samples_per_prompt": 10_000}})
     size = campaign_size(pilot, trace, conditions=2)
     assert size.requests > MAX_REQUESTS
     why = size_problem(size)
@@ -47,5 +47,5 @@ def test_the_cli_refuses_it_with_exit_4(tmp_path: Path, samples: int) -> None:
     from testkit.endpoint_pilot import run_cli, write_endpoint_pilot
 
     pilot = write_endpoint_pilot(tmp_path, "http://127.0.0.1:9", 50, extra={
-        "sampling": {"sampled": {"enabled": True, "samples_per_prompt": samples}}})
+        "sampling": {"sampled": {"enabled": True, "prompts": 50, "samples_per_prompt": samples}}})
     assert run_cli(["run", str(pilot), "--dry-run"]) == 4
