@@ -194,10 +194,13 @@ def test_weak_drafter_pilot_fails_on_speed(pytester: pytest.Pytester) -> None:
     at = next(i for i, line in enumerate(lines) if line.startswith("DROP cand:"))
     verdict = lines[at]
     assert len(verdict) <= 160 and "p=" not in verdict and "[cand-" not in verdict
-    assert "speedup 0." in verdict and "accept 1.0" in verdict
-    # The reason is named, and the diagnosis says what an accept length near 1 means.
+    assert "speedup 0." in verdict
+    # The reason is named, and the diagnosis says what an accept length near 1 means (the
+    # headline gives its room to the checks that did not run before the accept length).
     assert lines[at + 1].startswith("  - speed at low: 0.")
     assert "never accepted" in lines[at + 2] or "almost never accepted" in lines[at + 2]
+    assert "accept 1.0" in verdict or "accept length 1.0" in lines[at + 2]
+    assert "unchecked:" in verdict  # no sampled pass, no expect checks passed by the baseline
     # Quality and completion still pass: the weak drafter is dropped for speed alone.
     summary = _summary(pytester)
     outcomes = {(g["kind"], g["id"]): g["outcome"] for g in summary["gates"]}
