@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .factories import TINY_DRAFTER, TINY_TARGET
+from .factories import ROOT, TINY_DRAFTER, TINY_TARGET, make_pilot
 
 
 def need() -> ModuleType:
@@ -51,3 +51,16 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def drafted_pilot(**target: Any) -> Any:
+    """The embedded pilot of the tiny target: a baseline and the tiny drafter (assisted, 4
+    draft tokens) on the shipped trace; ``target`` adds target keys (threads, ...)."""
+    return make_pilot(
+        target={"model": str(TINY_TARGET), "context_length": 1024, **target},
+        conditions={"baseline": {"role": "baseline"},
+                    "drafted": {"role": "candidate", "drafter": str(TINY_DRAFTER),
+                                "speculation": {"algorithm": "assisted",
+                                                "num_draft_tokens": 4}}},
+        trace={"files": [str(ROOT / "prompts" / "pilot.jsonl")]},
+    )  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
-from testkit.factories import make_pilot
+from testkit.tiny_models import drafted_pilot
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -21,14 +21,7 @@ PROMPT, N = "def read_config(path):\n", 16
 
 @pytest.mark.slow  # two engines, seven requests each: over 20 s on a busy 2-core machine
 def test_top_k_min_p_and_ignore_eos_are_honoured(tmp_path: Path) -> None:
-    pilot = make_pilot(
-        target={"model": str(MODELS / "tiny-target"), "context_length": 1024, "threads": 1},
-        conditions={"baseline": {"role": "baseline"},
-                    "drafted": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
-                                "speculation": {"algorithm": "assisted",
-                                                "num_draft_tokens": 4}}},
-        trace={"files": [str(MODELS.parent.parent / "prompts" / "pilot.jsonl")]},
-    )  # fmt: skip
+    pilot = drafted_pilot(threads=1)
     engines = {n: TransformersEngine(pilot, n, BootSpec(n, tmp_path)) for n in pilot.conditions}
 
     def gen(engine: TransformersEngine, **kw: object) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.transformers import TransformersEngine
-from testkit.factories import make_pilot
+from testkit.tiny_models import drafted_pilot
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -20,14 +20,7 @@ pytestmark = pytest.mark.skipif(not (MODELS / "tiny-drafter").is_dir(), reason="
 
 
 def test_stop_strings_with_and_without_a_drafter(tmp_path: Path) -> None:
-    pilot = make_pilot(
-        target={"model": str(MODELS / "tiny-target"), "context_length": 1024},
-        conditions={"baseline": {"role": "baseline"},
-                    "drafted": {"role": "candidate", "drafter": str(MODELS / "tiny-drafter"),
-                                "speculation": {"algorithm": "assisted",
-                                                "num_draft_tokens": 4}}},
-        trace={"files": [str(MODELS.parent.parent / "prompts" / "pilot.jsonl")]},
-    )  # fmt: skip
+    pilot = drafted_pilot()
     prompt = "def read_config(path):\n"
     engines = {n: TransformersEngine(pilot, n, BootSpec(n, tmp_path)) for n in pilot.conditions}
     try:
