@@ -12,7 +12,7 @@ import numpy as np
 
 from pytest_osprey.judgement import GateKind, judge, plan_gates
 from pytest_osprey.judgement.verdict.diagnosis import diagnose_all
-from pytest_osprey.report.markdown import markdown
+from pytest_osprey.report.markdown import esc, markdown
 from pytest_osprey.report.plots_crossover import crossover_plot
 from pytest_osprey.report.summary import summary_dict
 from pytest_osprey.results.folder import SavedCampaign
@@ -70,7 +70,7 @@ def test_sweep_campaign_reports_its_crossover(tmp_path: Path) -> None:
     png = crossover_plot(summary, THRESHOLD)
     assert png is not None and png.startswith(b"\x89PNG")
     text = markdown(summary, data.meta, "t", tmp_path.name, 64)
-    assert "plotted in report.html" in text and note.split(" (")[0] in text
+    assert "plotted in report.html" in text and esc(note.split(" (")[0]) in text
 
 
 def test_two_levels_say_why_there_is_no_crossover() -> None:

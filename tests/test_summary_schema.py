@@ -138,11 +138,13 @@ TOP_KEYS = ["schema", "run_id", "pilot_name", "trace_hash", "config_hash", "stat
 GATE_KEYS = ["kind", "id", "condition", "reference", "load", "slice", "gating", "outcome",
              "evidence", "summary", "estimate", "ci", "threshold", "p_value", "details"]
 FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", "ttft_p95_s",
-               "e2e_p50_s", "e2e_p95_s", "tpot_p50_s", "tokens_per_s",
+               "e2e_p50_s", "e2e_p95_s", "tpot_p50_s", "tpot_p95_s", "ttft_p99_s",
+               "e2e_p99_s", "tpot_p99_s", "tokens_per_s",
                "request_tokens_per_s_p50", "accept_length_pooled", "accept_length_mean",
                "peak_memory_mb", "load_label", "dispatch_lag_p99_s", "cost_per_request",
                "checked", "correct", "correct_fraction", "in_flight_mean", "in_flight_min",
-               "in_flight_within", "achieved_rate", "fillers"]
+               "in_flight_within", "achieved_rate", "fillers", "requests_per_s",
+               "input_tokens_mean", "output_tokens_mean", "output_tokens_total", "duration_s"]
 COST_KEYS = ["currency", "device_hour_price", "devices_per_server", "expected_requests_per_day",
              "primary_load", "limits", "table", "break_even"]
 COST_ROW_KEYS = ["condition", "load", "concurrency", "ok", "total", "busy_s",
@@ -316,3 +318,22 @@ def test_cli_prints_the_schema_and_reference(capsys: pytest.CaptureFixture[str])
     assert json.loads(capsys.readouterr().out) == json_schema()
     assert main(["summary-reference"]) == 0
     assert capsys.readouterr().out == render_reference()
+
+
+def test_serving_figures_follow_from_the_records(run: Run) -> None:
+    """Request throughput, token counts and duration are the records' own arithmetic; a p99
+    needs P99_MIN_REQUESTS values and is null (said why) below that."""
+    from pytest_osprey.judgement.cost.pricing import busy_seconds
+    from pytest_osprey.judgement.figures.measured import P99_MIN_REQUESTS
+    from pytest_osprey.results.folder import load_campaign
+
+    data = load_campaign(run.results)
+    for f in run.summary["figures"]:
+        ok = [r for r in data.of(f["condition"], f["load"]) if r.ok]
+        wall = busy_seconds(ok)
+        assert wall is not None and f["duration_s"] == pytest.approx(wall)
+        assert f["requests_per_s"] == pytest.approx(len(ok) / wall)
+        assert f["output_tokens_total"] == sum(r.output_tokens or 0 for r in ok)
+        assert f["output_tokens_mean"] == pytest.approx(f["output_tokens_total"] / len(ok))
+        assert f["tpot_p95_s"] is not None and f["tpot_p95_s"] >= f["tpot_p50_s"]
+        assert len(ok) < P99_MIN_REQUESTS and f["ttft_p99_s"] is None

@@ -47,6 +47,15 @@ class Figures(BaseModel):
     tpot_p50_s: float | None
     """Median time per output token after the first, (e2e - ttft) / (tokens - 1): the mean
     inter-token latency of a request (seconds per token)."""
+    tpot_p95_s: float | None = None
+    """95th percentile of that time per output token (seconds per token)."""
+    ttft_p99_s: float | None = None
+    """99th percentile time to first token (seconds); null below `P99_MIN_REQUESTS`
+    completed requests, where the 99th percentile is only the largest value."""
+    e2e_p99_s: float | None = None
+    """99th percentile completion latency (seconds); null as `ttft_p99_s`."""
+    tpot_p99_s: float | None = None
+    """99th percentile time per output token (seconds per token); null as `ttft_p99_s`."""
     tokens_per_s: float | None
     """Aggregate throughput: output tokens of the completed requests / busy wall time of the
     level, summed over blocks (tokens per second)."""
@@ -95,10 +104,31 @@ class Figures(BaseModel):
     first start to its last measured end)."""
     fillers: int = 0
     """Fillers sent at this level to hold the load steady (recorded, never judged)."""
+    requests_per_s: float | None = None
+    """Request throughput: completed measured requests / busy wall time of the level, the
+    same wall time as `tokens_per_s` (requests per second)."""
+    input_tokens_mean: float | None = None
+    """Mean prompt length of the completed requests, as the engine counted it (tokens); null
+    when the engine reports no prompt token count."""
+    output_tokens_mean: float | None = None
+    """Mean output length of the completed requests (tokens)."""
+    output_tokens_total: int | None = None
+    """Output tokens of the completed requests (count)."""
+    duration_s: float | None = None
+    """Busy wall time of the level: the measured stretches' spans, summed (seconds)."""
+
+
+P99_MIN_REQUESTS = 100
+"""Below this many values a 99th percentile is the largest one, or an interpolation toward it:
+reports leave it out and say why."""
 
 
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
+
+
+def _p99(values: list[float]) -> float | None:
+    return _pct(values, 99) if len(values) >= P99_MIN_REQUESTS else None
 
 
 def accept_lengths(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
@@ -128,18 +158,31 @@ def figures_for(
     wall = busy_seconds(ok)
     pooled, mean = accept_lengths(ok)
     info = data.meta.conditions.get(condition)
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+    tpot = [t for r in ok if (t := r.tpot_s) is not None]
+    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     return Figures(
         condition=condition,
         load=load,
         concurrency=concurrency,
         ok=len(ok),
         total=len(recs),
-        ttft_p50_s=_pct([r.ttft_s for r in ok if r.ttft_s is not None], 50),
-        ttft_p95_s=_pct([r.ttft_s for r in ok if r.ttft_s is not None], 95),
-        e2e_p50_s=_pct([r.e2e_s for r in ok if r.e2e_s is not None], 50),
-        e2e_p95_s=_pct([r.e2e_s for r in ok if r.e2e_s is not None], 95),
-        tpot_p50_s=_pct([t for r in ok if (t := r.tpot_s) is not None], 50),
+        ttft_p50_s=_pct(ttft, 50),
+        ttft_p95_s=_pct(ttft, 95),
+        ttft_p99_s=_p99(ttft),
+        e2e_p50_s=_pct(e2e, 50),
+        e2e_p95_s=_pct(e2e, 95),
+        e2e_p99_s=_p99(e2e),
+        tpot_p50_s=_pct(tpot, 50),
+        tpot_p95_s=_pct(tpot, 95),
+        tpot_p99_s=_p99(tpot),
         tokens_per_s=sum(tokens) / wall if wall else None,
+        requests_per_s=len(ok) / wall if wall else None,
+        input_tokens_mean=float(np.mean(prompt)) if prompt else None,
+        output_tokens_mean=float(np.mean(tokens)) if tokens else None,
+        output_tokens_total=sum(tokens) if ok else None,
+        duration_s=wall or None,
         request_tokens_per_s_p50=_pct([t for r in ok if (t := r.tokens_per_s) is not None], 50),
         accept_length_pooled=pooled,
         accept_length_mean=mean,

@@ -1,0 +1,102 @@
+"""How a campaign ended, in fields and in plain words: the passes planned and run, whether
+early stopping ended it and which way each candidate's speed was decided, and what a short
+campaign could not measure. Read from campaign.json and the records alone, so that the
+terminal, report.md, report.html and summary.json say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .folder import SavedCampaign
+
+# What the sequential look's decision means, said without the statistics' jargon.
+_DECIDED = {
+    "keep": "speed cleared the early-KEEP boundary",
+    "drop": "speed crossed the early-DROP boundary",
+    "inconclusive": "speed could not reach the needed speedup in the passes left "
+                    "(stopped inconclusive)",
+}
+
+
+@dataclass(frozen=True)
+class CampaignEnd:
+    """How the campaign ended (summary.json's ``campaign``)."""
+
+    status: str
+    """complete | interrupted | running (as campaign.json says)."""
+    passes_planned: int
+    """Timed passes the plan holds (per boot, times the boots)."""
+    passes_run: int
+    """Timed passes that sent at least one measured request."""
+    stopped_early: bool
+    """Early stopping ended the campaign before its last pass."""
+    stopped_after_pass: int | None
+    """The pass after which it stopped; null when it ran to the end."""
+    decisions: dict[str, str] = field(default_factory=dict)
+    """Candidate -> the decision at the stopping look (keep, drop, inconclusive); empty when
+    the campaign was not stopped early."""
+    not_measured: list[str] = field(default_factory=list)
+    """What the passes run could not measure (one pass: no drift, no near-tie control)."""
+    units: dict[str, int] = field(default_factory=dict)
+    """Closed-loop level -> the speed test's units at that level (blocks x passes run)."""
+    text: str = ""
+    """The ending in plain words."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def campaign_end(data: SavedCampaign) -> CampaignEnd:
+    """How ``data``'s campaign ended (see :class:`CampaignEnd`)."""
+    meta = data.meta
+    plan = meta.plan
+    planned = plan.passes * plan.boots_per_condition if plan is not None else max(meta.blocks, 1)
+    mode = data.timed_mode
+    runs = {(r.boot, r.repetition) for r in data.records
+            if r.mode == mode and not r.filler and r.load in meta.load_levels}
+    passes_run = len(runs)
+    stopped = meta.stopped_after_block is not None and passes_run < planned
+    decisions: dict[str, str] = {}
+    if stopped:
+        for cand, looks in meta.sequential.items():
+            if looks:
+                decisions[cand] = str(looks[-1].get("decision"))
+    not_measured: list[str] = []
+    if passes_run == 1 and planned > 1:
+        not_measured = ["drift between passes", "near-tie control (a second pass of the "
+                        "baseline)"]
+    units: dict[str, int] = {}
+    if plan is not None:
+        for level, blocks in plan.blocks.items():
+            if isinstance(meta.load_levels.get(level), int):
+                units[level] = len(blocks) * max(passes_run, 1)
+    return CampaignEnd(meta.status, planned, passes_run, stopped,
+                       meta.stopped_after_block if stopped else None, decisions, not_measured,
+                       units, _text(meta.status, planned, passes_run, stopped, decisions,
+                                    not_measured, units))
+
+
+def _text(status: str, planned: int, passes_run: int, stopped: bool,
+          decisions: Mapping[str, str], not_measured: list[str],
+          units: Mapping[str, int]) -> str:
+    if status == "interrupted":
+        head = f"interrupted after {passes_run} of {planned} pass(es)"
+    elif status == "running":
+        head = f"still running: {passes_run} of {planned} pass(es) so far"
+    elif stopped:
+        ways = sorted(set(decisions.values()))
+        if len(ways) == 1:
+            why = _DECIDED.get(ways[0], ways[0])
+        else:
+            why = "; ".join(f"{c}: {_DECIDED.get(d, d)}" for c, d in decisions.items())
+        head = f"stopped after pass {passes_run} of {planned}: {why}"
+    else:
+        head = f"ran all {passes_run} of {planned} pass(es)"
+    if not_measured:
+        head += "; not measured: " + ", ".join(not_measured)
+    if (stopped or status != "complete") and units:
+        head += "; speed units per level: " + ", ".join(f"{k} {v}" for k, v in units.items())
+    return head

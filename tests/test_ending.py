@@ -1,0 +1,50 @@
+"""How a campaign ended, read from campaign.json and the records alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_osprey.results.ending import campaign_end
+from testkit.factories import make_record, saved_campaign
+
+
+def _records(passes: int) -> list[Any]:
+    return [make_record(c, f"p{i}", repetition=r, mode="greedy")
+            for c in ("base", "cand") for r in range(passes) for i in range(4)]
+
+
+def _plan(passes: int) -> dict[str, Any]:
+    return {"passes": passes, "looks": passes, "blocks": {"low": [["p0", "p1"], ["p2", "p3"]]}}
+
+
+def test_an_early_stop_says_which_way_and_what_it_cost() -> None:
+    data = saved_campaign(_records(1), plan=_plan(4), status="complete", stopped_after_block=1,
+                          sequential={"cand": [{"look": 1, "decision": "keep"}]})
+    end = campaign_end(data)
+    assert (end.passes_planned, end.passes_run, end.stopped_early) == (4, 1, True)
+    assert end.stopped_after_pass == 1 and end.decisions == {"cand": "keep"}
+    assert end.units == {"low": 2}
+    assert "drift between passes" in end.not_measured
+    assert end.text.startswith("stopped after pass 1 of 4: speed cleared the early-KEEP "
+                               "boundary; not measured: drift between passes")
+    assert end.as_dict()["stopped_early"] is True
+
+
+def test_candidates_decided_differently_are_each_named() -> None:
+    recs = _records(2) + [make_record("other", f"p{i}", repetition=r, mode="greedy")
+                          for r in range(2) for i in range(4)]
+    data = saved_campaign(recs, plan=_plan(4), status="complete", stopped_after_block=2,
+                          sequential={"cand": [{"decision": "continue"}, {"decision": "keep"}],
+                                      "other": [{"decision": "drop"}]})
+    end = campaign_end(data)
+    assert end.passes_run == 2 and end.not_measured == []
+    assert "cand: speed cleared the early-KEEP boundary" in end.text
+    assert "other: speed crossed the early-DROP boundary" in end.text
+
+
+def test_a_full_run_and_an_interrupted_one() -> None:
+    full = campaign_end(saved_campaign(_records(4), plan=_plan(4), status="complete"))
+    assert not full.stopped_early and full.text == "ran all 4 of 4 pass(es)"
+    cut = campaign_end(saved_campaign(_records(2), plan=_plan(4), status="interrupted"))
+    assert not cut.stopped_early and cut.passes_run == 2
+    assert cut.text.startswith("interrupted after 2 of 4 pass(es)")
