@@ -23,7 +23,14 @@ from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_eng
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
-from ..results.campaign_file import CampaignFile, ConditionRun, ScheduleEntry, text_sha256
+from ..preflight.artifact import recheck_pins
+from ..results.campaign_file import (
+    CampaignFile,
+    ConditionRun,
+    PinCheck,
+    ScheduleEntry,
+    text_sha256,
+)
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
 from ..version import __version__
@@ -62,6 +69,7 @@ class _ConditionState:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     boot: int = 0
     pass_index: int | None = None  # the pass its engine is in (None: fresh boot)
+    pins: list[PinCheck] = field(default_factory=list)
 
 
 class Campaign:
@@ -129,6 +137,7 @@ class Campaign:
         self._writer = RecordWriter(self.directory / "records.jsonl")
         try:
             asyncio.run(self._run())
+            self._recheck_pins("after the campaign")
             self.status = "complete"
         except BaseException as exc:
             self.status = "interrupted"
@@ -266,6 +275,12 @@ class Campaign:
                 engine.stop()
                 raise
             state.boot_s = state.boot_s or time.perf_counter() - t0
+            # The pinned files as this boot loaded them: one swapped since preflight is not
+            # served under the pin's name.
+            state.pins += await asyncio.to_thread(recheck_pins, self.pilot, name,
+                                                  f"boot {boot_index + 1}")
+            if changed := [c for c in state.pins if not c.ok]:
+                raise EngineError("; ".join(c.text() for c in changed))
             state.fingerprint = engine.fingerprint()
             await self._warmup(name, engine)
         except EngineError as exc:
@@ -273,6 +288,13 @@ class Campaign:
             self._stop(state)
             self.progress(ProgressEvent(name, "error", message=state.error))
         self._save_meta()
+
+    def _recheck_pins(self, when: str) -> None:
+        """Pinned files hashed once more: a change during the campaign fails the artifact
+        gate (campaign.json keeps every check)."""
+        for name, state in self.states.items():
+            if state.error is None and self.pilot.conditions[name].pins.sha256:
+                state.pins += recheck_pins(self.pilot, name, when)
 
     async def _warmup(self, name: str, engine: Engine) -> None:
         n = self.pilot.load.warmup_requests
@@ -637,7 +659,7 @@ class Campaign:
             conditions={
                 name: ConditionRun(role=pilot.conditions[name].role, error=st.error,
                                    boot_s=st.boot_s, peak_memory_mb=st.peak_memory_mb,
-                                   fingerprint=st.fingerprint)
+                                   fingerprint=st.fingerprint, pins=st.pins)
                 for name, st in self.states.items()
             },
             schedule=self.schedule,

@@ -87,7 +87,8 @@ class Endpoint(Strict):
 class ArtifactPins(Strict):
     sha256: dict[Text, Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]] = Field(
         default_factory=dict, max_length=MAX_ITEMS,
-        description="file (relative to the drafter) -> expected sha256",
+        description="file (relative to the drafter) -> expected sha256; hashed again after "
+        "each boot and after the campaign (a change fails the artifact gate)",
     )
     engine_version: ShortText | None = Field(
         None, description="Version prefix the engine must report, e.g. 0.5.23"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..engines.environment import engine_environ
 from ..pilot.schema import Pilot
+from ..results.campaign_file import PinCheck
 
 # Drafter architecture families each engine's algorithm accepts.
 EAGLE3 = "eagle3"
@@ -159,6 +160,23 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def recheck_pins(pilot: Pilot, name: str, when: str) -> list[PinCheck]:
+    """The condition's pinned drafter files hashed again (``when``: at a boot, after the
+    campaign): a file swapped after preflight is caught where it was served."""
+    cond = pilot.conditions[name]
+    if cond.drafter is None:
+        return []
+    out = []
+    for rel, expected in cond.pins.sha256.items():
+        path = Path(cond.drafter) / rel
+        try:
+            found = sha256_file(path) if path.is_file() else "missing"
+        except OSError:
+            found = "missing"
+        out.append(PinCheck(file=rel, when=when, expected=expected, found=found))
+    return out
 
 
 def engine_version(pilot: Pilot) -> str | None:

@@ -49,6 +49,9 @@ def headline(d: Diagnosis, width: int = MAX_HEADLINE) -> str:
     head = f"{d.verdict} {d.candidate}: "
     if d.withheld:  # a partial campaign: said before any figure
         head += "INTERRUPTED, no verdict: "
+    if d.not_run is not None:  # nothing measured: no speed or quality word to give
+        line = head + d.not_run + "; speed and quality not measured"
+        return line if len(line) <= width else line[: width - 3] + "..."
     s = d.speed
     speeds = [speed_text(s)]
     if s is not None and s.estimate is not None:

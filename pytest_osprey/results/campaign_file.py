@@ -39,6 +39,26 @@ class _Facts(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+class PinCheck(_Facts):
+    """One pinned drafter file hashed again while the campaign ran (``pins.sha256``)."""
+
+    file: str
+    """The file, relative to the drafter."""
+    when: str
+    """``boot N`` (just after that boot loaded it) or ``after the campaign``."""
+    expected: str
+    found: str
+    """Its sha256 then, or ``missing``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.found == self.expected.lower()
+
+    def text(self) -> str:
+        return (f"pinned {self.file} changed ({self.when}): sha256 {self.found[:16]}, pinned "
+                f"{self.expected[:16]}")
+
+
 class ConditionRun(_Facts):
     """One condition as the campaign ran it."""
 
@@ -49,6 +69,11 @@ class ConditionRun(_Facts):
     peak_memory_mb: float | None = None
     fingerprint: dict[str, Any] = Field(default_factory=dict)
     """The engine's own facts: engine + version, device, dtype, context, resolved args."""
+    pins: list[PinCheck] = Field(default_factory=list)
+    """The drafter's pinned files hashed again at each boot and after the campaign."""
+
+    def pin_changes(self) -> list[PinCheck]:
+        return [c for c in self.pins if not c.ok]
 
 
 class ScheduleEntry(_Facts):

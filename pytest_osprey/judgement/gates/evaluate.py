@@ -26,7 +26,7 @@ from ..service.latency import judge_latency
 from ..service.memory import judge_memory
 from ..speed.gate import judge_speedup
 from .kinds import Family, GateKind
-from .preflight import judge_artifact, judge_command_line
+from .preflight import judge_artifact, judge_command_line, pins_rechecked
 from .result import GateResult
 from .spec import GateSpec
 
@@ -74,13 +74,20 @@ def evaluate(
     """One gate's result. Preflight gates need no campaign (``data`` may be None)."""
     kind = KINDS[spec.kind]
     if kind.judge_preflight is not None:
-        return kind.judge_preflight(spec, preflight)
+        result = kind.judge_preflight(spec, preflight)
+        if data is not None and spec.kind == GateKind.ARTIFACT:
+            return pins_rechecked(result, data.meta.conditions.get(spec.condition))
+        return result
     assert data is not None and kind.judge is not None
     err = data.condition_error(spec.condition)
+    # Which condition did not run travels as data: the verdict says that, not what the
+    # missing measurements would have meant.
     if err:
-        return GateResult(spec, "fail", f"{spec.condition} did not run: {err}")
+        return GateResult(spec, "fail", f"{spec.condition} did not run: {err}",
+                          details={"not_run": spec.condition, "error": err})
     if spec.reference:
         ref_err = data.condition_error(spec.reference)
         if ref_err:
-            return GateResult(spec, "fail", f"reference {spec.reference} did not run: {ref_err}")
+            return GateResult(spec, "fail", f"reference {spec.reference} did not run: {ref_err}",
+                              details={"not_run": spec.reference, "error": ref_err})
     return kind.judge(spec, pilot, data)

@@ -3,6 +3,7 @@ preflight.json before (and without) any boot."""
 
 from __future__ import annotations
 
+from ...results.campaign_file import ConditionRun
 from ...results.preflight_file import Preflight
 from .result import GateResult
 from .spec import GateSpec
@@ -26,3 +27,14 @@ def judge_artifact(spec: GateSpec, preflight: Preflight) -> GateResult:
                           details=report.model_dump())
     return GateResult(spec, "pass", f"{len(report.checks)} checks passed",
                       details=report.model_dump())
+
+
+def pins_rechecked(result: GateResult, run: ConditionRun | None) -> GateResult:
+    """The artifact gate once the campaign ran: a pinned file that changed at a boot or
+    during the campaign fails it, naming the file, whatever preflight found."""
+    changed = run.pin_changes() if run is not None else []
+    if not changed:
+        return result
+    details = {**result.details, "pins": [c.model_dump() for c in run.pins]} if run else {}
+    return GateResult(result.spec, "fail", "; ".join(c.text() for c in changed),
+                      details=details)

@@ -83,6 +83,7 @@ class Diagnosis:
     withheld: str | None = None  # why no verdict: the campaign (or a condition) is partial
     crossover: Crossover | None = None  # up to which concurrency speculation pays
     unchecked: list[Unchecked] = field(default_factory=list)  # quality checks that did not run
+    not_run: str | None = None  # the candidate (or a reference) never ran: nothing measured
 
 
 def _num(value: Any) -> float | None:
@@ -272,6 +273,13 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
              figures: Sequence[Figures], data: SavedCampaign | None = None) -> Diagnosis:
     """The diagnosis of one candidate's verdict."""
     cand, base, primary = verdict.candidate, pilot.baseline, pilot.primary_load
+    if verdict.not_run is not None:
+        first = next((g for g in verdict.gates if g.details.get("not_run")), None)
+        gate = f"{first.spec.kind}[{first.spec.id}]" if first is not None else ""
+        return Diagnosis(cand, verdict.verdict, None, None, "not measured",
+                         [Reason("did not run", "fail" if verdict.verdict == "DROP"
+                                 else "inconclusive", verdict.not_run, None, gate)],
+                         not_run=verdict.not_run)
     mine = [g for g in results if g.spec.condition == cand]
     speeds = [g for g in mine if g.spec.kind == K.SPEEDUP and g.spec.reference == base]
     overall = {g.spec.load: speed_of(g) for g in speeds if g.spec.slice is None}

@@ -19,6 +19,7 @@ class CandidateVerdict:
     reasons: list[str]
     gates: list[GateResult]
     withheld: str | None = None  # why no verdict: the campaign (or a condition) is partial
+    not_run: str | None = None  # "cand did not run: why" when it (or a reference) never ran
 
     @property
     def unproven(self) -> list[GateResult]:
@@ -48,6 +49,18 @@ def verdicts(pilot: Pilot, results: list[GateResult]) -> list[CandidateVerdict]:
             continue
         failed = [g for g in mine if g.outcome == "fail"]
         unsure = [g for g in mine if g.outcome == "inconclusive"]
+        absent = {str(g.details["not_run"]): str(g.details.get("error"))
+                  for g in failed if g.details.get("not_run")}
+        if absent:
+            # Nothing of it was measured: a candidate that never ran cannot ship (DROP); one
+            # whose reference never ran was not compared (INCONCLUSIVE). Either way one
+            # reason, not every gate's failure read as a measurement.
+            who = cand if cand in absent else next(iter(absent))
+            why = f"{who} did not run: {absent[who]}" if who == cand \
+                else f"reference {who} did not run: {absent[who]}"
+            out.append(CandidateVerdict(cand, "DROP" if who == cand else "INCONCLUSIVE",
+                                        [why], mine, not_run=why))
+            continue
         if failed:
             verdict: Verdict = "DROP"
         elif unsure:
