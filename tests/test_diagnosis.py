@@ -279,3 +279,17 @@ def test_a_quality_gate_without_evidence_does_not_count() -> None:
     untested = GateResult(GateSpec("correctness", "c", reference="baseline"), "pass", "",
                           evidence="not_evaluable")
     assert quality_word([untested]) == "unchecked"
+
+
+def test_a_fairness_failure_names_what_differs() -> None:
+    pilot = make_pilot()
+    diff = "dtype: baseline bfloat16, cand float16"
+    unfair = GateResult(GateSpec("fairness", "cand"), "fail",
+                        f"conditions differ beyond the drafter (fix the pilot):\n  {diff}",
+                        details={"differences": [diff]})
+    d = run(pilot, [unfair, speed("cand", "concurrent", 1.3, 1.2, 1.4), identity("cand"),
+                    *checked("cand")], 3.0)
+    (reason,) = d.reasons
+    assert reason.name == "fair comparison" and diff in reason.text
+    (verdict,) = verdicts(pilot, [unfair])
+    assert diff in verdict.reasons[0]

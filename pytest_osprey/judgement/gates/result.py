@@ -38,6 +38,17 @@ class GateResult:
             object.__setattr__(self, "evidence", "not_evaluable")
 
     @property
+    def gist(self) -> str:
+        """The summary's first line; a first line that only introduces a list ("...:") takes
+        the list with it, joined on one line, so that a reason never stops at the colon."""
+        lines = [x.strip() for x in self.summary.splitlines() if x.strip()]
+        if not lines:
+            return ""
+        if len(lines) > 1 and lines[0].endswith(":"):
+            return lines[0] + " " + "; ".join(lines[1:])
+        return lines[0]
+
+    @property
     def label(self) -> str:
         """The outcome as shown everywhere: ``pass``, or ``pass (underpowered)`` when the
         gate could hardly (or not at all) have failed."""

@@ -134,8 +134,8 @@ def gate_name(g: GateResult, candidate: str, baseline: str) -> str:
     return names.get(s.kind, s.kind)
 
 
-def _first_line(summary: str, width: int = 110) -> str:
-    text = summary.splitlines()[0] if summary else ""
+def _first_line(g: GateResult, width: int = 160) -> str:
+    text = g.gist
     return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
@@ -187,10 +187,13 @@ def short_text(g: GateResult) -> str:
         if g.estimate is not None:
             return f"setup cost recovered after {g.estimate:,.1f} days, {g.threshold:g} allowed"
         return str(d["reason"]).removeprefix("no break-even: ")
+    if g.spec.kind == K.FAIRNESS and g.outcome == "fail" and d.get("differences"):
+        text = "differ beyond the drafter: " + "; ".join(map(str, d["differences"]))
+        return text if len(text) <= 160 else text[:157].rstrip() + "..."
     if g.spec.kind == K.GOODPUT and "candidate_share" in d:
         return (f"{d['candidate_share']:.0%} of requests meet the targets vs "
                 f"{d['reference_share']:.0%}")
-    return _first_line(g.summary)
+    return _first_line(g)
 
 
 def quality_word(gates: Sequence[GateResult]) -> str:

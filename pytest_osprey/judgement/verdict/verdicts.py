@@ -67,7 +67,7 @@ def verdicts(pilot: Pilot, results: list[GateResult]) -> list[CandidateVerdict]:
             verdict = "INCONCLUSIVE"
         else:
             verdict = "KEEP"
-        reasons = [f"{g.spec.kind}[{g.spec.id}]: {g.summary.splitlines()[0]}"
+        reasons = [f"{g.spec.kind}[{g.spec.id}]: {g.gist}"
                    for g in failed + unsure]
 
         out.append(CandidateVerdict(cand, verdict, reasons, mine))
