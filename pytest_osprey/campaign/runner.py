@@ -46,7 +46,7 @@ from .requests import (
     stop_reason,
 )
 from .schedule import ReplayPlan, Stretch, plan_facts, plan_replay
-from .steady import filler_order, hold_load
+from .steady import dispatch, filler_order, hold_load
 
 # How long a server whose requests failed may take to be seen exited (the kernel reaps it
 # after its sockets already refuse connections).
@@ -546,9 +546,7 @@ class Campaign:
             # ends (fillers), not a block that drains as its requests finish.
             await hold_load(concurrency, len(jobs), one, filler)
         else:
-            await asyncio.gather(*(
-                one(k, None if arrivals is None else arrivals[k]) for k in range(len(jobs))
-            ))
+            await dispatch(len(jobs), concurrency, arrivals, one)
         self._note_memory(state)
         entry.ended = time.time()
         entry.loadavg_end = host_load()

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -80,3 +80,41 @@ async def hold_load(
         await asyncio.gather(*workers, return_exceptions=True)
     if failed:
         raise failed[0]
+
+
+async def dispatch(
+    count: int,
+    concurrency: int,
+    arrivals: Sequence[float] | None,
+    send: Callable[[int, float | None], Coroutine[Any, Any, None]],
+) -> None:
+    """Send requests ``0 .. count-1`` (``send(k, arrival_s)``) without a task per pending
+    request: closed loop, ``concurrency`` workers take the next index; open loop, each request
+    is started at its arrival time (offsets in seconds from now; ``send`` applies any cap).
+
+    Only requests already sent are tasks, so an interrupt with a long stretch still ahead
+    cancels a handful of tasks, not one per request of the stretch."""
+    if arrivals is None:
+        indices = iter(range(count))
+
+        async def worker() -> None:
+            for k in indices:
+                await send(k, None)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency or count, count)))))
+        return
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    started: list[asyncio.Task[None]] = []
+    try:
+        for k in range(count):
+            await asyncio.sleep(max(0.0, t0 + arrivals[k] - loop.time()))
+            started.append(asyncio.create_task(send(k, arrivals[k])))
+            # Finished requests are let go of: the list holds the ones in flight.
+            if len(started) > 64:
+                started = [t for t in started
+                           if not t.done() or t.cancelled() or t.exception() is not None]
+        await asyncio.gather(*started)
+    finally:
+        for t in started:
+            t.cancel()
