@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Any
 
 from ..judgement import Figures
@@ -160,6 +161,85 @@ def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
     return f"{line}; {load}" if load else line
 
 
+def _agreed(meta: CampaignFile, key: str, differs: list[str]) -> Any:
+    """The conditions' common fingerprint value of ``key``; None (and ``key`` in ``differs``)
+    when they disagree, None when none says."""
+    values = [fp[key] for fp in _fingerprints(meta) if fp.get(key) is not None]
+    if len({repr(v) for v in values}) > 1:
+        differs.append(key)
+        return None
+    return values[0] if values else None
+
+
+def _speculation(fp: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A speculating condition's settings: as read back from the engine where it says, as
+    asked otherwise; None without speculation."""
+    facts = fp.get("speculation")
+    side = {}
+    if isinstance(facts, Mapping):
+        ran, asked = facts.get("ran") or {}, facts.get("asked") or {}
+        side = {k: ran.get(k) if ran.get(k) is not None else asked.get(k)
+                for k in ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens", "adaptive")}
+    if not fp.get("drafter") and not any(v is not None for v in side.values()):
+        return None
+    if side.get("num_draft_tokens") is None:
+        side["num_draft_tokens"] = fp.get("num_draft_tokens")
+    return {**side, "draft_loop": fp.get("draft_loop")}
+
+
+def setup_facts(meta: CampaignFile, pilot: Pilot | None = None) -> dict[str, Any]:
+    """The set-up as fields (summary.json's ``setup_facts``), from campaign.json."""
+    differs: list[str] = []
+    host = meta.host
+    memory = [fp.get("memory") for fp in _fingerprints(meta)]
+    gpus = list(dict.fromkeys(str(m["device"]) for m in memory
+                              if isinstance(m, Mapping) and m.get("kind") == "gpu"
+                              and m.get("device")))
+    plan = meta.plan
+    engine = _agreed(meta, "engine", differs) or (pilot.target.engine if pilot else None)
+    return {
+        "engine": engine,
+        "engine_version": _agreed(meta, "version", differs),
+        "torch": _agreed(meta, "torch", differs),
+        "hardware": {"machine": host.get("machine"), "cpus": host.get("cpus"),
+                     "node": host.get("node"), "device_name": _agreed(meta, "device_name",
+                                                                      differs),
+                     "gpu": " / ".join(gpus) or None},
+        "device": _agreed(meta, "device", differs),
+        "dtype": _agreed(meta, "dtype", differs),
+        "quantization": _agreed(meta, "quantization", differs),
+        "threads": _agreed(meta, "threads", differs),
+        "context_length": _agreed(meta, "context_length", differs),
+        "sampling": dict(meta.sampling),
+        "speculation": {name: spec for name, info in meta.conditions.items()
+                        if (spec := _speculation(info.fingerprint)) is not None},
+        "passes": plan.passes if plan is not None else meta.blocks,
+        "boots_per_condition": plan.boots_per_condition if plan is not None else 1,
+        "order": meta.order or (plan.order if plan is not None else None),
+        "warmup_requests": meta.warmup_requests,
+        "load_levels": dict(meta.load_levels),
+        "prompts": len(meta.prompt_ids),
+        "differs": differs,
+    }
+
+
+def models(meta: CampaignFile, pilot: Pilot | None = None) -> dict[str, Any]:
+    """The target and each condition's drafter, with the digest the engine took of its
+    files (summary.json's ``models``)."""
+    fps = {name: info.fingerprint for name, info in meta.conditions.items()}
+    differs: list[str] = []
+    target = {"path": _agreed(meta, "model", differs)
+              or (pilot.target.model if pilot else None),
+              "digest": _agreed(meta, "model_digest", differs)}
+    drafters = {}
+    for name, fp in fps.items():
+        cond = pilot.conditions.get(name) if pilot else None
+        path = fp.get("drafter") or (str(cond.drafter) if cond and cond.drafter else None)
+        if path:
+            drafters[name] = {"path": str(path), "digest": fp.get("drafter_digest")}
+    return {"target": target, "drafters": drafters}
+
+
 def setup_rows(meta: CampaignFile, pilot: Pilot | None = None,
                figures: Sequence[Figures] = ()) -> list[tuple[str, str]]:
     """(what, value) rows of the set-up block every report carries (with the figures, the
@@ -181,7 +261,11 @@ def setup_rows(meta: CampaignFile, pilot: Pilot | None = None,
             loop = {"engine": "the engine's draft loop",
                     "transformers": "transformers' assisted generation",
                     }.get(str(fp.get("draft_loop")))
-            rows.append((f"drafter of {name}", str(fp["drafter"])
+            # The folder's name, not the runner's absolute path (summary.json's `models`
+            # has the path): the rows are read in a PR comment.
+            digest = fp.get("drafter_digest")
+            rows.append((f"drafter of {name}", PurePath(str(fp["drafter"])).name
+                         + (f" (digest {digest})" if digest else "")
                          + (f", {k} tokens drafted per step" if k else "")
                          + (f" ({loop})" if loop else "")))
     order = meta.order or (pilot.load.order if pilot else None)
