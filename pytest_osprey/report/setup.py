@@ -138,10 +138,30 @@ def measured_load(figures: Sequence[Figures]) -> str | None:
     return "measured in flight: " + ", ".join(parts) if parts else None
 
 
+def passes_text(ending: Mapping[str, Any], order: str | None = None) -> str:
+    """The passes run of those planned, in words: ``1 of 4 passes interleaved (stopped
+    early; not measured: ...)``; ``ending``: summary.json's ``campaign`` (or
+    ``CampaignEnd.as_dict()``)."""
+    planned = ending.get("passes_planned")
+    text = f"{ending.get('passes_run')} of {planned} pass{'' if planned == 1 else 'es'}"
+    if order:
+        text += f" {order}"
+    notes = []
+    if ending.get("stopped_early"):
+        notes.append("stopped early")
+    elif ending.get("status") not in (None, "complete"):
+        notes.append(str(ending.get("status")))
+    if ending.get("not_measured"):
+        notes.append("not measured: " + ", ".join(map(str, ending["not_measured"])))
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
-                with_hardware: bool = True, figures: Sequence[Figures] = ()) -> str:
-    """One line: engine, device, dtype, threads, passes and order, warm-up, the load each
-    level measured."""
+                with_hardware: bool = True, figures: Sequence[Figures] = (),
+                ending: Mapping[str, Any] | None = None) -> str:
+    """One line: engine, device, dtype, threads, passes and order (with ``ending``, the
+    passes run of those planned, an early stop and what it left unmeasured), warm-up, the
+    load each level measured."""
     parts = [f"{engine_name(meta, pilot)} on {hardware(meta)}" if with_hardware
              else engine_name(meta, pilot)]
     dtype = _common(meta, "dtype")
@@ -151,7 +171,12 @@ def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
     if threads:
         parts.append(f"{threads} thread{'' if str(threads) == '1' else 's'}")
     order = meta.order or (pilot.load.order if pilot else None)
-    parts.append(_design(meta, order))
+    if ending is not None:
+        boots = meta.plan.boots_per_condition if meta.plan is not None else 1
+        parts.append(passes_text(ending, (f"over {boots} boots " if boots > 1 else "")
+                                 + ((meta.plan.order if meta.plan else order) or "")))
+    else:
+        parts.append(_design(meta, order))
     warm = meta.warmup_requests if meta.warmup_requests is not None else (
         pilot.load.warmup_requests if pilot else None)
     if warm is not None:
