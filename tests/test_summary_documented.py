@@ -18,7 +18,8 @@ import pytest
 from pydantic import BaseModel
 
 from pytest_osprey.judgement.figures.measured import figures_for, memory_kind
-from pytest_osprey.report.summary_schema import Summary
+from pytest_osprey.report.setup import models, setup_facts
+from pytest_osprey.report.summary_schema import SetupFacts, Summary
 from pytest_osprey.results.folder import load_campaign
 from testkit.factories import make_record, saved_campaign
 from testkit.recorded_campaign import judge_as_the_plugin_does, record_campaign, write_project
@@ -230,3 +231,24 @@ def test_a_baseline_counting_steps_still_has_no_accept_length() -> None:
 def test_memory_kind_follows_the_engine_facts(facts: dict[str, str] | None,
                                               kind: str | None) -> None:
     assert memory_kind({} if facts is None else {"memory": facts}) == kind
+
+
+def test_setup_facts_from_disagreeing_or_loosely_typed_fingerprints() -> None:
+    fp = {"engine": "sglang", "version": "0.5.3", "dtype": "bfloat16", "context_length": "2048",
+          "threads": "many", "speculation": {"asked": {"algorithm": "EAGLE3", "num_steps": 3},
+                                             "ran": {"num_steps": 2, "eagle_topk": 1}}}
+    data = saved_campaign([make_record("base"), make_record("cand")], baseline="base",
+                          host={"cpus": 16, "machine": "x86_64"},
+                          conditions={"base": {"role": "baseline", "fingerprint": {
+                              **fp, "speculation": None}},
+                                      "cand": {"role": "candidate", "fingerprint": {
+                                          **fp, "dtype": "float16", "drafter": "/m/d"}}})
+    facts = SetupFacts.model_validate(setup_facts(data.meta)).model_dump()
+    assert facts["dtype"] is None and facts["differs"] == ["dtype"]
+    assert (facts["context_length"], facts["threads"]) == (2048, None)
+    assert facts["hardware"]["cpus"] == 16
+    # What the engine read back wins over what was asked; what it does not say, as asked.
+    assert facts["speculation"] == {"cand": {
+        "algorithm": "EAGLE3", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": None,
+        "adaptive": None, "draft_loop": None}}
+    assert models(data.meta)["drafters"] == {"cand": {"path": "/m/d", "digest": None}}

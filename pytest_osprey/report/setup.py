@@ -196,6 +196,19 @@ def _agreed(meta: CampaignFile, key: str, differs: list[str]) -> Any:
     return values[0] if values else None
 
 
+def _count(value: Any) -> int | None:
+    """A count as recorded (some servers report one as text); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _speculation(fp: Mapping[str, Any]) -> dict[str, Any] | None:
     """A speculating condition's settings: as read back from the engine where it says, as
     asked otherwise; None without speculation."""
@@ -209,7 +222,12 @@ def _speculation(fp: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     if side.get("num_draft_tokens") is None:
         side["num_draft_tokens"] = fp.get("num_draft_tokens")
-    return {**side, "draft_loop": fp.get("draft_loop")}
+    for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
+        side[key] = _count(side.get(key))
+    adaptive = side.get("adaptive")
+    return {**side, "algorithm": _text(side.get("algorithm")),
+            "adaptive": adaptive if isinstance(adaptive, bool) else None,
+            "draft_loop": _text(fp.get("draft_loop"))}
 
 
 def setup_facts(meta: CampaignFile, pilot: Pilot | None = None) -> dict[str, Any]:
@@ -222,19 +240,22 @@ def setup_facts(meta: CampaignFile, pilot: Pilot | None = None) -> dict[str, Any
                               and m.get("device")))
     plan = meta.plan
     engine = _agreed(meta, "engine", differs) or (pilot.target.engine if pilot else None)
+
+    def text(key: str) -> str | None:
+        return _text(_agreed(meta, key, differs))
+
     return {
-        "engine": engine,
-        "engine_version": _agreed(meta, "version", differs),
-        "torch": _agreed(meta, "torch", differs),
-        "hardware": {"machine": host.get("machine"), "cpus": host.get("cpus"),
-                     "node": host.get("node"), "device_name": _agreed(meta, "device_name",
-                                                                      differs),
+        "engine": _text(engine),
+        "engine_version": text("version"),
+        "torch": text("torch"),
+        "hardware": {"machine": _text(host.get("machine")), "cpus": _count(host.get("cpus")),
+                     "node": _text(host.get("node")), "device_name": text("device_name"),
                      "gpu": " / ".join(gpus) or None},
-        "device": _agreed(meta, "device", differs),
-        "dtype": _agreed(meta, "dtype", differs),
-        "quantization": _agreed(meta, "quantization", differs),
-        "threads": _agreed(meta, "threads", differs),
-        "context_length": _agreed(meta, "context_length", differs),
+        "device": text("device"),
+        "dtype": text("dtype"),
+        "quantization": text("quantization"),
+        "threads": _count(_agreed(meta, "threads", differs)),
+        "context_length": _count(_agreed(meta, "context_length", differs)),
         "sampling": dict(meta.sampling),
         "speculation": {name: spec for name, info in meta.conditions.items()
                         if (spec := _speculation(info.fingerprint)) is not None},
@@ -253,15 +274,15 @@ def models(meta: CampaignFile, pilot: Pilot | None = None) -> dict[str, Any]:
     files (summary.json's ``models``)."""
     fps = {name: info.fingerprint for name, info in meta.conditions.items()}
     differs: list[str] = []
-    target = {"path": _agreed(meta, "model", differs)
-              or (pilot.target.model if pilot else None),
-              "digest": _agreed(meta, "model_digest", differs)}
+    target = {"path": _text(_agreed(meta, "model", differs)
+                            or (pilot.target.model if pilot else None)),
+              "digest": _text(_agreed(meta, "model_digest", differs))}
     drafters = {}
     for name, fp in fps.items():
         cond = pilot.conditions.get(name) if pilot else None
         path = fp.get("drafter") or (str(cond.drafter) if cond and cond.drafter else None)
         if path:
-            drafters[name] = {"path": str(path), "digest": fp.get("drafter_digest")}
+            drafters[name] = {"path": str(path), "digest": _text(fp.get("drafter_digest"))}
     return {"target": target, "drafters": drafters}
 
 
