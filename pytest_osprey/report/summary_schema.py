@@ -420,8 +420,9 @@ class Summary(_Sheet):
     comparison: Comparison | None = None
     """Comparison with a previous campaign (--osprey-compare); null when none."""
     setup: list[SetupRow] = Field(default_factory=list)
-    """What ran, on what, how (engine and version, hardware, dtype, threads, blocks and
-    order, warm-up, what a load level means for this engine, what the memory figure is)."""
+    """What ran, on what, how, in words, as the reports show it (engine and version,
+    hardware, dtype, threads, blocks and order, warm-up, what a load level means for this
+    engine, what the memory figure is); `setup_facts` has the same as fields."""
     setup_facts: SetupFacts | None = None
     """The set-up as fields (always set by this version)."""
     stability: Stability | None = None
