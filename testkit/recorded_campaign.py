@@ -4,14 +4,17 @@ summary.json and report tests read it as a real run's output."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pytest_osprey.judgement import judge, plan_gates
 from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.report.summary import write_reports
 from pytest_osprey.results.files import write_json_atomic
@@ -149,6 +152,19 @@ def write_project(root: Path) -> Path:
     return project
 
 
+def _drafted(pilot: Pilot, name: str) -> dict[str, Any]:
+    """What the embedded engine's fingerprint adds for a condition that drafts."""
+    drafter = pilot.conditions[name].drafter
+    if drafter is None:
+        return {}
+    k = {"algorithm": "assisted", "num_steps": None, "eagle_topk": None,
+         "num_draft_tokens": 2, "adaptive": False}
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return {"drafter": str(drafter), "drafter_digest": digest,
+            "num_draft_tokens": 2, "draft_loop": "engine",
+            "speculation": {"asked": k, "ran": k, "adaptive_allowed": False}}
+
+
 def record_campaign(project: Path, results: Path) -> None:
     """What a campaign leaves in its results folder (campaign.py, fixtures.py)."""
     pilot = load_pilot(project / "pilot.yaml")
@@ -157,8 +173,13 @@ def record_campaign(project: Path, results: Path) -> None:
     with RecordWriter(results / "records.jsonl") as writer:
         for r in campaign_records(np.random.default_rng(7)):
             writer.write(r)
-    fingerprint = {"engine": "transformers", "version": "4.56.0", "device_name": "cpu",
-                   "dtype": "float32", "context_length": 1024}
+    fingerprint = {"engine": "transformers", "version": "4.56.0", "torch": "2.13.0",
+                   "device": "cpu", "device_name": "cpu", "dtype": "float32",
+                   "quantization": "none", "threads": 2, "context_length": 1024,
+                   "model": pilot.target.model, "model_digest": "0123456789abcdef",
+                   "memory": {"kind": "host", "basis": "weights", "scope": "condition",
+                              "note": "weights + buffers of the loaded models"},
+                   "memory_method": "weights + buffers of the loaded models"}
     meta = {
         "schema": 1, "run_id": RUN_ID, "tool_version": "0.1.0", "pilot_name": pilot.name,
         "config_hash": pilot.digest(), "pilot_text": PILOT, "trace_hash": trace.sha256,
@@ -169,12 +190,12 @@ def record_campaign(project: Path, results: Path) -> None:
         "sampling": pilot.sampling.model_dump(mode="json"),
         "conditions": {
             name: {"role": role, "error": None, "boot_s": 12.5, "peak_memory_mb": mb,
-                   "fingerprint": fingerprint}
+                   "fingerprint": fingerprint | _drafted(pilot, name)}
             for name, (role, _, mb) in CONDITIONS.items()
         },
         "schedule": [], "early_stop": True, "sequential": {}, "stopped_after_block": None,
         "status": "complete", "started_at": 1000.0, "ended_at": 9000.0,
-        "host": {"machine": "x86_64", "node": "n", "python": "3.11"},
+        "host": {"machine": "x86_64", "node": "n", "python": "3.11", "cpus": 2},
     }
     write_json_atomic(results / "campaign.json", meta)
     write_json_atomic(results / "preflight.json", {

@@ -140,8 +140,8 @@ def test_setup_block_says_what_ran_and_what_load_means() -> None:
     assert rows["replay"] == "2 block(s) interleaved"  # recorded before replay plans
     assert rows["warm-up"].startswith("3 request(s)")
     assert "one request at a time" in rows["load levels"] and "queueing" in rows["load levels"]
-    assert rows["drafter of cand"] == "models/d, 4 tokens drafted per step"
-    assert rows["drafter of looped"] == ("models/e, 3 tokens drafted per step "
+    assert rows["drafter of cand"] == "d, 4 tokens drafted per step"  # its folder's name
+    assert rows["drafter of looped"] == ("e, 3 tokens drafted per step "
                                          "(the engine's draft loop)")
     assert rows["started"] == "2026-01-01 00:00 UTC"
     label, short, _ = memory_basis(m)

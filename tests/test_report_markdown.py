@@ -102,7 +102,8 @@ def test_untrusted_text_makes_no_live_markdown(judged: tuple[dict[str, Any], Any
     hostile["verdicts"][0]["headline"] = "KEEP cand: " + evil
     hostile["verdicts"][1]["bullets"][0]["text"] = "# heading " + evil
     hostile["setup"][0]["value"] = evil
-    text = markdown(hostile, meta, "@here # title ![x](https://evil.example/x.png)", "f")
+    text = markdown(hostile, meta, "@here # title ![x](https://evil.example/x.png)", "f",
+                    env={})  # no CI: the run's own links are the only ones allowed
     assert not re.search(r"(?<![\\\w])@\w", text)  # no @name mention
     assert not re.search(r"(?<!\\)!(?<!\\)\[", text)  # no image
     assert not re.search(r"(?<!\\)\[[^\]\\]*(?<!\\)\]\(", text)  # no [text](link)
@@ -143,3 +144,117 @@ def test_default_size_is_small(judged: tuple[dict[str, Any], Any, str]) -> None:
     assert len(text.encode("utf-8")) < 64 * 1024
     assert "Left out" not in text and "cut to fit" not in text
     assert "/tmp" not in text  # the report names its folder, not an absolute path
+
+
+GITHUB = {"GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "acme/serving",
+          "GITHUB_RUN_ID": "123456"}
+GITLAB = {"CI_JOB_URL": "https://gitlab.example.com/acme/serving/-/jobs/77",
+          "CI_PIPELINE_URL": "https://gitlab.example.com/acme/serving/-/pipelines/9"}
+
+
+def _links(text: str) -> list[tuple[str, str]]:
+    import re
+
+    return re.findall(r"(?<!\\)\[([^\]\\]+)\]\((https?://[^)\s]+)\)", text)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    (GITHUB, [("CI run", "https://github.com/acme/serving/actions/runs/123456"),
+              ("artifacts", "https://github.com/acme/serving/actions/runs/123456#artifacts")]),
+    (GITLAB, [("CI pipeline", GITLAB["CI_PIPELINE_URL"]), ("CI job", GITLAB["CI_JOB_URL"]),
+              ("artifacts", GITLAB["CI_JOB_URL"] + "/artifacts/browse")]),
+    ({}, []),
+    # A value that is not a plain URL never becomes a link.
+    ({**GITHUB, "GITHUB_REPOSITORY": "acme/x) [y](https://evil.example"}, []),
+    ({"CI_JOB_URL": "javascript:alert(1)"}, []),
+])
+def test_links_to_the_ci_run_and_its_artifacts(
+        judged: tuple[dict[str, Any], Any, str], monkeypatch: pytest.MonkeyPatch,
+        env: dict[str, str], expected: list[tuple[str, str]]) -> None:
+    summary, meta, _ = judged
+    for key in (*GITHUB, *GITLAB):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    text = markdown(summary, meta, "t", "f")
+    assert _links(text) == expected
+    footer = next(line for line in text.splitlines() if line.startswith("<sub>Campaign"))
+    assert all(f"[{label}]({url})" in footer for label, url in expected)
+
+
+def _tables(text: str) -> list[tuple[str, list[str]]]:
+    """(section title, header cells) of every table."""
+    out, title = [], ""
+    for line, nxt in zip(text.splitlines(), text.splitlines()[1:], strict=False):
+        if line.startswith("<details><summary>"):
+            title = line.removeprefix("<details><summary>").removesuffix("</summary>")
+        if line.startswith("| ") and nxt.startswith("|---"):
+            out.append((title, [c.strip() for c in line.strip("|").split(" | ")]))
+    return out
+
+
+def test_tables_fit_a_pr_comment_and_name_their_load(
+        judged: tuple[dict[str, Any], Any, str]) -> None:
+    _, _, text = judged
+    tables = _tables(text)
+    assert len(tables) >= 9
+    for title, header in tables:
+        assert len(header) <= 7, (title, header)
+        # ~880 px: short headers, a cell of at most a few words
+        assert sum(len(h) for h in header) <= 110, (title, header)
+    for title, header in tables:
+        if title.startswith(("Set-up", "<b>")):  # the set-up lists levels; gates say "at"
+            continue
+        assert "load" in header or " at " in title, (title, header)
+    assert "<summary>Speed and accept length per domain at busy</summary>" in text
+    figures = [h for t, h in tables if t.startswith(("Latency", "Throughput"))]
+    assert len(figures) == 2 and "TPOT p50/p95 ms" in figures[0] and "req/s" in figures[1]
+
+
+def test_break_even_is_rounded_sensibly(judged: tuple[dict[str, Any], Any, str]) -> None:
+    summary, meta, _ = judged
+    costly = copy.deepcopy(summary)
+    be = costly["cost"]["break_even"][0]
+    be.update(days=123.456, requests=12345.6, reason=None)
+    costly["cost"]["table"][0]["setup_cost"] = 12.3456
+    text = markdown(costly, meta, "t", "f", env={})
+    row = next(line for line in text.splitlines()
+               if line.startswith(f"| {be['candidate']} | {be['reference']} | {be['load']} |"))
+    assert "| 12,000 | 120 |" in row
+    assert "| 12.35 |" in text and "12.3456" not in text
+    be.update(days=0.012345)
+    text = markdown(costly, meta, "t", "f", env={})
+    assert "| 0.012 |" in text
+
+
+def test_the_footer_says_how_many_passes_ran(judged: tuple[dict[str, Any], Any, str]) -> None:
+    summary, meta, text = judged
+    footer = next(line for line in text.splitlines() if line.startswith("<sub>Campaign"))
+    assert "2 of 2 passes" in footer and "pass(es)" not in footer
+    stopped = copy.deepcopy(summary)
+    stopped["campaign"].update(
+        passes_planned=4, passes_run=1, stopped_early=True, stopped_after_pass=1,
+        not_measured=["drift between passes"],
+        text="stopped after pass 1 of 4: speed cleared the early-KEEP boundary; not "
+             "measured: drift between passes")
+    footer = next(line for line in markdown(stopped, meta, "t", "f", env={}).splitlines()
+                  if line.startswith("<sub>Campaign"))
+    assert "1 of 4 passes (stopped early)" in footer
+    assert "stopped after pass 1 of 4: speed cleared the early-KEEP boundary" in footer
+    assert footer.count("drift between passes") == 1
+
+
+def test_the_set_up_line_says_the_passes_run(judged: tuple[dict[str, Any], Any, str]) -> None:
+    from pytest_osprey.report.setup import short_setup
+
+    _, meta, _ = judged
+    ending = {"status": "complete", "passes_planned": 4, "passes_run": 1,
+              "stopped_early": True, "not_measured": ["drift between passes",
+                                                      "near-tie control"]}
+    line = short_setup(meta, ending=ending)
+    assert ("1 of 4 passes (stopped early; not measured: drift between passes, near-tie "
+            "control)") in line
+    assert "pass(es)" not in line
+    full = short_setup(meta, ending={**ending, "passes_run": 4, "stopped_early": False,
+                                     "not_measured": []})
+    assert "4 of 4 passes" in full and "stopped early" not in full

@@ -98,12 +98,12 @@ def test_summary_validates_against_the_json_schema(run: Run) -> None:
 def test_files_without_the_later_additions_still_validate(run: Run) -> None:
     # What summary.json held before the schema was written down is still a valid sheet.
     later = ("comparison", "setup", "stability", "goodput", "domains",
-             "acceptance_by_position")
+             "acceptance_by_position", "campaign", "models", "setup_facts")
     old = {k: v for k, v in run.summary.items() if k not in later}
     old["verdicts"] = [{k: v[k] for k in ("candidate", "verdict", "reasons")}
                        for v in old["verdicts"]]
     added = ("load_label", "dispatch_lag_p99_s", "cost_per_request", "checked", "correct",
-             "correct_fraction")
+             "correct_fraction", "memory_kind", "speedup", "speedup_ci")
     old["figures"] = [{k: v for k, v in f.items() if k not in added} for f in old["figures"]]
     old["gates"] = [{k: v for k, v in g.items() if k != "evidence"} for g in old["gates"]]
     old["verdicts"] = [{k: v for k, v in v.items() if k not in ("unproven", "unchecked")}
@@ -132,9 +132,9 @@ def test_schema_rejects_a_broken_sheet(run: Run) -> None:
 
 
 TOP_KEYS = ["schema", "run_id", "pilot_name", "trace_hash", "config_hash", "status",
-            "partial", "rejudged", "verdicts", "gates", "figures", "cost", "conditions",
-            "comparison", "setup", "stability", "goodput", "domains", "acceptance_by_position",
-            "shards", "merge_note"]
+            "partial", "rejudged", "campaign", "models", "verdicts", "gates", "figures", "cost",
+            "conditions", "comparison", "setup", "setup_facts", "stability", "goodput",
+            "domains", "acceptance_by_position", "shards", "merge_note"]
 GATE_KEYS = ["kind", "id", "condition", "reference", "load", "slice", "gating", "outcome",
              "evidence", "summary", "estimate", "ci", "threshold", "p_value", "details"]
 FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", "ttft_p95_s",
@@ -144,7 +144,8 @@ FIGURE_KEYS = ["condition", "load", "concurrency", "ok", "total", "ttft_p50_s", 
                "peak_memory_mb", "load_label", "dispatch_lag_p99_s", "cost_per_request",
                "checked", "correct", "correct_fraction", "in_flight_mean", "in_flight_min",
                "in_flight_within", "achieved_rate", "fillers", "requests_per_s",
-               "input_tokens_mean", "output_tokens_mean", "output_tokens_total", "duration_s"]
+               "input_tokens_mean", "output_tokens_mean", "output_tokens_total", "duration_s",
+               "memory_kind", "speedup", "speedup_ci"]
 COST_KEYS = ["currency", "device_hour_price", "devices_per_server", "expected_requests_per_day",
              "primary_load", "limits", "table", "break_even"]
 COST_ROW_KEYS = ["condition", "load", "concurrency", "ok", "total", "busy_s",
@@ -178,7 +179,7 @@ def test_golden_structure(run: Run) -> None:
                                     "warnings"]
     assert {(d["candidate"], d["domain"]) for d in s["domains"]} == {("cand", "d"),
                                                                      ("slow", "d")}
-    assert all(list(c) == ["role", "error", "boot_s", "peak_memory_mb"]
+    assert all(list(c) == ["role", "error", "boot_s", "peak_memory_mb", "memory_kind"]
                for c in s["conditions"].values())
     # Every quality check the recorded campaign ran is checked; the one it did not, named.
     for v in s["verdicts"]:

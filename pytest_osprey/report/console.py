@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..judgement import Comparison, Judgement, diagnose_all, stability
 from ..pilot.schema import Pilot
+from ..results.ending import campaign_end
 from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
 from .headline import bullet_lines, headline
@@ -37,7 +38,9 @@ def table_columns(judgement: Judgement, data: SavedCampaign) -> Columns:
 def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
                   comparison: Comparison | None, reports: Sequence[Path]) -> list[Line]:
     cols = table_columns(judgement, data)
-    out = [Line(f"set-up: {short_setup(data.meta, pilot, figures=judgement.figures)}")]
+    setup = short_setup(data.meta, pilot, figures=judgement.figures,
+                        ending=campaign_end(data).as_dict())
+    out = [Line(f"set-up: {setup}")]
     out += [Line(t) for t in text_table(judgement.figures, cols)]
     out.append(Line(legend(cols)))
     for warning in stability(data).warnings:

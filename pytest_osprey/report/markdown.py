@@ -1,10 +1,13 @@
 """report.md: made to be read as a pull-request comment or a CI step summary.
 
 First what decides: a headline per candidate with its reasons, a warning when the machine was
-unsteady, one key table, and a line saying when, on what, and where the full report is. Then
+unsteady, one key table, and a line saying when, on what, how many passes ran, and where the
+full report is (under GitHub Actions or GitLab CI, links to the run and its artifacts). Then
 the details, each collapsed (``<details>``): the gates that decide, the gates reported only
-(visibly apart: they never fail the run), cost, set-up, stability, all figures, per-domain
-speed, goodput. A comparison with an earlier campaign stays in the head: a regression is news.
+(visibly apart: they never fail the run), cost, set-up, stability, latency, throughput and
+memory, per-domain speed, goodput. A comparison with an earlier campaign stays in the head: a
+regression is news. Tables keep to seven short columns (a PR comment is about 880 px wide),
+and each names the load level of its rows.
 
 Every piece of text from the pilot, the engine or the records is escaped (``<``, ``>``, ``&``,
 ``[``, ``]``, ``!``, ``#``, a joiner after ``@`` and in ``://``, and ``|`` in table cells): a
@@ -17,13 +20,15 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..judgement import Figures
 from ..results.campaign_file import CampaignFile
 from .setup import hardware, memory_basis, shards_line, short_setup, started
-from .terminal import Columns, speedup_cells, speedup_text, table_rows
+from .terminal import Columns, in_flight_text, speedup_cells, speedup_text, table_rows
 
 GITHUB_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step summary
 RESERVE = 400  # bytes kept for the truncation note
@@ -105,20 +110,54 @@ def _figures(summary: Mapping[str, Any]) -> list[Figures]:
 
 
 def key_table(summary: Mapping[str, Any], meta: CampaignFile) -> list[str]:
+    """Seven short columns: what decides, at each load level (the rest is in the details)."""
     cols = _columns(summary, meta)
-    rows = [(r[0], r[1], r[5], r[4], r[3], r[6], r[7], r[9])
+    rows = [(r[0], r[1], r[5], r[4], r[3], r[6], r[7])
             for r in table_rows(_figures(summary), cols)]
-    return _table(("condition", "load", "speedup vs baseline [95% CI]",
-                   "completion p50/p95 ms", "TTFT p50/p95 ms", "aggregate tok/s",
-                   "accept len", "in flight"), rows)
+    return _table(("condition", "load", "speedup [95% CI]", "completion p50/p95 ms",
+                   "TTFT p50/p95 ms", "tok/s", "accept len"), rows)
 
 
-def _footer(meta: CampaignFile, folder: str) -> str:
+_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/-]*)?")
+_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+def ci_links(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(label, URL) of the CI run and its artifacts, from GitHub Actions' or GitLab CI's
+    variables; none outside CI. A value that is not a plain URL (or repository, or run id) is
+    left out: it goes into a link."""
+    server, repo, run = (env.get(k, "") for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY",
+                                                   "GITHUB_RUN_ID"))
+    if _URL.fullmatch(server) and _REPO.fullmatch(repo) and run.isdigit():
+        url = f"{server.rstrip('/')}/{repo}/actions/runs/{run}"
+        return [("CI run", url), ("artifacts", f"{url}#artifacts")]
+    job, pipeline = env.get("CI_JOB_URL", ""), env.get("CI_PIPELINE_URL", "")
+    out = []
+    if _URL.fullmatch(pipeline):
+        out.append(("CI pipeline", pipeline))
+    if _URL.fullmatch(job):
+        out += [("CI job", job), ("artifacts", f"{job.rstrip('/')}/artifacts/browse")]
+    return out
+
+
+def _footer(summary: Mapping[str, Any], meta: CampaignFile, folder: str,
+            env: Mapping[str, str]) -> str:
     when = started(meta) or "date unknown"
-    return (f"<sub>Campaign started {esc(when)} on {esc(hardware(meta))} &middot; "
-            f"{esc(short_setup(meta, with_hardware=False))} &middot; run `{esc(meta.run_id)}` "
-            f"&middot; full report with plots: `{esc(folder)}/report.html` in the results "
-            "folder</sub>")
+    ending = summary.get("campaign")
+    if isinstance(ending, Mapping) and (ending.get("stopped_early")
+                                        or ending.get("status") != "complete"):
+        # Why it ended early, in the ending's own words (with what was not measured).
+        setup = esc(short_setup(meta, with_hardware=False,
+                                ending={**ending, "not_measured": []}))
+        setup += f" &middot; {esc(ending.get('text'))}"
+    elif isinstance(ending, Mapping):
+        setup = esc(short_setup(meta, with_hardware=False, ending=ending))
+    else:
+        setup = esc(short_setup(meta, with_hardware=False))
+    links = "".join(f" &middot; [{label}]({url})" for label, url in ci_links(env))
+    return (f"<sub>Campaign started {esc(when)} on {esc(hardware(meta))} &middot; {setup} "
+            f"&middot; run `{esc(meta.run_id)}` &middot; full report with plots: "
+            f"`{esc(folder)}/report.html` in the results folder{links}</sub>")
 
 
 # --------------------------------------------------------------------------- details
@@ -177,6 +216,25 @@ def _money(value: object) -> str:
     return f"{value:,.{max(2, 2 - math.floor(math.log10(abs(value))))}f}"
 
 
+def _cents(value: object) -> str:
+    """Money to the cent (a setup cost, a price)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    return f"{value:,.2f}" if math.isfinite(value) else f"{value:g}"
+
+
+def _sig2(value: object) -> str:
+    """Two significant figures, plain decimals: break-even days and requests are estimates
+    from a few minutes of traffic, not to the unit."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    digits = 1 - math.floor(math.log10(abs(value)))
+    rounded = round(value, digits)
+    return f"{rounded:,.{max(digits, 0)}f}"
+
+
 def _cost(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
     cost = summary.get("cost") or {}
     if not cost or not cost.get("device_hour_price"):
@@ -185,17 +243,18 @@ def _cost(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
             "request or break-even is computed."])
     cur = esc(cost.get("currency"))
     rows = [(c.get("condition"), c.get("load"), _money(c.get("cost_per_request")),
-             _money(c.get("requests_per_hour")), _money(c.get("setup_cost")))
+             _sig2(c.get("requests_per_hour")), _cents(c.get("setup_cost")))
             for c in cost.get("table", [])]
-    lines = [f"{_money(cost.get('device_hour_price'))} {cur} per device-hour x "
+    lines = [f"{_cents(cost.get('device_hour_price'))} {cur} per device-hour x "
              f"{cost.get('devices_per_server')} device(s).", "",
              *_table(("condition", "load", f"cost per ok request ({cur})", "ok requests/hour",
                       f"setup ({cur})"), rows)]
-    be = [(b.get("candidate"), b.get("reference"), _money(b.get("requests")),
-           _money(b.get("days")), b.get("reason") or "")
+    be = [(b.get("candidate"), b.get("reference"), b.get("load"), _sig2(b.get("requests")),
+           _sig2(b.get("days")), b.get("reason") or "")
           for b in cost.get("break_even", [])]
     if be:
-        lines += ["", *_table(("candidate", "vs", "break-even requests", "days", "note"), be)]
+        lines += ["", *_table(("candidate", "vs", "load", "break-even requests", "days",
+                               "note"), be)]
     return "Cost and break-even", lines
 
 
@@ -222,12 +281,49 @@ def _stability(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     return "Environment stability", lines
 
 
-def _all_figures(summary: Mapping[str, Any], meta: CampaignFile) -> tuple[str, list[str]]:
-    cols = _columns(summary, meta)
-    from .terminal import header
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
 
-    return "All figures", _table(header(cols, full=True),
-                                 table_rows(_figures(summary), cols, full=True))
+
+def _num(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _all_figures(summary: Mapping[str, Any], meta: CampaignFile) -> list[tuple[str, list[str]]]:
+    """Latency, then throughput and memory: two tables of at most seven short columns, each
+    row naming its load level."""
+    figs = _figures(summary)
+    cols = _columns(summary, meta)
+    baseline = meta.baseline
+
+    def pair(a: float | None, b: float | None) -> str:
+        return f"{_ms(a)}/{_ms(b)}"
+
+    def accept(f: Figures) -> str:
+        if f.condition == baseline:
+            return "n/a"
+        if f.accept_length_pooled is None:
+            return "-"
+        mean = f"{f.accept_length_mean:.2f}" if f.accept_length_mean is not None else "-"
+        return f"{f.accept_length_pooled:.2f}/{mean}"
+
+    latency = [(f.condition, f"{f.load} ({f.load_label})", f"{f.ok}/{f.total}",
+                pair(f.ttft_p50_s, f.ttft_p95_s), pair(f.e2e_p50_s, f.e2e_p95_s),
+                pair(f.tpot_p50_s, f.tpot_p95_s)) for f in figs]
+    throughput = [(f.condition, f"{f.load} ({f.load_label})", _num(f.tokens_per_s, "{:.1f}"),
+                   _num(f.requests_per_s), accept(f), _num(f.peak_memory_mb, "{:.0f}"),
+                   in_flight_text(f)) for f in figs]
+    return [
+        ("Latency per condition and load", _table(
+            ("condition", "load", "ok/total", "TTFT p50/p95 ms", "completion p50/p95 ms",
+             "TPOT p50/p95 ms"), latency)),
+        ("Throughput and memory per condition and load", [
+            *_table(("condition", "load", "tok/s", "req/s", "accept len", cols.memory,
+                     "in flight"), throughput),
+            "", f"tok/s, req/s: all completed requests over busy wall time; accept len: "
+            f"pooled/mean tokens per verify step (n/a: speculation off); {esc(cols.memory)}: "
+            f"{esc(cols.memory_note)}; in flight: requests at the engine, averaged"]),
+    ]
 
 
 def _domains(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
@@ -239,7 +335,8 @@ def _domains(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
         return speedup_text((r.get("speedup"), r.get("ci_low"), r.get("ci_high")))
 
     accept = [r.get("accept_length") for r in rows]
-    return ("Speed and accept length per domain", _table(
+    loads = ", ".join(dict.fromkeys(str(r.get("load")) for r in rows))
+    return (f"Speed and accept length per domain at {esc(loads)}", _table(
         ("candidate", "domain", "slice", "prompts", "speedup [95% CI]", "accept len"),
         [(r.get("candidate"), r.get("domain"), r.get("slice"), r.get("prompts"), ci(r),
           f"{a:.2f}" if isinstance(a, float) else "-") for r, a in zip(rows, accept,
@@ -297,8 +394,9 @@ def _shards(summary: Mapping[str, Any]) -> list[str]:
 
 
 def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder: str,
-             max_kib: int = 64) -> str:
-    """report.md for ``summary`` (summary.json's content), at most ``max_kib`` KiB."""
+             max_kib: int = 64, env: Mapping[str, str] | None = None) -> str:
+    """report.md for ``summary`` (summary.json's content), at most ``max_kib`` KiB; ``env``
+    (default: this process's) names the CI run it links to."""
     limit = min(max_kib * 1024, GITHUB_LIMIT) - RESERVE
     head = [f"## {esc(title)}", ""]
     partial = summary.get("partial")
@@ -313,14 +411,15 @@ def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder:
     warnings = (summary.get("stability") or {}).get("warnings") or []
     if warnings:
         head += ["> [!WARNING]", *[f"> Unsteady machine: {esc(w)}" for w in warnings], ""]
-    head += [*key_table(summary, meta), "", _footer(meta, folder), "", ""]
+    footer = _footer(summary, meta, folder, os.environ if env is None else env)
+    head += [*key_table(summary, meta), "", footer, "", ""]
     text = "\n".join(head)
     if _size(text) > limit:  # a head that alone is too large: cut at a line
         raw = text.encode("utf-8")[:limit]
         text = raw[: raw.rfind(b"\n") + 1].decode("utf-8", "ignore")
         return text + "\n*report.md cut at its size cap: the rest is in report.html.*\n"
     sections = [*_gates(summary), _cost(summary), _setup(summary), _stability(summary),
-                _all_figures(summary, meta), _domains(summary), _goodput(summary)]
+                *_all_figures(summary, meta), _domains(summary), _goodput(summary)]
     left_out = []
     for sec in sections:
         if sec is None:

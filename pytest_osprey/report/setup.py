@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Any
 
 from ..judgement import Figures
@@ -137,10 +138,30 @@ def measured_load(figures: Sequence[Figures]) -> str | None:
     return "measured in flight: " + ", ".join(parts) if parts else None
 
 
+def passes_text(ending: Mapping[str, Any], order: str | None = None) -> str:
+    """The passes run of those planned, in words: ``1 of 4 passes interleaved (stopped
+    early; not measured: ...)``; ``ending``: summary.json's ``campaign`` (or
+    ``CampaignEnd.as_dict()``)."""
+    planned = ending.get("passes_planned")
+    text = f"{ending.get('passes_run')} of {planned} pass{'' if planned == 1 else 'es'}"
+    if order:
+        text += f" {order}"
+    notes = []
+    if ending.get("stopped_early"):
+        notes.append("stopped early")
+    elif ending.get("status") not in (None, "complete"):
+        notes.append(str(ending.get("status")))
+    if ending.get("not_measured"):
+        notes.append("not measured: " + ", ".join(map(str, ending["not_measured"])))
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
-                with_hardware: bool = True, figures: Sequence[Figures] = ()) -> str:
-    """One line: engine, device, dtype, threads, passes and order, warm-up, the load each
-    level measured."""
+                with_hardware: bool = True, figures: Sequence[Figures] = (),
+                ending: Mapping[str, Any] | None = None) -> str:
+    """One line: engine, device, dtype, threads, passes and order (with ``ending``, the
+    passes run of those planned, an early stop and what it left unmeasured), warm-up, the
+    load each level measured."""
     parts = [f"{engine_name(meta, pilot)} on {hardware(meta)}" if with_hardware
              else engine_name(meta, pilot)]
     dtype = _common(meta, "dtype")
@@ -150,7 +171,12 @@ def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
     if threads:
         parts.append(f"{threads} thread{'' if str(threads) == '1' else 's'}")
     order = meta.order or (pilot.load.order if pilot else None)
-    parts.append(_design(meta, order))
+    if ending is not None:
+        boots = meta.plan.boots_per_condition if meta.plan is not None else 1
+        parts.append(passes_text(ending, (f"over {boots} boots " if boots > 1 else "")
+                                 + ((meta.plan.order if meta.plan else order) or "")))
+    else:
+        parts.append(_design(meta, order))
     warm = meta.warmup_requests if meta.warmup_requests is not None else (
         pilot.load.warmup_requests if pilot else None)
     if warm is not None:
@@ -158,6 +184,106 @@ def short_setup(meta: CampaignFile, pilot: Pilot | None = None,
     line = ", ".join(parts)
     load = measured_load(figures)
     return f"{line}; {load}" if load else line
+
+
+def _agreed(meta: CampaignFile, key: str, differs: list[str]) -> Any:
+    """The conditions' common fingerprint value of ``key``; None (and ``key`` in ``differs``)
+    when they disagree, None when none says."""
+    values = [fp[key] for fp in _fingerprints(meta) if fp.get(key) is not None]
+    if len({repr(v) for v in values}) > 1:
+        differs.append(key)
+        return None
+    return values[0] if values else None
+
+
+def _count(value: Any) -> int | None:
+    """A count as recorded (some servers report one as text); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _speculation(fp: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A speculating condition's settings: as read back from the engine where it says, as
+    asked otherwise; None without speculation."""
+    facts = fp.get("speculation")
+    side = {}
+    if isinstance(facts, Mapping):
+        ran, asked = facts.get("ran") or {}, facts.get("asked") or {}
+        side = {k: ran.get(k) if ran.get(k) is not None else asked.get(k)
+                for k in ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens", "adaptive")}
+    if not fp.get("drafter") and not any(v is not None for v in side.values()):
+        return None
+    if side.get("num_draft_tokens") is None:
+        side["num_draft_tokens"] = fp.get("num_draft_tokens")
+    for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
+        side[key] = _count(side.get(key))
+    adaptive = side.get("adaptive")
+    return {**side, "algorithm": _text(side.get("algorithm")),
+            "adaptive": adaptive if isinstance(adaptive, bool) else None,
+            "draft_loop": _text(fp.get("draft_loop"))}
+
+
+def setup_facts(meta: CampaignFile, pilot: Pilot | None = None) -> dict[str, Any]:
+    """The set-up as fields (summary.json's ``setup_facts``), from campaign.json."""
+    differs: list[str] = []
+    host = meta.host
+    memory = [fp.get("memory") for fp in _fingerprints(meta)]
+    gpus = list(dict.fromkeys(str(m["device"]) for m in memory
+                              if isinstance(m, Mapping) and m.get("kind") == "gpu"
+                              and m.get("device")))
+    plan = meta.plan
+    engine = _agreed(meta, "engine", differs) or (pilot.target.engine if pilot else None)
+
+    def text(key: str) -> str | None:
+        return _text(_agreed(meta, key, differs))
+
+    return {
+        "engine": _text(engine),
+        "engine_version": text("version"),
+        "torch": text("torch"),
+        "hardware": {"machine": _text(host.get("machine")), "cpus": _count(host.get("cpus")),
+                     "node": _text(host.get("node")), "device_name": text("device_name"),
+                     "gpu": " / ".join(gpus) or None},
+        "device": text("device"),
+        "dtype": text("dtype"),
+        "quantization": text("quantization"),
+        "threads": _count(_agreed(meta, "threads", differs)),
+        "context_length": _count(_agreed(meta, "context_length", differs)),
+        "sampling": dict(meta.sampling),
+        "speculation": {name: spec for name, info in meta.conditions.items()
+                        if (spec := _speculation(info.fingerprint)) is not None},
+        "passes": plan.passes if plan is not None else meta.blocks,
+        "boots_per_condition": plan.boots_per_condition if plan is not None else 1,
+        "order": meta.order or (plan.order if plan is not None else None),
+        "warmup_requests": meta.warmup_requests,
+        "load_levels": dict(meta.load_levels),
+        "prompts": len(meta.prompt_ids),
+        "differs": differs,
+    }
+
+
+def models(meta: CampaignFile, pilot: Pilot | None = None) -> dict[str, Any]:
+    """The target and each condition's drafter, with the digest the engine took of its
+    files (summary.json's ``models``)."""
+    fps = {name: info.fingerprint for name, info in meta.conditions.items()}
+    differs: list[str] = []
+    target = {"path": _text(_agreed(meta, "model", differs)
+                            or (pilot.target.model if pilot else None)),
+              "digest": _text(_agreed(meta, "model_digest", differs))}
+    drafters = {}
+    for name, fp in fps.items():
+        cond = pilot.conditions.get(name) if pilot else None
+        path = fp.get("drafter") or (str(cond.drafter) if cond and cond.drafter else None)
+        if path:
+            drafters[name] = {"path": str(path), "digest": _text(fp.get("drafter_digest"))}
+    return {"target": target, "drafters": drafters}
 
 
 def setup_rows(meta: CampaignFile, pilot: Pilot | None = None,
@@ -181,7 +307,11 @@ def setup_rows(meta: CampaignFile, pilot: Pilot | None = None,
             loop = {"engine": "the engine's draft loop",
                     "transformers": "transformers' assisted generation",
                     }.get(str(fp.get("draft_loop")))
-            rows.append((f"drafter of {name}", str(fp["drafter"])
+            # The folder's name, not the runner's absolute path (summary.json's `models`
+            # has the path): the rows are read in a PR comment.
+            digest = fp.get("drafter_digest")
+            rows.append((f"drafter of {name}", PurePath(str(fp["drafter"])).name
+                         + (f" (digest {digest})" if digest else "")
                          + (f", {k} tokens drafted per step" if k else "")
                          + (f" ({loop})" if loop else "")))
     order = meta.order or (pilot.load.order if pilot else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,18 @@ from ..judgement import (
     per_position_acceptance,
     stability,
 )
+from ..judgement.figures.measured import memory_kind
 from ..pilot.schema import Pilot
 from ..results.campaign_file import live_status
+from ..results.ending import campaign_end
 from ..results.files import write_json_atomic, write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.redact import scrub
 from .headline import headline
 from .markdown import markdown
-from .setup import setup_rows
+from .setup import models, setup_facts, setup_rows
 from .summary_schema import SUMMARY_SCHEMA, Summary
+from .terminal import speedup_cells
 
 
 def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
@@ -38,6 +42,12 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                              judgement.figures, data)
     acceptance = {c: shares for c in meta.conditions
                   if (shares := per_position_acceptance(data.of(c))) is not None}
+    gates = [g.as_dict() for g in judgement.results.values()]
+    speedups = speedup_cells(gates, meta.baseline)
+    figures = [f.model_copy(update={"speedup": cell[0], "speedup_ci": [cell[1], cell[2]]
+                                    if cell[1] is not None else None})
+               if (cell := speedups.get((f.condition, f.load))) is not None else f
+               for f in judgement.figures]
     summary = Summary.model_validate({
         "schema": SUMMARY_SCHEMA,
         "run_id": meta.run_id,
@@ -45,6 +55,11 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "trace_hash": meta.trace_hash,
         "config_hash": meta.config_hash,
         "status": live_status(meta),
+        "campaign": {**campaign_end(data).as_dict(), "tool_version": meta.tool_version,
+                     "started_at": meta.started_at, "ended_at": meta.ended_at,
+                     "started_at_iso": _iso(meta.started_at),
+                     "ended_at_iso": _iso(meta.ended_at)},
+        "models": models(meta, pilot),
         "partial": partial,
         "rejudged": rejudged,
         "verdicts": [
@@ -55,16 +70,18 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
              "unproven": [f"{g.spec.kind}[{g.spec.id}] {g.evidence}" for g in v.unproven]}
             for v, d in zip(judgement.verdicts, diagnoses, strict=True)
         ],
-        "gates": [g.as_dict() for g in judgement.results.values()],
-        "figures": judgement.figures,
+        "gates": gates,
+        "figures": figures,
         "cost": cost_summary(pilot, data),
         "conditions": {
             name: {"role": info.role, "error": info.error, "boot_s": info.boot_s,
-                   "peak_memory_mb": info.peak_memory_mb}
+                   "peak_memory_mb": info.peak_memory_mb,
+                   "memory_kind": memory_kind(info.fingerprint)}
             for name, info in meta.conditions.items()
         },
         "comparison": comparison,
         "setup": [{"what": k, "value": v} for k, v in setup_rows(meta, pilot, judgement.figures)],
+        "setup_facts": setup_facts(meta, pilot),
         "stability": stability(data),
         "goodput": goodput_section(pilot, data),
         "domains": all_domain_rows(data, pilot.primary_load, pilot.sampling.seed),
@@ -75,6 +92,10 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "merge_note": meta.merge_note,
     })
     return summary.model_dump(by_alias=True)
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def write_reports(directory: Path, judgement: Judgement, data: SavedCampaign,

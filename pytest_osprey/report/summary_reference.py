@@ -119,7 +119,9 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "CI low > threshold (the deciding test's one-sided p <= alpha) and the environment "
         "stable enough (no pass changed by as much as that margin); fail when CI high < "
         "threshold; else inconclusive. The primary gate with "
-        "`decision.early_stop`: the group-sequential decision at the campaign's last look",
+        "`decision.early_stop`: the group-sequential decision at the campaign's last look. "
+        "A slice gate on a trace without prompts of that slice is not run: skip, with "
+        "`not_run` saying so (never listed in `verdicts[].unproven`)",
         "completion-latency speedup, reference / candidate, by `decision.speedup_metric`: "
         "per_prompt (geometric mean of per-prompt ratios) or total_time (ratio of summed "
         "latencies) (ratio; > 1 is faster); CI: t with a variance clustered by prompt and by "
@@ -141,7 +143,7 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "`one_block` or `unstable_environment`), `sequential` (`look`, `looks`, `z`, "
         "`keep_boundary`, `drop_boundary`, `decision`), `advice` (`more_prompts`, "
         "`more_passes`: (smallest, central, largest), `better`, `settle`: what would settle "
-        "it, in words)"),
+        "it, in words); a slice gate not run: only `not_run` (why, in words)"),
     GateKind.BOOT_CONSISTENCY: KindDoc(
         "with `load.boots_per_condition` >= 2: the condition's boots serve alike: identical "
         "greedy outputs at the lightest load (first pass of each boot; near-ties by the first "

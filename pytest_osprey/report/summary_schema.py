@@ -196,6 +196,140 @@ class GateEntry(_Sheet):
     """Kind-specific evidence (see Gate kinds below); `{}` when none."""
 
 
+class CampaignEntry(_Sheet):
+    """How the campaign ran and ended (`campaign`): the passes planned and run, whether early
+    stopping ended it, what it could not measure, and when."""
+
+    status: str
+    """complete, interrupted or running, as campaign.json says."""
+    passes_planned: int
+    """Timed passes the replay plan holds, over every boot (count)."""
+    passes_run: int
+    """Timed passes that sent at least one measured request (count)."""
+    stopped_early: bool
+    """True when early stopping ended the campaign before its last pass."""
+    stopped_after_pass: int | None
+    """The pass after which it stopped (1-based); null when it was not stopped early."""
+    decisions: dict[str, str]
+    """Candidate -> the decision at the stopping look (keep, drop, inconclusive); `{}` when
+    it was not stopped early."""
+    not_measured: list[str]
+    """What the passes run could not measure (one pass of several: drift between passes,
+    the near-tie control); `[]` when nothing was lost."""
+    units: dict[str, int]
+    """Closed-loop level -> the speed test's time units there (blocks x passes run, count)."""
+    text: str
+    """The ending in plain words (what report.md's footer says)."""
+    tool_version: str | None
+    """The pytest-osprey version that recorded the campaign."""
+    started_at: float | None
+    """When the campaign started (Unix time, seconds)."""
+    ended_at: float | None
+    """When it ended (Unix time, seconds); null while it runs."""
+    started_at_iso: str | None
+    """`started_at` in UTC, ISO 8601."""
+    ended_at_iso: str | None
+    """`ended_at` in UTC, ISO 8601."""
+
+
+class ModelEntry(_Sheet):
+    """A model checkpoint the campaign served (`models.target`, `models.drafters.NAME`)."""
+
+    path: str | None
+    """Its folder, or the model id a server resolved, as the pilot names it."""
+    digest: str | None
+    """What the engine took of its files: sha256 over its `*.safetensors` and `config.json`
+    (name and bytes, file by file), the first 16 hex digits; null where the engine took none
+    (a launched server or an endpoint loads the files itself)."""
+
+
+class ModelsSection(_Sheet):
+    """The target and the drafters (`models`)."""
+
+    target: ModelEntry
+    """The target model, the same for every condition."""
+    drafters: dict[str, ModelEntry]
+    """Condition -> its drafter; conditions without one (the baseline) are absent."""
+
+
+class HardwareFacts(_Sheet):
+    """The machine (`setup_facts.hardware`)."""
+
+    machine: str | None
+    """The host's architecture (`x86_64`, `aarch64`)."""
+    cpus: int | None
+    """The host's CPUs (count)."""
+    node: str | None
+    """The host's name."""
+    device_name: str | None
+    """The device the engine names (a GPU's model, a CPU's processor)."""
+    gpu: str | None
+    """The GPU(s) the memory figure was read on, with their memory; null on CPU."""
+
+
+class SpeculationFacts(_Sheet):
+    """How one condition speculated (`setup_facts.speculation.NAME`): as the engine reported
+    it where it does, as the pilot asked otherwise; null where neither says."""
+
+    algorithm: str | None
+    """The engine's algorithm (`EAGLE3`, `eagle3`, `assisted`, ...)."""
+    num_steps: int | None
+    """Draft steps per verify step (SGLang, count)."""
+    eagle_topk: int | None
+    """Branches kept per draft step (SGLang EAGLE, count)."""
+    num_draft_tokens: int | None
+    """Tokens drafted per verify step (SGLang: the root included, count)."""
+    adaptive: bool | None
+    """The draft depth changes at run time."""
+    draft_loop: str | None
+    """Who runs the draft loop in the embedded engine (`engine`, `transformers`); null for
+    other engines."""
+
+
+class SetupFacts(_Sheet):
+    """The set-up as fields (`setup_facts`), read from campaign.json: what `setup` says in
+    words. A fingerprint field the conditions disagree on is null and named in `differs`
+    (the fairness gate fails on it)."""
+
+    engine: str | None
+    """Engine name (transformers, sglang, vllm, endpoint)."""
+    engine_version: str | None
+    """Its version, as the engine reports it."""
+    torch: str | None
+    """torch's version where the engine runs in this process; null otherwise."""
+    hardware: HardwareFacts
+    """The machine."""
+    device: str | None
+    """The device the embedded engine ran on (`cpu`, `cuda:0`); null for other engines."""
+    dtype: str | None
+    """Weights' precision (`float32`, `bfloat16`)."""
+    quantization: str | None
+    """Quantization (`none`, `int8`, ...); null where not recorded."""
+    threads: int | None
+    """Compute threads of the embedded engine (count); null for other engines."""
+    context_length: int | None
+    """Context length the target was loaded with (tokens)."""
+    sampling: dict[str, Any]
+    """The sampling settings as recorded (`greedy`, `sampled`, `params`, `serving`, `seed`:
+    the pilot's `sampling` section as run)."""
+    speculation: dict[str, SpeculationFacts]
+    """Condition -> how it speculated; conditions without speculation are absent."""
+    passes: int
+    """Timed passes per boot the plan holds (count)."""
+    boots_per_condition: int
+    """Engine boots per condition (count)."""
+    order: str | None
+    """interleaved or sequential."""
+    warmup_requests: int | None
+    """Warm-up requests per condition after each boot, not recorded (count)."""
+    load_levels: dict[str, Any]
+    """Level name -> concurrency (closed loop, int) or `{rate, max_concurrency}` (open loop)."""
+    prompts: int
+    """Prompts in the trace as replayed (count)."""
+    differs: list[str]
+    """Fingerprint fields the conditions disagree on; `[]` when they all agree."""
+
+
 class ConditionEntry(_Sheet):
     """One condition as the campaign ran it (`conditions.NAME`)."""
 
@@ -206,7 +340,13 @@ class ConditionEntry(_Sheet):
     boot_s: float | None
     """Engine boot time (seconds)."""
     peak_memory_mb: float | None
-    """Peak device memory over the campaign (MiB)."""
+    """The condition's memory figure (MiB), what `memory_kind` says: the embedded engine on
+    CPU, the weights and buffers it holds loaded (not a peak); a GPU engine, its peak GPU
+    memory over the campaign; a launched server without a visible GPU, its process tree's
+    peak resident memory."""
+    memory_kind: Literal["weights", "gpu_peak", "rss_peak"] | None = None
+    """What `peak_memory_mb` holds: `weights` (weights + buffers loaded), `gpu_peak` (peak
+    GPU memory) or `rss_peak` (peak resident memory); null where the engine did not say."""
 
 
 class ShardEntry(_Sheet):
@@ -263,6 +403,10 @@ class Summary(_Sheet):
     rejudged: Rejudged | None = None
     """Set on a re-judged copy (`--osprey-reuse`, `python -m pytest_osprey report`); null on
     the campaign's own summary."""
+    campaign: CampaignEntry | None = None
+    """How the campaign ran and ended (always set by this version)."""
+    models: ModelsSection | None = None
+    """The target and drafters with their digests (always set by this version)."""
     verdicts: list[VerdictEntry]
     """One per judged candidate, in the pilot's order."""
     gates: list[GateEntry]
@@ -276,8 +420,11 @@ class Summary(_Sheet):
     comparison: Comparison | None = None
     """Comparison with a previous campaign (--osprey-compare); null when none."""
     setup: list[SetupRow] = Field(default_factory=list)
-    """What ran, on what, how (engine and version, hardware, dtype, threads, blocks and
-    order, warm-up, what a load level means for this engine, what the memory figure is)."""
+    """What ran, on what, how, in words, as the reports show it (engine and version,
+    hardware, dtype, threads, blocks and order, warm-up, what a load level means for this
+    engine, what the memory figure is); `setup_facts` has the same as fields."""
+    setup_facts: SetupFacts | None = None
+    """The set-up as fields (always set by this version)."""
     stability: Stability | None = None
     """How steady the machine was: the baseline against itself between blocks, the load
     average per stretch, warnings."""

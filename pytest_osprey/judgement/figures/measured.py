@@ -6,7 +6,8 @@ of summary.json (its docstrings are the reference's field descriptions).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +18,9 @@ from ...results.records import RequestRecord
 from ..cost.pricing import busy_seconds, condition_cost
 from ..quality.correctness import correctness_by_prompt
 from ..service.load import level_loads
+
+MemoryKind = Literal["weights", "gpu_peak", "rss_peak"]
+"""What a memory figure holds (`memory_kind`)."""
 
 
 class Figures(BaseModel):
@@ -64,12 +68,13 @@ class Figures(BaseModel):
     second)."""
     accept_length_pooled: float | None
     """Pooled accept length: all output tokens / all verify steps (tokens per step); null
-    without speculation."""
+    without speculation (always for the baseline, whose steps each yield one token)."""
     accept_length_mean: float | None
     """Per-request accept length, tokens / verify steps, averaged over requests (tokens per
-    step); null without speculation."""
+    step); null as `accept_length_pooled`."""
     peak_memory_mb: float | None
-    """Peak device memory of the condition over the whole campaign, not per level (MiB)."""
+    """The condition's memory figure over the whole campaign, not per level (MiB), what
+    `memory_kind` says it holds (`conditions.NAME.peak_memory_mb`)."""
     load_label: str = ""
     """How the load level reads in reports: `x4` (closed loop) or `Poisson 2/s` (open
     loop)."""
@@ -116,6 +121,29 @@ class Figures(BaseModel):
     """Output tokens of the completed requests (count)."""
     duration_s: float | None = None
     """Busy wall time of the level: the measured stretches' spans, summed (seconds)."""
+    memory_kind: MemoryKind | None = None
+    """What `peak_memory_mb` holds: `weights` (the embedded engine on CPU: weights + buffers
+    loaded, not a peak), `gpu_peak` (peak GPU memory) or `rss_peak` (a server's peak
+    resident memory); null where the engine did not say."""
+    speedup: float | None = None
+    """Completion-latency speedup over the baseline on the whole trace at this level, the
+    estimate of its speed gate (`gates[]`: kind `speedup`, reference the baseline, no slice;
+    ratio, > 1 faster); null for the baseline and where no such gate was judged."""
+    speedup_ci: list[float | None] | None = None
+    """[low, high] confidence interval of `speedup` at `decision.confidence` (ratio); null as
+    `speedup`."""
+
+
+def memory_kind(fingerprint: Mapping[str, Any]) -> MemoryKind | None:
+    """What an engine's memory figure holds, from its fingerprint's ``memory`` facts."""
+    facts = fingerprint.get("memory")
+    if not isinstance(facts, Mapping):
+        return None
+    if facts.get("kind") == "gpu":
+        return "gpu_peak"
+    if facts.get("basis") == "weights":
+        return "weights"
+    return "rss_peak" if facts.get("basis") == "rss" else None
 
 
 P99_MIN_REQUESTS = 100
@@ -156,8 +184,10 @@ def figures_for(
     ok = [r for r in recs if r.ok]
     tokens = [r.output_tokens or 0 for r in ok]
     wall = busy_seconds(ok)
-    pooled, mean = accept_lengths(ok)
     info = data.meta.conditions.get(condition)
+    # Speculation is off for the baseline: its one token per step is no accept length.
+    baseline = condition == data.meta.baseline or (info is not None and info.role == "baseline")
+    pooled, mean = (None, None) if baseline else accept_lengths(ok)
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
     tpot = [t for r in ok if (t := r.tpot_s) is not None]
@@ -187,6 +217,7 @@ def figures_for(
         accept_length_pooled=pooled,
         accept_length_mean=mean,
         peak_memory_mb=info.peak_memory_mb if info is not None else None,
+        memory_kind=memory_kind(info.fingerprint) if info is not None else None,
         load_label=label or f"x{concurrency}",
         dispatch_lag_p99_s=_pct([r.dispatch_lag_s for r in recs if r.dispatch_lag_s is not None],
                                 99),

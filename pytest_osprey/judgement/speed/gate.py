@@ -206,9 +206,20 @@ def _details(res: SpeedResult) -> dict[str, Any]:
     return out
 
 
+def _has_slice(data: SavedCampaign, slice_: str) -> bool:
+    """Whether the trace holds a prompt of ``slice_`` (the records', where it cannot be
+    read): a slice gate on a trace without one is not run, not failed."""
+    if data.prompts is not None:
+        return any(p.slice == slice_ for p in data.prompts.values())
+    return any(r.slice == slice_ for r in data.records)
+
+
 def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None and spec.load is not None
     threshold = threshold_for(pilot, spec.reference)
+    if spec.slice is not None and not _has_slice(data, spec.slice):
+        why = f"the trace has no {spec.slice}-slice prompts"
+        return GateResult(spec, "skip", f"not run: {why}", details={"not_run": why})
     try:
         data_pairs = paired(data, spec.reference, spec.condition, spec.load, spec.slice)
         res = speed_test(data_pairs, threshold, pilot.decision.confidence,

@@ -23,8 +23,10 @@ class CandidateVerdict:
 
     @property
     def unproven(self) -> list[GateResult]:
-        """Gating gates that passed (or were skipped) without the evidence to have failed."""
-        return [g for g in self.gates if g.outcome in ("pass", "skip") and g.evidence != "tested"]
+        """Gating gates that passed (or were skipped) without the evidence to have failed;
+        a gate not run for want of its data (``details.not_run``) says so itself."""
+        return [g for g in self.gates if g.outcome in ("pass", "skip")
+                and g.evidence != "tested" and not g.details.get("not_run")]
 
     def line(self) -> str:
         why = "; ".join(self.reasons) if self.reasons else "every gate passed"
