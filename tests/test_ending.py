@@ -44,7 +44,7 @@ def test_candidates_decided_differently_are_each_named() -> None:
 
 def test_a_full_run_and_an_interrupted_one() -> None:
     full = campaign_end(saved_campaign(_records(4), plan=_plan(4), status="complete"))
-    assert not full.stopped_early and full.text == "ran all 4 of 4 pass(es)"
+    assert not full.stopped_early and full.text == "ran 4 of 4 passes"
     cut = campaign_end(saved_campaign(_records(2), plan=_plan(4), status="interrupted"))
     assert not cut.stopped_early and cut.passes_run == 2
-    assert cut.text.startswith("interrupted after 2 of 4 pass(es)")
+    assert cut.text.startswith("interrupted after 2 of 4 passes")

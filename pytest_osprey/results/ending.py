@@ -79,13 +79,17 @@ def campaign_end(data: SavedCampaign) -> CampaignEnd:
                                     not_measured, units))
 
 
+def _of(done: int, planned: int) -> str:
+    return f"{done} of {planned} pass" + ("" if planned == 1 else "es")
+
+
 def _text(status: str, planned: int, passes_run: int, stopped: bool,
           decisions: Mapping[str, str], not_measured: list[str],
           units: Mapping[str, int]) -> str:
     if status == "interrupted":
-        head = f"interrupted after {passes_run} of {planned} pass(es)"
+        head = f"interrupted after {_of(passes_run, planned)}"
     elif status == "running":
-        head = f"still running: {passes_run} of {planned} pass(es) so far"
+        head = f"still running: {_of(passes_run, planned)} so far"
     elif stopped:
         ways = sorted(set(decisions.values()))
         if len(ways) == 1:
@@ -94,7 +98,7 @@ def _text(status: str, planned: int, passes_run: int, stopped: bool,
             why = "; ".join(f"{c}: {_DECIDED.get(d, d)}" for c, d in decisions.items())
         head = f"stopped after pass {passes_run} of {planned}: {why}"
     else:
-        head = f"ran all {passes_run} of {planned} pass(es)"
+        head = f"ran {_of(passes_run, planned)}"
     if not_measured:
         head += "; not measured: " + ", ".join(not_measured)
     if (stopped or status != "complete") and units:
