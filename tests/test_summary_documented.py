@@ -161,7 +161,7 @@ def test_the_campaign_says_how_it_ran_and_when(summary: dict[str, Any]) -> None:
     assert (c["started_at"], c["ended_at"]) == (meta.started_at, meta.ended_at)
     assert datetime.fromisoformat(c["started_at_iso"]).timestamp() == c["started_at"]
     assert datetime.fromisoformat(c["ended_at_iso"]).timestamp() == c["ended_at"]
-    assert c["text"] == "ran all 2 of 2 pass(es)"
+    assert c["text"] == "ran 2 of 2 passes"
 
 
 def test_models_carry_the_engine_digests(summary: dict[str, Any]) -> None:
