@@ -5,19 +5,23 @@ queueing warning."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_osprey.campaign import runner
 from pytest_osprey.campaign.events import (
     ETA_MIN_DONE,
     ProgressEvent,
     campaign_eta,
     pass_eta,
 )
+from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.judgement import GateResult, GateSpec, Judgement, all_figures, stability
 from pytest_osprey.judgement.verdict.verdicts import verdicts
 from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.report.console import closing_lines
 from pytest_osprey.report.terminal import (
     WIDTH,
@@ -28,10 +32,11 @@ from pytest_osprey.report.terminal import (
 )
 from pytest_osprey.results.folder import SavedCampaign
 from testkit import factories
-from testkit.factories import closed_loop_starts, make_record, saved_campaign
+from testkit.factories import closed_loop_starts, make_record, saved_campaign, write_trace
+from testkit.serving_sim import Planted, TemperatureEngine
 
 LEVELS = {"low": 1, "concurrent": 4}
-LONG = "eagle3-drafter-v2-rc1"[:20]  # a 20-character condition name
+LONG = "eagle3-llama-draft-2"  # a 20-character condition name
 
 
 def _pilot(cand: str) -> Pilot:
@@ -204,3 +209,32 @@ def test_no_eta_before_three_requests_then_the_whole_campaign() -> None:
     assert later.line() == ("[osprey] serving pass 2 of 4: 42/84 requests, ETA 50s, "
                             "campaign ETA 4m 20s")
     assert later.line(finished=True).endswith("42/84 requests, campaign ETA 4m 20s")
+
+
+def test_a_campaigns_progress_events_carry_both_etas(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded from a real campaign (simulated engines that take their time): no pass ETA
+    before 3 requests, and the whole campaign's ETA falling pass by pass to what the untimed
+    greedy pass is expected to take."""
+    trace = write_trace(tmp_path / "t.jsonl", 6, 8)
+    pilot = factories.make_pilot(
+        trace={"files": [str(trace)]},
+        load={"levels": {"c1": 1, "c3": 3}, "passes": 3, "warmup_requests": 1},
+        sampling={"serving": {"temperature": 0.8, "top_p": 0.95}})
+    monkeypatch.setattr(runner, "make_engine", lambda p, c, boot: TemperatureEngine(
+        c, p.conditions[c].speculates, Planted()))
+    events: list[ProgressEvent] = []
+    Campaign(pilot, load_trace(pilot.trace.files), tmp_path / "res", ["base", "cand"],
+             progress=events.append).run()
+    timed = [e for e in events if e.phase == "serving"]
+    assert timed and all(e.passes == 3 for e in timed)
+    assert all(e.eta_s is None for e in timed if e.done < ETA_MIN_DONE)
+    assert all(e.eta_s is not None for e in timed if e.done >= ETA_MIN_DONE)
+    ends = [e.campaign_eta_s for e in timed if e.done == e.total]
+    assert len(ends) == 3 and all(x is not None for x in ends)
+    first, second, last = (float(x or 0) for x in ends)
+    assert first > second > last > 0  # the last: the greedy pass still to run
+    assert next(e.line() for e in timed if e.done == e.total).startswith(
+        "[osprey] serving pass 1 of 3: ")
+    greedy = [e for e in events if e.phase == "greedy (untimed)"]
+    assert greedy and all(e.campaign_eta_s is None for e in greedy)
