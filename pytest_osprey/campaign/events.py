@@ -57,7 +57,7 @@ class ProgressEvent:
     condition: str
     phase: str  # boot | warmup | greedy | serving | greedy (untimed) | sampled | params | ...
     load: str = ""
-    block: int = 0  # greedy: the pass
+    block: int = 0  # a timed pass: its number, boots counted on (0: the first); else the pass
     done: int = 0
     total: int = 0
     eta_s: float | None = None

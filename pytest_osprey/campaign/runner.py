@@ -570,8 +570,11 @@ class Campaign:
         pass beside each boot's timed passes and the sampled pass, at each condition's mean
         request time so far (the few requests of the parameters pass are not counted)."""
         sampled = self.pilot.sampling.sampled
+        # The sampled pass runs after the last boot's timed passes (one engine at a time:
+        # after each condition's first boot's).
+        later = self.plan.order == "interleaved" or boot == 0
         n_sampled = (min(sampled.prompts or len(self.trace.prompts), len(self.trace.prompts))
-                     * sampled.samples_per_prompt if sampled.enabled else 0)
+                     * sampled.samples_per_prompt if sampled.enabled and later else 0)
         greedy = (len(self.trace.prompts) * (self.plan.boots_per_condition - boot)
                   if self.timed_mode != "greedy" and self.pilot.sampling.greedy else 0)
         total = 0.0
