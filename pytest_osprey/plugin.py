@@ -82,6 +82,14 @@ def pytest_configure(config: pytest.Config) -> None:
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[pytest_adapter.RUN] = run
+    # A skipped gate could not have failed (or was reported only): its reason is listed in
+    # the short summary, unless the command line asked for none or for all outcomes.
+    chars = config.option.reportchars or ""
+    if not set(chars) & set("sNaA"):
+        config.option.reportchars = chars + "s"
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:  # registered already: it read the option
+            reporter.reportchars += "s"
     config.pluginmanager.register(pytest_adapter, "osprey-run")
     interrupts = sigterm_interrupts()
     interrupts.__enter__()

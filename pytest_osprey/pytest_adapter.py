@@ -82,15 +82,17 @@ def osprey_gate_result(request: pytest.FixtureRequest, osprey_gate: GateSpec) ->
 def assert_gate(result: GateResult, pilot: Pilot) -> None:
     """Turn a gate's outcome into the test's outcome (INCONCLUSIVE as the pilot says)."""
     text = scrub(f"{result.spec.kind}[{result.spec.id}]: {result.summary}")
+    # A skip's reason is one line: pytest's short summary (-rs) lists it beside the others.
+    first = text.splitlines()[0] if text else ""
     if result.outcome == "skip":
-        pytest.skip(text)
+        pytest.skip(f"could not have failed (not evaluable): {first}")
     if not result.spec.gating and result.outcome != "pass":
         # Reported beside the verdict (other load levels, the unusual slice), never deciding it.
-        pytest.skip(f"reported only (not gating), {result.outcome.upper()}: {text}")
+        pytest.skip(f"reported only (not gating), {result.outcome.upper()}: {first}")
     if result.outcome == "inconclusive":
         policy = pilot.decision.inconclusive
         if policy == "skip":
-            pytest.skip("INCONCLUSIVE " + text)
+            pytest.skip("INCONCLUSIVE " + first)
         if policy == "fail":
             pytest.fail("INCONCLUSIVE " + text, pytrace=False)
         return
@@ -98,7 +100,9 @@ def assert_gate(result: GateResult, pilot: Pilot) -> None:
         pytest.fail(text, pytrace=False)
     if result.evidence != "tested":
         # Passed, but could hardly (or not at all) have failed: never a plain green pass.
-        pytest.skip(f"passed without the evidence to fail ({result.evidence}): {text}")
+        pytest.skip(f"could not have failed (not evaluable): {first}"
+                    if result.evidence == "not_evaluable"
+                    else f"passed without the evidence to fail ({result.evidence}): {first}")
 
 
 @pytest.fixture(scope="session")

@@ -121,10 +121,15 @@ def test_a_quality_check_that_did_not_run_is_named_never_implied(missing: str,
     text = headline(d)
     check_headline(text)
     assert "quality identical" not in text
-    assert text.endswith(f"greedy output identical; unchecked: {name}"), text
+    # Switched off: unchecked; judged but unable to fail: the quality is unproven.
+    said = (f"greedy output identical; unchecked: {name}" if how == "absent"
+            else f"quality unproven: {name} not evaluable")
+    assert text.endswith(said), text
+    assert [u.judged for u in d.unchecked] == [how != "absent"]
     assert any(line.strip().startswith(f"- unchecked {name}: ") for line in bullet_lines(d))
     # However short the line must be, what did not run is still said.
-    assert headline(d, width=70).endswith(f"unchecked: {name}"), headline(d, width=70)
+    short = f"unchecked: {name}" if how == "absent" else f"unproven: {name}"
+    assert headline(d, width=70).endswith(short), headline(d, width=70)
 
 
 def test_weak_drafter_is_diagnosed_as_never_accepted() -> None:

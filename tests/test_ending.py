@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_osprey.results.ending import campaign_end
+from pytest_osprey.results.ending import campaign_end, stop_text
 from testkit.factories import make_record, saved_campaign
 
 
@@ -48,3 +48,16 @@ def test_a_full_run_and_an_interrupted_one() -> None:
     cut = campaign_end(saved_campaign(_records(2), plan=_plan(4), status="interrupted"))
     assert not cut.stopped_early and cut.passes_run == 2
     assert cut.text.startswith("interrupted after 2 of 4 passes")
+
+
+def test_the_progress_line_at_an_early_stop_says_it_as_the_ending_does() -> None:
+    data = saved_campaign(_records(1), plan=_plan(4), status="complete", stopped_after_block=1,
+                          sequential={"cand": [{"look": 1, "decision": "drop"}]})
+    said = stop_text(1, 4, {"cand": "drop"})
+    assert said == ("stopped after pass 1 of 4: speed crossed the early-DROP boundary; not "
+                    "measured: drift between passes, near-tie control (a second pass of the "
+                    "baseline)")
+    assert campaign_end(data).text.startswith(said)
+    assert stop_text(2, 4, {"a": "keep", "b": "drop"}) == (
+        "stopped after pass 2 of 4: a: speed cleared the early-KEEP boundary; b: speed "
+        "crossed the early-DROP boundary")

@@ -76,20 +76,30 @@ def test_quiet_terminal_without_benchmark_output(outputs: dict[str, Any]) -> Non
     assert "benchmark:" not in out  # pytest-benchmark's banner
     assert "benchmark 'osprey" not in out and "test_latency_series" not in out
     assert "Legend:" not in out and "OPS" not in out
-    assert re.search(r"\[osprey\] greedy pass 1: (\d+)/\1 requests", out)  # progress
+    assert re.search(r"\[osprey\] greedy pass 1 of 2: (\d+)/\1 requests", out)  # progress
     closing = _closing(out)
     header = closing[1]
-    for column in ("TTFT p50/p95 ms", "completion p50/p95 ms", "speedup vs baseline [95% CI]",
-                   "aggregate tok/s", "accept len"):
+    for column in ("ok/total", "speedup [95% CI]", "tok/s", "req/s", "accept", "in flight"):
         assert column in header
+    latency = next(line for line in closing[2:] if line.startswith("condition "))
+    for column in ("TTFT p50/p95 ms", "TPOT p50/p95 ms", "completion p50/p95 ms"):
+        assert column in latency
     base_row = next(line for line in closing if line.startswith("baseline ") and "busy" in line)
-    assert base_row.split()[5:7] == ["n/a", "n/a"] or base_row.count("n/a") >= 2
-    cand_row = next(line for line in closing if line.startswith("cand ") and "busy" in line)
+    assert base_row.count("n/a") >= 2  # no speedup, no accept length: speculation is off
+    cand_row = next(line for line in closing if line.startswith("cand ") and "busy x2" in line)
     assert "x [" in cand_row  # its speedup with a CI
+    table = closing[1:closing.index("")]
+    assert max(len(line) for line in table) <= 120, "\n".join(table)
+    assert any(line.startswith("campaign: ") and "pass" in line for line in closing)
+    # No ETA from one request; a timed pass's line says what is left of the campaign.
+    assert not re.search(r" 1/\d+ requests, ETA", out), out
+    assert re.search(r"greedy pass 1 of 2: (\d+)/\1 requests, campaign ETA \d", out), out
     verdict = next(line for line in closing if line.startswith("KEEP cand:"))
     assert len(verdict) <= 160 and "speedup" in verdict and "at busy" in verdict
     assert "p=" not in verdict and "[cand-" not in verdict
     assert any(line.startswith("results: ") and "plain" in line for line in closing)
+    # A skipped gate's reason is one line of pytest's short summary.
+    assert re.search(r"^SKIPPED \[\d+\] .*: (could not have failed|reported only)", out, re.M), out
     # Short: the whole session, progress included, fits a screen or two.
     assert len(out.splitlines()) < 70, out
 
@@ -108,7 +118,7 @@ def test_cli_run_prints_the_same_closing_lines(outputs: dict[str, Any]) -> None:
     cli, plain = outputs["cli"], outputs["plain"]
     assert cli.returncode == 0, cli.stdout + cli.stderr
     # Progress of each pass, to its end (early stopping may end the run after pass 1).
-    assert re.search(r"\[osprey\] greedy pass \d: (\d+)/\1 requests", cli.stdout)
+    assert re.search(r"\[osprey\] greedy pass \d of 2: (\d+)/\1 requests", cli.stdout)
     closing = _closing(cli.stdout)
     assert closing[1] == _closing(plain.stdout)[1]  # the same table header
     assert any(line.startswith("KEEP cand: speedup") for line in closing)

@@ -3,7 +3,7 @@ handed (the campaign measures; judging is not its business)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,16 +22,48 @@ class StopLook:
     looks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+ETA_MIN_DONE = 3
+"""A pass's ETA is said once this many of its requests have finished: one request's time
+says nothing of the rest (the first may still be warming the engine's caches)."""
+
+
+def pass_eta(elapsed_s: float, done: int, total: int) -> float | None:
+    """Seconds left in a pass, from the time its finished requests took; None before
+    :data:`ETA_MIN_DONE` of them."""
+    if done < min(ETA_MIN_DONE, total) or done <= 0:
+        return None
+    return elapsed_s / done * (total - done)
+
+
+def campaign_eta(pass_s: Sequence[float], this_pass_left_s: float | None,
+                 this_pass_s: float | None, passes_left: int, untimed_s: float) -> float | None:
+    """Seconds left in the campaign: what is left of this timed pass, the timed passes still
+    to run at the mean time of those finished (this one's projected time before any has),
+    plus the untimed passes still to run (``untimed_s``). None while nothing is known."""
+    mean = sum(pass_s) / len(pass_s) if pass_s else this_pass_s
+    if mean is None or this_pass_left_s is None:
+        return None
+    return this_pass_left_s + passes_left * mean + untimed_s
+
+
+def duration_text(seconds: float) -> str:
+    """``45s``, ``4m 10s``."""
+    s = round(seconds)
+    return f"{s}s" if s < 60 else f"{s // 60}m {s % 60:02d}s"
+
+
 @dataclass(frozen=True)
 class ProgressEvent:
     condition: str
     phase: str  # boot | warmup | greedy | serving | greedy (untimed) | sampled | params | ...
     load: str = ""
-    block: int = 0  # greedy: the pass
+    block: int = 0  # a timed pass: its number, boots counted on (0: the first); else the pass
     done: int = 0
     total: int = 0
     eta_s: float | None = None
     message: str = ""
+    passes: int = 0  # timed passes planned (a timed pass's event)
+    campaign_eta_s: float | None = None  # seconds left in the whole campaign
 
     def line(self, finished: bool = False) -> str:
         """The event in words (the terminal of both adapters)."""
@@ -41,10 +73,14 @@ class ProgressEvent:
             text = {"boot": "booting", "warmup": f"warming up ({self.total} requests)",
                     "error": f"FAILED: {self.message}"}[self.phase]
             return f"[osprey] {self.condition}: {text}"
-        eta = f", ETA {self.eta_s:.0f}s" if self.eta_s is not None and not finished else ""
+        eta = (f", ETA {duration_text(self.eta_s)}" if self.eta_s is not None and not finished
+               else "")
         extra = f", {self.message}" if self.message else ""
         if self.phase in ("greedy", "serving"):  # a timed pass: every condition's stretches
-            return (f"[osprey] {self.phase} pass {self.block + 1}{extra}: "
-                    f"{self.done}/{self.total} requests{eta}")
+            of = f" of {self.passes}" if self.passes else ""
+            whole = (f", campaign ETA {duration_text(self.campaign_eta_s)}"
+                     if self.campaign_eta_s is not None else "")
+            return (f"[osprey] {self.phase} pass {self.block + 1}{of}{extra}: "
+                    f"{self.done}/{self.total} requests{eta}{whole}")
         return (f"[osprey] {self.condition} {self.phase} load {self.load}: "
                 f"{self.done}/{self.total}{eta}")

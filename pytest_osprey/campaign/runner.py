@@ -31,10 +31,11 @@ from ..results.campaign_file import (
     ScheduleEntry,
     text_sha256,
 )
+from ..results.ending import stop_text
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
 from ..version import __version__
-from .events import Progress, ProgressEvent, StopRule
+from .events import Progress, ProgressEvent, StopRule, campaign_eta, pass_eta
 from .probing import run_probes
 from .requests import (
     host_facts,
@@ -108,6 +109,11 @@ class Campaign:
         self._progress_key: tuple[str, int, int] | None = None
         self._progress_done = 0
         self._progress_t0 = 0.0
+        self._pass_s: dict[tuple[int, int], float] = {}  # finished timed pass -> its seconds
+        self._passes_run: dict[tuple[int, int], float] = {}  # timed pass begun -> its start
+        # condition -> (seconds, requests) of its timed requests at the lightest level: what
+        # one request of its untimed passes (run there, one at a time) is expected to take
+        self._request_s: dict[str, tuple[float, int]] = {}
         self.stop_reason: str | None = None
 
     @property
@@ -217,6 +223,7 @@ class Campaign:
                 self._look = s.look
                 if (s.boot, s.pass_index) not in passes:
                     passes.add((s.boot, s.pass_index))
+                    self._passes_run[(s.boot, s.pass_index)] = time.perf_counter()
                     self._end_pass()
                     gc.enable()
                     gc.collect()
@@ -245,9 +252,9 @@ class Campaign:
             self.sequential.setdefault(cand, []).append(facts)
         if look.decided:
             self.stopped_after_block = self._look
-            self.progress(ProgressEvent("all", "done", message=(
-                f"every candidate's speed is decided after look {self._look} of "
-                f"{self.plan.looks}: stopping early")))
+            decisions = {c: str(f.get("decision")) for c, f in look.looks.items()}
+            self.progress(ProgressEvent("all", "done", message=stop_text(
+                len(self._passes_run), self._planned_passes, decisions)))
         self._save_meta()
         return look.decided
 
@@ -517,7 +524,7 @@ class Campaign:
             unfinished[0] -= 1
             if not record.ok:
                 failures.append(record.prompt_id)
-            self._tick(name, mode, level, pass_index)
+            self._tick(name, mode, level, pass_index, record.e2e_s if record.ok else None)
 
         fillers = filler_order(self.trace.prompts, f"filler:{where}")
         unfinished = [len(jobs)]  # measured requests not yet ended
@@ -574,9 +581,33 @@ class Campaign:
             return None
         return f"server exited with code {code}{where}; log: {server.log_path}"
 
-    def _tick(self, name: str, mode: str, level: str, pass_index: int) -> None:
+    @property
+    def _planned_passes(self) -> int:
+        return self.plan.passes * self.plan.boots_per_condition
+
+    def _untimed_left_s(self, boot: int) -> float:
+        """Expected seconds of the untimed passes still to run from ``boot`` on: the greedy
+        pass beside each boot's timed passes and the sampled pass, at each condition's mean
+        request time so far (the few requests of the parameters pass are not counted)."""
+        sampled = self.pilot.sampling.sampled
+        # The sampled pass runs after the last boot's timed passes (one engine at a time:
+        # after each condition's first boot's).
+        later = self.plan.order == "interleaved" or boot == 0
+        n_sampled = (min(sampled.prompts or len(self.trace.prompts), len(self.trace.prompts))
+                     * sampled.samples_per_prompt if sampled.enabled and later else 0)
+        greedy = (len(self.trace.prompts) * (self.plan.boots_per_condition - boot)
+                  if self.timed_mode != "greedy" and self.pilot.sampling.greedy else 0)
+        total = 0.0
+        for name, (seconds, n) in self._request_s.items():
+            if n and not self.states[name].error:
+                total += seconds / n * (greedy + n_sampled)
+        return total
+
+    def _tick(self, name: str, mode: str, level: str, pass_index: int,
+              e2e_s: float | None) -> None:
         """Progress: requests done in this timed pass (every condition), or in one
-        condition's greedy (untimed) or sampled pass."""
+        condition's greedy (untimed) or sampled pass; a timed pass's event carries the
+        whole campaign's ETA."""
         state_boot = self.states[name].boot
         timed = mode == self.timed_mode
         key = (mode if timed else f"{mode}:{name}", state_boot, pass_index)
@@ -587,6 +618,9 @@ class Campaign:
             total = sum(len(s.prompt_ids) for s in self.plan.stretches
                         if s.boot == state_boot and s.pass_index == pass_index)
             who = "all"
+            if e2e_s is not None and level == self.pilot.load.lightest():
+                seconds, n = self._request_s.get(name, (0.0, 0))
+                self._request_s[name] = (seconds + e2e_s, n + 1)
         elif mode == "greedy":
             total, who = len(self.trace.prompts), name
         else:
@@ -594,12 +628,25 @@ class Campaign:
             n = min(sampled.prompts or len(self.trace.prompts), len(self.trace.prompts))
             total, who = n * sampled.samples_per_prompt, name
         done = min(self._progress_done, total)
-        elapsed = time.perf_counter() - self._progress_t0
+        # A timed pass is clocked from its start; other passes from their first request's end.
+        start = self._passes_run.get((state_boot, pass_index)) if timed else None
+        elapsed = time.perf_counter() - (self._progress_t0 if start is None else start)
         phase = "greedy (untimed)" if mode == "greedy" and not timed else mode
+        eta = pass_eta(elapsed, done, total)
+        whole = None
+        ordinal = pass_index
+        if timed:
+            ordinal = state_boot * self.plan.passes + pass_index
+            if done == total:
+                self._pass_s[(state_boot, pass_index)] = elapsed
+            whole = campaign_eta(
+                list(self._pass_s.values()), 0.0 if done == total else eta,
+                None if eta is None else elapsed + eta, self._planned_passes - ordinal - 1,
+                self._untimed_left_s(state_boot))
         self.progress(ProgressEvent(
-            who, phase, level if not timed else "", pass_index, done, total,
-            eta_s=elapsed / done * (total - done) if done else None,
-            message=f"boot {state_boot + 1}" if self.plan.boots_per_condition > 1 else ""))
+            who, phase, level if not timed else "", ordinal, done, total, eta_s=eta,
+            message=f"boot {state_boot + 1}" if self.plan.boots_per_condition > 1 else "",
+            passes=self._planned_passes if timed else 0, campaign_eta_s=whole))
 
     async def _sample_memory(self) -> None:
         while True:

@@ -1,7 +1,8 @@
 """What a finished run prints (the pytest terminal summary and ``python -m pytest_osprey run``
-alike): the set-up in one line, the figures table, stability warnings, a headline per
-candidate with its reasons, the comparison with an earlier campaign, and where the results
-are. Each line comes with a style the caller may render (colour) or ignore."""
+alike): the set-up in one line, the figures tables, stability warnings, a headline per
+candidate with its reasons and the gates that could not have failed, the comparison with an
+earlier campaign, how the campaign ended, and where the results are. Each line comes with a
+style the caller may render (colour) or ignore."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..judgement import Comparison, Judgement, diagnose_all, stability
+from ..judgement import CandidateVerdict, Comparison, Judgement, diagnose_all, stability
+from ..judgement.verdict.diagnosis import gate_name, short_text
 from ..pilot.schema import Pilot
 from ..results.ending import campaign_end
 from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
 from .headline import bullet_lines, headline
 from .setup import memory_basis, short_setup
-from .terminal import Columns, legend, results_line, speedup_cells, text_table
+from .terminal import Columns, results_line, speedup_cells, terminal_legend, text_table
 
 COLORS = {"KEEP": "green", "DROP": "red", "INCONCLUSIVE": "yellow"}
 
@@ -42,14 +44,18 @@ def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
                         ending=campaign_end(data).as_dict())
     out = [Line(f"set-up: {setup}")]
     out += [Line(t) for t in text_table(judgement.figures, cols)]
-    out.append(Line(legend(cols)))
+    out += [Line(t) for t in terminal_legend(cols, judgement.figures)]
     for warning in stability(data).warnings:
-        out.append(Line(f"WARNING unsteady machine: {warning}", "yellow"))
+        out.append(Line(f"WARNING: {warning}", "yellow"))
     out.append(Line(""))
     results = list(judgement.results.values())
     for d in diagnose_all(pilot, judgement.verdicts, results, judgement.figures, data):
         out.append(Line(headline(d), f"{COLORS[d.verdict]} bold"))
         out += [Line(t) for t in bullet_lines(d)]
+        verdict = next((v for v in judgement.verdicts if v.candidate == d.candidate), None)
+        if verdict is not None:
+            out += [Line(t, "yellow") for t in unproven_lines(verdict, data.meta.baseline,
+                                                              {u.kind for u in d.unchecked})]
     if comparison is not None:
         out.append(Line(f"compared with {comparison.previous_dir} "
                         f"(run {comparison.previous_run_id}):"))
@@ -57,10 +63,22 @@ def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
             out.append(Line(f"  {'REGRESSION ' if f.regression else ''}{f.text}",
                             "red" if f.regression else ""))
         out += [Line(f"  {note}") for note in comparison.notes]
+    out.append(Line(f"campaign: {campaign_end(data).text}"))
     where = results_line(reports)
     if where:
         out.append(Line(where))
     return out
+
+
+def unproven_lines(verdict: CandidateVerdict, baseline: str | None,
+                   named: set[str], indent: str = "  ") -> list[str]:
+    """A bullet per gating gate of ``verdict`` that passed or was skipped without the
+    evidence to have failed, but for the quality checks ``named`` (their gate kinds) as
+    unchecked already."""
+    return [f"{indent}- could not have failed: "
+            f"{gate_name(g, verdict.candidate, baseline or '')} "
+            f"({g.outcome}, {g.evidence.replace('_', ' ')}): {short_text(g)}"
+            for g in verdict.unproven if g.spec.kind not in named]
 
 
 def dry_run_lines(preflight: Preflight, conditions: Sequence[str]) -> list[Line]:

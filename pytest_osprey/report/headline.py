@@ -30,15 +30,27 @@ def _total(s: Speed | None) -> str | None:
 
 def quality_text(d: Diagnosis) -> str:
     """``quality identical`` only when every quality check ran; otherwise what was checked,
-    then ``unchecked: sampled distribution, ...``."""
+    then ``unchecked: sampled distribution, ...``; ``quality unproven: correctness not
+    evaluable`` when a quality gate ran but could not have failed."""
     if not d.unchecked:
         return f"quality {d.quality}"
+    if any(u.judged for u in d.unchecked):
+        return unchecked_text(d)
     checked = "greedy output identical" if d.quality == "identical" else f"quality {d.quality}"
     return f"{checked}; {unchecked_text(d)}"
 
 
-def unchecked_text(d: Diagnosis) -> str:
-    return "unchecked: " + ", ".join(u.check for u in d.unchecked) if d.unchecked else ""
+def unchecked_text(d: Diagnosis, short: bool = False) -> str:
+    """The quality checks that did not run: ``quality unproven: correctness not evaluable``
+    (``unproven: correctness`` when ``short``) for those whose gate could not have failed,
+    ``unchecked: ...`` for those switched off."""
+    unproven = [u.check for u in d.unchecked if u.judged]
+    off = [u.check for u in d.unchecked if not u.judged]
+    said = (f"unproven: {', '.join(unproven)}" if short
+            else f"quality unproven: {', '.join(unproven)} not evaluable")
+    parts = [said] if unproven else []
+    parts += [f"unchecked: {', '.join(off)}"] if off else []
+    return "; ".join(parts)
 
 
 def headline(d: Diagnosis, width: int = MAX_HEADLINE) -> str:
@@ -62,7 +74,7 @@ def headline(d: Diagnosis, width: int = MAX_HEADLINE) -> str:
     extra = [p for p in (
         _total(s), f"accept {d.accept_length:.2f}" if d.accept_length is not None else None,
         quality_text(d)) if p]
-    tail = [unchecked_text(d)] if d.unchecked else []
+    tail = [unchecked_text(d, short=True)] if d.unchecked else []
     for required in options:
         parts = list(extra)
         while True:

@@ -64,19 +64,38 @@ def campaign_end(data: SavedCampaign) -> CampaignEnd:
         for cand, looks in meta.sequential.items():
             if looks:
                 decisions[cand] = str(looks[-1].get("decision"))
-    not_measured: list[str] = []
-    if passes_run == 1 and planned > 1:
-        not_measured = ["drift between passes", "near-tie control (a second pass of the "
-                        "baseline)"]
+    missing = not_measured(passes_run, planned)
     units: dict[str, int] = {}
     if plan is not None:
         for level, blocks in plan.blocks.items():
             if isinstance(meta.load_levels.get(level), int):
                 units[level] = len(blocks) * max(passes_run, 1)
     return CampaignEnd(meta.status, planned, passes_run, stopped,
-                       meta.stopped_after_block if stopped else None, decisions, not_measured,
+                       meta.stopped_after_block if stopped else None, decisions, missing,
                        units, _text(meta.status, planned, passes_run, stopped, decisions,
-                                    not_measured, units))
+                                    missing, units))
+
+
+def not_measured(passes_run: int, planned: int) -> list[str]:
+    """What ``passes_run`` of ``planned`` passes could not measure: one pass of several has
+    no pass to compare with."""
+    if passes_run == 1 and planned > 1:
+        return ["drift between passes", "near-tie control (a second pass of the baseline)"]
+    return []
+
+
+def stop_text(after: int, planned: int, decisions: Mapping[str, str]) -> str:
+    """An early stop in plain words: ``stopped after pass 1 of 4: speed cleared the
+    early-KEEP boundary``, each candidate named when they were decided differently, then
+    what the passes run could not measure."""
+    ways = sorted(set(decisions.values()))
+    if len(ways) == 1:
+        why = _DECIDED.get(ways[0], ways[0])
+    else:
+        why = "; ".join(f"{c}: {_DECIDED.get(d, d)}" for c, d in decisions.items())
+    text = f"stopped after pass {after} of {planned}: {why}"
+    missing = not_measured(after, planned)
+    return text + ("; not measured: " + ", ".join(missing) if missing else "")
 
 
 def _of(done: int, planned: int) -> str:
@@ -91,15 +110,10 @@ def _text(status: str, planned: int, passes_run: int, stopped: bool,
     elif status == "running":
         head = f"still running: {_of(passes_run, planned)} so far"
     elif stopped:
-        ways = sorted(set(decisions.values()))
-        if len(ways) == 1:
-            why = _DECIDED.get(ways[0], ways[0])
-        else:
-            why = "; ".join(f"{c}: {_DECIDED.get(d, d)}" for c, d in decisions.items())
-        head = f"stopped after pass {passes_run} of {planned}: {why}"
+        head = stop_text(passes_run, planned, decisions)
     else:
         head = f"ran {_of(passes_run, planned)}"
-    if not_measured:
+    if not_measured and not stopped:
         head += "; not measured: " + ", ".join(not_measured)
     if (stopped or status != "complete") and units:
         head += "; speed units per level: " + ", ".join(f"{k} {v}" for k, v in units.items())

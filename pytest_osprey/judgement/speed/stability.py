@@ -1,4 +1,5 @@
-"""How steady the machine was during a campaign: the baseline against itself, and the load.
+"""How steady the machine was during a campaign: the baseline against itself, and the load;
+and whether a concurrency level measured a queue rather than batching.
 
 The baseline (speculation off) does the same work in every pass, so its latency should not
 move between passes; when it does, the machine changed speed (other work, clocks, thermal
@@ -11,10 +12,18 @@ from __future__ import annotations
 import math
 
 from ...results.folder import SavedCampaign
+from ..figures.measured import figures_for
 from ..sheet import Sheet
 
 DRIFT_WARN = 0.10
 """A pass-to-pass change of the baseline's latency above this (10%) is flagged."""
+
+QUEUE_THROUGHPUT = 1.25
+"""A closed-loop level whose baseline throughput grew less than this over the lowest level's
+(while its time to first token grew :data:`QUEUE_TTFT`-fold) measured a queue, not a batch."""
+QUEUE_TTFT = 3.0
+"""The growth of the baseline's median time to first token that, with flat throughput, says
+its requests waited in a queue."""
 
 
 class BlockDrift(Sheet):
@@ -91,6 +100,29 @@ def baseline_drift(data: SavedCampaign, baseline: str) -> list[BlockDrift]:
     return out
 
 
+def queueing(data: SavedCampaign, baseline: str) -> list[str]:
+    """A warning per closed-loop level at which the baseline's aggregate throughput stayed
+    within :data:`QUEUE_THROUGHPUT` of its lowest level's while its median time to first
+    token grew :data:`QUEUE_TTFT`-fold or more: the engine served those requests one after
+    another, so that level measured waiting in a queue rather than batching."""
+    closed = sorted((c, level) for level, c in data.meta.load_levels.items()
+                    if isinstance(c, int) and not isinstance(c, bool))
+    if len(closed) < 2:
+        return []
+    low_c, low = closed[0]
+    ref = figures_for(data, baseline, low, low_c)
+    out = []
+    for c, level in closed[1:]:
+        f = figures_for(data, baseline, level, c)
+        if not (ref.tokens_per_s and f.tokens_per_s and ref.ttft_p50_s and f.ttft_p50_s):
+            continue
+        tput, ttft = f.tokens_per_s / ref.tokens_per_s, f.ttft_p50_s / ref.ttft_p50_s
+        if tput < QUEUE_THROUGHPUT and ttft >= QUEUE_TTFT:
+            out.append(f"x{c} ({level}) measured queueing on this engine, not batching: "
+                       f"baseline throughput {tput:.1f}x of x{low_c}'s, TTFT p50 {ttft:.0f}x")
+    return out
+
+
 def stability(data: SavedCampaign) -> Stability:
     """The baseline's drift between passes and the host's load per stretch, with warnings."""
     baseline = data.meta.baseline
@@ -122,5 +154,7 @@ def stability(data: SavedCampaign) -> Stability:
         warnings.append(
             f"load average up to {top.loadavg_1m:.1f} on {cpus} CPUs (pass {top.block}, "
             f"{top.condition}, load {top.load}): other work competed with the engines")
+    if baseline:
+        warnings += queueing(data, baseline)
     return Stability(baseline=baseline, drift=drift, max_drift=max_drift, load=loads,
                      cpus=cpus, warnings=warnings)

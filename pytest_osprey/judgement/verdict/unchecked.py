@@ -31,9 +31,10 @@ class Unchecked:
     check: str  # e.g. "sampled distribution"
     kind: str  # its gate kind
     why: str  # the pilot key that is off, or why its gate could not judge
+    judged: bool = False  # its gate ran but could not have failed (not switched off)
 
     def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "judged"}
 
 
 def _why_not(gates: Sequence[GateResult], key: str) -> str:
@@ -51,5 +52,5 @@ def unchecked(pilot: Pilot, candidate: str, results: Sequence[GateResult]) -> li
                  and g.spec.reference == pilot.baseline]
         if any(g.outcome != "skip" and g.evidence != "not_evaluable" for g in gates):
             continue
-        out.append(Unchecked(name, kind.value, _why_not(gates, key)))
+        out.append(Unchecked(name, kind.value, _why_not(gates, key), judged=bool(gates)))
     return out
