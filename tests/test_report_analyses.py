@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_osprey.judgement.figures.analyses import domain_rows, per_position_acceptance
+from pytest_osprey.judgement.figures.analyses import domain_rows
+from pytest_osprey.judgement.quality.acceptance import per_position_acceptance
 from pytest_osprey.judgement.speed.stability import DRIFT_WARN, stability
 from pytest_osprey.report.setup import hardware, load_meaning, memory_basis, setup_rows
 from pytest_osprey.results.campaign_file import CampaignFile
@@ -97,23 +98,14 @@ def test_domain_speedup_and_accept_length() -> None:
     assert rows["code"].prompts == 3 and rows["code"].ci_low == pytest.approx(2.0)
 
 
-def test_per_position_acceptance_from_a_histogram() -> None:
-    r = rec("cand", "p1", 0, 1.0)
-    # 10 verify steps: 2 accepted nothing, 3 one draft, 5 all three: position 1 accepted in
-    # 8 steps, position 2 in 5, position 3 in 5.
-    r.spec_correct_drafts_histogram = [2, 3, 0, 5]  # type: ignore[attr-defined]
-    shares = per_position_acceptance([r])
-    assert shares == pytest.approx([0.8, 0.5, 0.5])
+def test_per_position_acceptance_from_what_engines_record() -> None:
+    # 10 + 30 verify steps; position 1 accepted in 8 + 16, position 2 in 5 + 9.
+    a = rec("cand", "p1", 0, 1.0, spec_drafts=10, spec_accepted_per_position=[8, 5])
+    b = rec("cand", "p2", 0, 1.0, spec_drafts=30, spec_accepted_per_position=[16, 9])
+    failed = rec("cand", "p3", 0, 1.0, ok=False, spec_drafts=10,
+                 spec_accepted_per_position=[10, 10])
+    assert per_position_acceptance([a, b, failed]) == pytest.approx([0.6, 0.35])
     assert per_position_acceptance([rec("cand", "p1", 0, 1.0)]) is None
-
-
-def test_per_position_acceptance_from_counts() -> None:
-    a, b = rec("cand", "p1", 0, 1.0), rec("cand", "p2", 0, 1.0)
-    a.accepted_per_position = [9, 6]  # type: ignore[attr-defined]
-    a.proposed_per_position = [10, 10]  # type: ignore[attr-defined]
-    b.accepted_per_position = [7, 2]  # type: ignore[attr-defined]
-    b.proposed_per_position = [10, 10]  # type: ignore[attr-defined]
-    assert per_position_acceptance([a, b]) == pytest.approx([0.8, 0.4])
 
 
 FP = {"engine": "transformers", "version": "4.57.1", "torch": "2.13.0", "device": "cpu",

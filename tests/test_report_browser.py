@@ -1,20 +1,25 @@
 """report.html in a real headless browser (Debian's chromium): it renders, shows the verdict,
-loads nothing from the network, and its screenshot is not blank.
+loads nothing from the network, its screenshot is not blank, and the first screen of the
+recorded campaign's report holds what a reviewer must see without scrolling.
 
 Skipped, saying why, where chromium is absent; CI installs it (``.ci/run``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_osprey.report.html import CSP, write_html
 from pytest_osprey.report.plots import all_plots
+from pytest_osprey.results.folder import load_campaign
+from testkit.recorded_campaign import judge_as_the_plugin_does, record_campaign, write_project
 from testkit.report_campaign import make_data, make_summary
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -73,3 +78,64 @@ def test_screenshot_is_not_blank(page: Path, tmp_path: Path) -> None:
         colours = rgb.getcolors(maxcolors=1 << 20)
         assert colours is not None and len(colours) > 50  # text, tables, badges: not blank
         assert any(c == KEEP_BACKGROUND for _, c in colours)  # the KEEP box is drawn
+
+
+# What a reviewer must see on the first screen, by CSS selector: each verdict, the deciding
+# speedup with its CI and threshold, every unchecked check and the key figures table.
+FIRST_SCREEN = {"verdict": ".verdict .label", "deciding": ".deciding", "unchecked": ".unchecked",
+                "key figures": "table.key"}
+# The page forbids scripts; its copy for measuring gets one that writes each element's box.
+MEASURE = """<script>
+const out = {height: innerHeight, width: innerWidth, boxes: {}};
+for (const [name, sel] of Object.entries(%s)) {
+  out.boxes[name] = [...document.querySelectorAll(sel)].map(e => {
+    const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.left, r.right]; });
+}
+const pre = document.createElement("pre"); pre.id = "boxes";
+pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The recorded campaign's report.html (a KEEP and a DROP), judged with its
+    sampling-parameters pass off: a quality check left unchecked, as the verdicts name it."""
+    root = tmp_path_factory.mktemp("recorded")
+    project = write_project(root)
+    pilot = project / "pilot.yaml"
+    text = pilot.read_text("utf-8")
+    assert "  params:\n    enabled: true\n" in text
+    pilot.write_text(text.replace("  params:\n    enabled: true\n",
+                                  "  params:\n    enabled: false\n"), "utf-8")
+    results = root / "results"
+    record_campaign(project, results)
+    judge_as_the_plugin_does(project, results)
+    summary = json.loads((results / "summary.json").read_text("utf-8"))
+    data = load_campaign(results)
+    return write_html(results, summary, data, all_plots(data, 1.1, 0, summary)), summary
+
+
+def test_first_screen_shows_what_a_reviewer_needs(
+        recorded: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    page, summary = recorded
+    text = page.read_text("utf-8")
+    probe = tmp_path / "probe.html"
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text)
+                     .replace("</body>", MEASURE % json.dumps(FIRST_SCREEN) + "</body>"),
+                     "utf-8")
+    dom = _chromium(tmp_path, "--window-size=1280,800", "--dump-dom", probe.as_uri()).stdout
+    found = re.search(r'<pre id="boxes">(.*?)</pre>', dom)
+    assert found is not None, dom[-2000:]
+    seen = json.loads(found.group(1))
+    assert seen["width"] == 1280 and seen["height"] >= 600
+    verdicts = summary["verdicts"]
+    unchecked = sum(len(v["unchecked"]) for v in verdicts)
+    boxes = seen["boxes"]
+    assert len(boxes["verdict"]) == len(boxes["deciding"]) == len(verdicts) >= 2
+    assert len(boxes["unchecked"]) >= unchecked >= 1 and len(boxes["key figures"]) == 1
+    for name, rects in boxes.items():
+        for top, bottom, left, right in rects:
+            assert 0 <= top < bottom <= seen["height"], (name, top, bottom, seen["height"])
+            assert 0 <= left < right <= seen["width"], (name, left, right)
+    # The set-up is there, collapsed: its table takes no room until opened.
+    assert '<details class="setup" id="setup">' in text

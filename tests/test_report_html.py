@@ -78,8 +78,8 @@ def test_prompt_speedups_geometric_mean_and_ci(data: SavedCampaign) -> None:
 
 
 def test_page_has_every_section_in_order(page: str) -> None:
-    ids = ["verdicts", "setup", "stability", "gates", "figures", "analyses", "cost", "plots",
-           "outputs", "errors"]
+    ids = ["verdicts", "key", "reasons", "setup", "stability", "gates", "figures", "analyses",
+           "cost", "plots", "outputs", "errors"]
     at = [page.index(f'id="{i}"') for i in ids]
     assert at == sorted(at)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -193,8 +193,10 @@ def test_verdict_headline_and_bullets(data: SavedCampaign) -> None:
     box = page[page.index('class="verdict DROP"'):]
     box = box[:box.index("</div>")]
     assert "speedup 0.61x [0.57, 0.66] vs 1.10x needed at busy" in box
-    assert "<b>speed at busy</b>: 0.61x &lt;b&gt;" in box and "diagnosis: never accepted" in box
-    assert "broken-vs-baseline-busy" not in box
+    why = page[page.index('class="verdict DROP why"'):]
+    why = why[:why.index("</div>")]
+    assert "<b>speed at busy</b>: 0.61x &lt;b&gt;" in why and "diagnosis: never accepted" in why
+    assert "broken-vs-baseline-busy" not in box + why
 
 
 def test_accept_length_axis_spans_its_range() -> None:

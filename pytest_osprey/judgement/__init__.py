@@ -14,7 +14,7 @@ from .cost.pricing import (
     CostSection,
     cost_summary,
 )
-from .figures.analyses import DomainRow, all_domain_rows, per_position_acceptance
+from .figures.analyses import DomainRow, all_domain_rows
 from .figures.measured import Figures, all_figures
 from .gates.evaluate import PREFLIGHT, evaluate
 from .gates.kinds import Family, GateKind
@@ -29,6 +29,7 @@ from .history import (
     compare,
     open_previous,
 )
+from .quality.acceptance import per_position_acceptance
 from .quality.distribution import END, records_to_samples
 from .quality.gates import sampling_budget_problem
 from .service.goodput import GoodputRow, GoodputSection, goodput_section

@@ -2,8 +2,10 @@
 
 Every string that comes from records, config or the summary goes through :func:`esc`
 (``html.escape``): model outputs are untrusted text. The page's parts, top to bottom: the
-banner (partial, re-judged), header, verdicts, set-up, stability, gates, figures, analyses,
-cost, history, plots, outputs, failed requests.
+banner (partial, re-judged), header, verdicts with the deciding speedup and the unchecked
+checks, the key figures (all of this on the first screen), the set-up (collapsed),
+stability, gates, figures per load level, analyses, cost, history, plots, outputs, failed
+requests.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..judgement import GateKind
 from ..judgement.figures import Figures, all_figures
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
+from .plotkit import level_order
 from .setup import memory_basis, shards_line
 from .terminal import Columns, header, legend, speedup_cells, table_rows
 
@@ -35,7 +39,7 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#
  margin:0;background:#f6f8fa}
 main{max-width:1280px;margin:0 auto;padding:24px 28px 60px;background:#fff;
  box-sizing:border-box}
-h1{font-size:26px;margin:0 0 4px}h2{font-size:20px;margin:34px 0 10px;
+h1{font-size:22px;margin:0 0 4px}h2{font-size:20px;margin:34px 0 10px;
  border-bottom:1px solid #d0d7de;padding-bottom:4px}h3{font-size:16px;margin:20px 0 8px}
 .meta{color:#59636e;font-size:13px}.meta code{font-size:12px}
 nav a{margin-right:14px;color:#0969da;text-decoration:none}
@@ -50,7 +54,7 @@ th{background:#f0f3f6}tr:nth-child(even) td{background:#fafbfc}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.summary{white-space:pre-wrap;overflow-wrap:anywhere;
  font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
-.verdict{border-radius:8px;padding:12px 16px;margin:10px 0;border:2px solid}
+.verdict{border-radius:8px;padding:8px 14px;margin:8px 0;border:2px solid}
 .verdict .label{font-weight:700;font-size:20px;margin-right:10px}
 .verdict ul{margin:6px 0 0;padding-left:20px}.verdict .head{font-size:15px}
 .verdict .diag{font-style:italic}.warning{background:#fff8c5;border:1px solid #d4a72c;
@@ -71,6 +75,10 @@ figcaption{color:#59636e;font-size:13px}
  padding:8px;margin:0;max-height:260px;overflow:auto;font-size:12px}
 .pair .who{font-weight:600;font-size:12px;color:#59636e}
 mark{background:#ffd8b5}.ws{color:#8c959f;font-size:11px}
+.deciding{font-size:15px;margin:4px 0 0}#verdicts{margin-top:12px}
+h2.first{font-size:17px;margin:14px 0 4px}.unchecked{font-weight:600}
+table.key{font-size:12.5px}table.key th,table.key td{white-space:nowrap;padding:3px 6px}
+details.setup{margin:14px 0}details.setup>summary{cursor:pointer;font-size:16px;font-weight:600}
 """
 
 
@@ -126,10 +134,11 @@ def badge(outcome: object, evidence: object = "tested") -> str:
     return f'<span class="badge {cls}">{esc(outcome)}</span>'
 
 
-def figure(key: str, png: bytes, caption: str) -> str:
+def figure(key: str, title: str, png: bytes, caption: str) -> str:
+    """A plot with its caption in words; ``key`` (all_plots' name) stays in the image's alt."""
     uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return (f'<figure><img src="{uri}" alt="{esc(key)}">'
-            f"<figcaption><b>{esc(key)}</b>: {esc(caption)}</figcaption></figure>")
+            f"<figcaption><b>{esc(title)}.</b> {esc(caption)}</figcaption></figure>")
 
 
 # --------------------------------------------------------------------------- plots
@@ -137,8 +146,9 @@ def figure(key: str, png: bytes, caption: str) -> str:
 
 PLOT_CAPTIONS = {
     "latency_cdf": "Completion latency CDF per condition, one panel per load level.",
-    "ttft_throughput": "Time to first token and per-request output tokens/s, per condition "
-    "and load level (boxes: quartiles; whiskers: 1.5 IQR).",
+    "ttft_throughput": "Time to first token (ms) and per-request output tokens/s per "
+    "condition, one column per load level, each on its own axis (queueing at a high load "
+    "would flatten a low load's boxes); boxes: quartiles, whiskers: 1.5 IQR.",
     "accept_length": "Distribution of per-request accept length for drafter conditions, on "
     "its whole range: 1 (no drafted token accepted) to the drafted tokens per step + 1.",
     "speedup": "Per-prompt speedup (reference / candidate completion latency, geometric mean "
@@ -167,17 +177,42 @@ PLOT_CAPTIONS = {
 }
 
 
+PLOT_TITLES = {
+    "latency_cdf": "Completion latency", "ttft_throughput": "Time to first token and "
+    "throughput", "accept_length": "Accept length per request", "timeline": "The campaign "
+    "as it ran", "load_speedups": "Speedup across load levels", "crossover": "Up to which "
+    "concurrency speculation pays", "domains": "Speed per domain", "acceptance_positions":
+    "Acceptance per draft position", "goodput": "Goodput per condition and load level",
+}
+
+
 def _caption(key: str) -> str:
-    """A plot's caption; a per-level plot (``speedup_busy``) shares its kind's."""
+    """A plot's caption; a per-pair plot (``speedup_cand_vs_baseline``) shares its kind's."""
     return PLOT_CAPTIONS.get(key) or PLOT_CAPTIONS.get(key.split("_", 1)[0], "")
 
 
-def _take(plots: dict[str, bytes], key: str) -> str:
+def _title(key: str, data: SavedCampaign) -> str:
+    """A plot's title in words; the per-pair plots name their conditions (all_plots' keys)."""
+    meta = data.meta
+    for cand in meta.candidates:
+        for ref in (meta.baseline, meta.current):
+            if ref and key == f"speedup_{cand}_vs_{ref}":
+                return f"Per-prompt speedup, {cand} vs {ref}"
+    for cond in meta.conditions:
+        if key == f"distribution_{cond}":
+            return f"Sampled outputs, {cond} vs {meta.baseline}"
+    return PLOT_TITLES.get(key) or key.replace("_", " ").capitalize()
+
+
+Titled = dict[str, tuple[str, bytes]]  # plot key -> (its title in words, PNG)
+
+
+def _take(plots: Titled, key: str) -> str:
     """The plot ``key`` as a figure, taken out of ``plots`` (the rest show under Plots)."""
-    png = plots.pop(key, None)
-    if png is None:
+    entry = plots.pop(key, None)
+    if entry is None:
         return ""
-    return figure(key, png, _caption(key))
+    return figure(key, entry[0], entry[1], _caption(key))
 
 
 # --------------------------------------------------------------------------- sections
@@ -189,15 +224,9 @@ def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
     trace = str(summary.get("trace_hash") or meta.trace_hash or "")[:12]
     config = str(summary.get("config_hash") or meta.config_hash or "")[:12]
     status = summary.get("status") or meta.status
-    conds = summary.get("conditions") or {
-        n: c.model_dump() for n, c in meta.conditions.items()}
-    rows = [
-        (esc(name), esc(info.get("role")), num(info.get("boot_s"), "{:.1f}"),
-         num(info.get("peak_memory_mb"), "{:.0f}"), esc(info.get("error") or "-"))
-        for name, info in conds.items()
-    ]
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in (
-        ("verdicts", "Verdicts"), ("setup", "Set-up"), ("stability", "Stability"),
+        ("verdicts", "Verdicts"), ("key", "Key figures"), ("setup", "Set-up"),
+        ("stability", "Stability"),
         ("gates", "Gates"), ("figures", "Figures"), ("analyses", "Analyses"), ("cost", "Cost"),
         ("plots", "Plots"), ("outputs", "Outputs")))
     return (
@@ -206,18 +235,98 @@ def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
         f" &middot; run <code>{esc(run)}</code> &middot; status <b>{esc(status)}</b> &middot; "
         f"trace <code>{esc(trace)}</code> &middot; config <code>{esc(config)}</code> &middot; "
         f"pytest-osprey {esc(meta.tool_version or '')}</p><nav>{nav}</nav>"
-        + table(("condition", "role", "boot s", memory_basis(meta)[0], "error"), rows, {2, 3})
     )
 
 
-def _verdicts(summary: dict[str, Any]) -> str:
-    out = ['<h2 id="verdicts">Verdicts</h2>']
+EVIDENCE_WORDS = {"underpowered": "too few data to catch the effect it is sized for",
+                  "not_evaluable": "could not have failed"}
+
+
+def _where(g: dict[str, Any]) -> str:
+    return " ".join(x for x in (
+        esc(g.get("condition")), f"vs {esc(g['reference'])}" if g.get("reference") else "",
+        f"at {esc(g['load'])}" if g.get("load") else "",
+        f"on {esc(g['slice'])}" if g.get("slice") else "") if x)
+
+
+def deciding_gate(summary: dict[str, Any], candidate: str, baseline: str | None,
+                  levels: Sequence[str]) -> dict[str, Any] | None:
+    """The speed gate that decides ``candidate``'s verdict: against the baseline on every
+    prompt, gating (the primary load); where the pilot gates several levels, the last in the
+    pilot's order (the heaviest, the default primary)."""
+    speeds = [g for g in summary.get("gates", []) if g.get("kind") == GateKind.SPEEDUP
+              and g.get("condition") == candidate and g.get("reference") == baseline
+              and not g.get("slice")]
+    gating = [g for g in speeds if g.get("gating", True)] or speeds
+    order = {lv: k for k, lv in enumerate(levels)}
+    return max(gating, key=lambda g: order.get(g.get("load"), -1), default=None)
+
+
+def _deciding(g: dict[str, Any] | None, labels: dict[str, str]) -> str:
+    if g is None or g.get("estimate") is None:
+        return '<p class="deciding">Deciding speedup: <b>not judged</b></p>'
+    unit = GATE_UNITS[GateKind.SPEEDUP]
+    ci = g.get("ci") or [None, None]
+    text = _with_unit(g["estimate"], unit)
+    if None not in ci:  # as the headline writes it: 0.84x [0.74, 0.95]
+        text += f" [{num(ci[0], '{:.2f}')}, {num(ci[1], '{:.2f}')}]"
+    load = str(g.get("load"))
+    at = f"{esc(load)} ({esc(labels[load])})" if load in labels else esc(load)
+    need = (f" vs <b>{_with_unit(g['threshold'], unit)}</b> needed"
+            if g.get("threshold") is not None else "")
+    return (f'<p class="deciding">Deciding speedup over {esc(g.get("reference"))} at {at}: '
+            f'<b class="speedup">{text}</b> (95% CI){need} '
+            f"{badge(g.get('outcome'), g.get('evidence'))}</p>")
+
+
+def _checks(v: dict[str, Any], gates: list[dict[str, Any]]) -> list[str]:
+    """The quality checks that did not run, then the other gating gates that could not have
+    said no: what the verdict does not rest on."""
+    unchecked = v.get("unchecked") or []
+    items = [f'<li><b class="unchecked">unchecked: {esc(u.get("check"))}</b>: '
+             f'{esc(u.get("why"))}</li>' for u in unchecked]
+    named = {u.get("kind") for u in unchecked}
+    for g in gates:
+        if (g.get("gating", True) and g.get("condition") == v.get("candidate")
+                and g.get("evidence") not in (None, "tested") and g.get("outcome") != "fail"
+                and g.get("kind") not in named):
+            words = EVIDENCE_WORDS.get(str(g.get("evidence")), str(g.get("evidence")))
+            items.append(f'<li><b class="unchecked">{esc(words)}</b>: '
+                         f'{esc(g.get("kind")).replace("_", " ")} {_where(g)} '
+                         f'({esc(g.get("outcome"))})</li>')
+    return items
+
+
+def _verdicts(summary: dict[str, Any], data: SavedCampaign) -> str:
+    """Per candidate: the verdict and its headline, the deciding speedup with its CI and
+    threshold, and what was not checked; the reasons follow the key figures (_reasons)."""
+    out = ['<section id="verdicts">']  # no heading: the first thing under the title
+    levels = level_order(data)
+    labels = dict(levels)
+    gates = summary.get("gates", [])
     for v in summary.get("verdicts", []):
         verdict = v.get("verdict")
         cls = verdict if verdict in ("KEEP", "DROP", "INCONCLUSIVE") else "INCONCLUSIVE"
         line = str(v.get("headline") or "")
         prefix = f"{verdict} {v.get('candidate')}:"
         rest = line[len(prefix):].strip() if line.startswith(prefix) else line
+        deciding = deciding_gate(summary, str(v.get("candidate")), data.meta.baseline,
+                                 [lv for lv, _ in levels])
+        checks = _checks(v, gates)
+        out.append(f'<div class="verdict {cls}"><span class="label">{esc(verdict)}</span>'
+                   f'<b>{esc(v.get("candidate"))}</b> <span class="head">{esc(rest)}</span>'
+                   + _deciding(deciding, labels)
+                   + (f'<ul class="checks">{"".join(checks)}</ul>' if checks else "")
+                   + "</div>")
+    if len(out) == 1:
+        out.append('<p class="note">No candidate was judged.</p>')
+    return "".join(out) + "</section>"
+
+
+def _reasons(summary: dict[str, Any]) -> str:
+    """Each verdict's reasons as named bullets with their diagnoses, and its notes."""
+    out = []
+    for v in summary.get("verdicts", []):
         items = []
         for b in v.get("bullets") or []:
             word = "" if b.get("outcome") == "fail" else f" ({esc(b.get('outcome'))})"
@@ -228,27 +337,45 @@ def _verdicts(summary: dict[str, Any]) -> str:
         if not items:
             items = [f"<li>{esc(r)}</li>" for r in v.get("reasons") or []]
         items += [f'<li class="diag">note: {esc(n)}</li>' for n in v.get("notes") or []]
-        items += [f"<li>could not have failed: {esc(u)}</li>" for u in v.get("unproven") or []]
-        items += [f"<li>unchecked {esc(u.get('check'))}: {esc(u.get('why'))}</li>"
-                  for u in v.get("unchecked") or []]
-        if not items and verdict == "KEEP":
+        if not items and v.get("verdict") == "KEEP":
             items = ["<li>every gating gate passed</li>"]
-        out.append(f'<div class="verdict {cls}"><span class="label">{esc(verdict)}</span>'
-                   f'<b>{esc(v.get("candidate"))}</b> <span class="head">{esc(rest)}</span>'
-                   f"<ul>{''.join(items)}</ul></div>")
-    if len(out) == 1:
-        out.append('<p class="note">No candidate was judged.</p>')
-    return "".join(out)
+        cls = v.get("verdict") if v.get("verdict") in ("KEEP", "DROP") else "INCONCLUSIVE"
+        out.append(f'<div class="verdict {cls} why"><b>{esc(v.get("verdict"))} '
+                   f'{esc(v.get("candidate"))}</b><ul>{"".join(items)}</ul></div>')
+    return ('<h2 id="reasons">Why</h2>' + "".join(out)) if out else ""
 
 
-def _setup(summary: dict[str, Any]) -> str:
+def _key_figures(summary: dict[str, Any], data: SavedCampaign) -> str:
+    """Every condition and load level in one table: the figures a reviewer compares."""
+    figs = _all_figures(summary, data)
+    label, note, _ = memory_basis(data.meta)
+    cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
+                   speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
+    head = header(cols)
+    rows = [[esc(c) for c in row] for row in table_rows(figs, cols)]
+    body = (table(head, rows, set(range(2, len(head)))) if rows
+            else '<p class="note">No figures.</p>')
+    return ('<h2 id="key" class="first">Key figures</h2><div class="scroll">'
+            + body.replace("<table>", '<table class="key">', 1) + "</div>"
+            + f'<p class="note">{esc(legend(cols))}.</p>')
+
+
+def _setup(summary: dict[str, Any], data: SavedCampaign) -> str:
+    """The set-up and the conditions as booted, collapsed: read when a figure surprises."""
     rows = [(esc(r.get("what")), esc(r.get("value"))) for r in summary.get("setup") or []]
-    if not rows:
-        return '<h2 id="setup">Set-up</h2><p class="note">Not recorded.</p>'
-    return '<h2 id="setup">Set-up</h2>' + table(("set-up", "value"), rows)
+    body = (table(("set-up", "value"), rows) if rows
+            else '<p class="note">Set-up not recorded.</p>')
+    conds = summary.get("conditions") or {
+        n: c.model_dump() for n, c in data.meta.conditions.items()}
+    body += table(("condition", "role", "boot s", memory_basis(data.meta)[0], "error"), [
+        (esc(name), esc(info.get("role")), num(info.get("boot_s"), "{:.1f}"),
+         num(info.get("peak_memory_mb"), "{:.0f}"), esc(info.get("error") or "-"))
+        for name, info in conds.items()], {2, 3})
+    return (f'<details class="setup" id="setup"><summary>Set-up: engine, hardware, replay and '
+            f"the {len(conds)} conditions as booted</summary>{body}</details>")
 
 
-def _stability(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+def _stability(summary: dict[str, Any], plots: Titled) -> str:
     out = ['<h2 id="stability">Environment stability</h2>']
     st = summary.get("stability") or {}
     for w in st.get("warnings") or []:
@@ -273,7 +400,7 @@ def _stability(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
     return "".join(out)
 
 
-def _domains(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+def _domains(summary: dict[str, Any], plots: Titled) -> str:
     rows = summary.get("domains") or []
     if not rows:
         return ""
@@ -291,7 +418,7 @@ def _domains(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
     return (f"<h3>Per domain (load {esc(load)})</h3>" + body + _take(plots, "domains"))
 
 
-def _goodput(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+def _goodput(summary: dict[str, Any], plots: Titled) -> str:
     gp = summary.get("goodput")
     if not gp:
         return ""
@@ -313,7 +440,7 @@ def _goodput(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
             + body + _take(plots, "goodput"))
 
 
-def _analyses(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
+def _analyses(summary: dict[str, Any], plots: Titled) -> str:
     out = ['<h2 id="analyses">Analyses</h2>', "<h3>Speed across load levels</h3>",
            _take(plots, "load_speedups"), _take(plots, "crossover"), _domains(summary, plots),
            _goodput(summary, plots)]
@@ -335,35 +462,64 @@ def _analyses(summary: dict[str, Any], plots: dict[str, bytes]) -> str:
     return "".join(out)
 
 
-def _gate_figures(g: dict[str, Any]) -> str:
-    """Estimate [CI] vs threshold (and p), stacked in one narrow cell."""
+# How each gate kind's estimate, CI and threshold read (docs/summary-json.md, Gate kinds):
+# the factor from the stored unit and the format with the unit shown.
+GATE_UNITS: dict[str, tuple[float, str]] = {
+    GateKind.SPEEDUP: (1.0, "{:.2f}x"),
+    GateKind.LATENCY: (1000.0, "{:.1f} ms"),
+    GateKind.MEMORY: (1.0, "{:.0f} MiB"),
+    GateKind.COMPLETED: (100.0, "{:.1f}%"),
+    GateKind.GOODPUT: (100.0, "{:+.1f} pp"),  # a difference of shares, percentage points
+    GateKind.BREAK_EVEN: (1.0, "{:,.1f} days"),
+    GateKind.GREEDY_IDENTITY: (1.0, "{:g} divergent"),
+    GateKind.BOOT_CONSISTENCY: (1.0, "{:g} divergent"),
+    GateKind.CORRECTNESS: (1.0, "{:g} lost"),
+    GateKind.SAMPLING_PARAMS: (1.0, "{:g} broken"),
+    GateKind.DISTRIBUTION: (1.0, "MMD\u00b2 {:.3g}"),
+}
+THRESHOLD_IS_ALPHA = {GateKind.DISTRIBUTION}  # the threshold is the p-value's level
+
+
+def _with_unit(value: object, unit: tuple[float, str]) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return num(value)
+    if not math.isfinite(value):
+        return "unbounded" if value > 0 else esc(f"{value:g}")
+    return esc(unit[1].format(value * unit[0]))
+
+
+def _gate_figures(g: dict[str, Any], currency: str = "") -> str:
+    """Estimate [CI] vs threshold (and p), each with the gate kind's unit, stacked in one
+    narrow cell."""
+    kind = str(g.get("kind"))
+    unit = GATE_UNITS.get(kind) or ((1.0, "{:.3g} " + currency) if kind == GateKind.COST
+                                    else (1.0, "{:.4g}"))
     parts = []
     if g.get("estimate") is not None:
-        parts.append(num(g.get("estimate")))
+        parts.append(_with_unit(g.get("estimate"), unit))
     ci = g.get("ci")
     if isinstance(ci, list) and len(ci) == 2:
-        parts.append(f"[{num(ci[0])}, {num(ci[1])}]")
-    if g.get("threshold") is not None:
-        parts.append(f"vs {num(g.get('threshold'))}")
+        parts.append(f"[{_with_unit(ci[0], unit)}, {_with_unit(ci[1], unit)}]")
+    alpha = kind in THRESHOLD_IS_ALPHA
+    if g.get("threshold") is not None and not alpha:
+        parts.append(f"vs {_with_unit(g.get('threshold'), unit)}")
     if g.get("p_value") is not None:
-        parts.append(f'<span class="note">p {num(g.get("p_value"), "{:.3g}")}</span>')
+        level = f" vs &alpha; {num(g.get('threshold'), '{:g}')}" if alpha else ""
+        parts.append(f'<span class="note">p {num(g.get("p_value"), "{:.3g}")}{level}</span>')
     return "<br>".join(parts) or "-"
 
 
-def _gate_table(gates: list[dict[str, Any]]) -> str:
+def _gate_table(gates: list[dict[str, Any]], currency: str) -> str:
     rows = []
     for g in gates:
-        where = " ".join(x for x in (
-            esc(g.get("condition")), f"vs {esc(g['reference'])}" if g.get("reference") else "",
-            f"at {esc(g['load'])}" if g.get("load") else "",
-            f"on {esc(g['slice'])}" if g.get("slice") else "") if x)
+        where = _where(g)
         evidence = g.get("evidence")
         outcome = badge(g.get("outcome"), evidence) + (
             f'<br><span class="note">{esc(evidence)}</span>'
             if evidence and evidence != "tested" else "")
         kind = (f'<span title="test_{esc(g.get("kind"))}[{esc(g.get("id"))}]">'
                 + esc(g.get("kind")).replace("_", "_<wbr>") + "</span>")  # wraps at "_"
-        rows.append((kind, where, outcome, _gate_figures(g), esc(g.get("summary"))))
+        rows.append((kind, where, outcome, _gate_figures(g, currency), esc(g.get("summary"))))
     cols = ('<colgroup><col class="kind"><col class="judged"><col class="outcome">'
             '<col class="num"><col></colgroup>')
     body = table(("gate", "judged", "outcome", "estimate [CI] vs threshold", "result"),
@@ -375,24 +531,29 @@ def _gates(summary: dict[str, Any]) -> str:
     gates = summary.get("gates", [])
     if not gates:
         return '<h2 id="gates">Gates</h2><p class="note">No gate results.</p>'
+    currency = str((summary.get("cost") or {}).get("currency") or "")
     deciding = [g for g in gates if g.get("gating", True)]
     reported = [g for g in gates if not g.get("gating", True)]
     out = ['<h2 id="gates">Gates</h2>',
-           f"<h3>Gates that decide the verdict ({len(deciding)})</h3>", _gate_table(deciding)]
+           f"<h3>Gates that decide the verdict ({len(deciding)})</h3>",
+           _gate_table(deciding, currency)]
     if reported:
         out += [f'<div class="reported"><h3>Reported only ({len(reported)}): never decide the '
                 "verdict or fail the run</h3>"
                 '<p class="note">Other load levels and the unusual slice, shown for '
                 "information. In pytest a reported-only gate that passes shows PASSED; any "
                 "other outcome shows SKIPPED with its result.</p>",
-                _gate_table(reported), "</div>"]
+                _gate_table(reported, currency), "</div>"]
     return "".join(out)
 
 
-def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
+def _all_figures(summary: dict[str, Any], data: SavedCampaign) -> list[Figures]:
     raw = summary.get("figures")
-    figs = ([Figures.model_validate(d) for d in raw] if raw is not None
-            else all_figures(data))
+    return [Figures.model_validate(d) for d in raw] if raw is not None else all_figures(data)
+
+
+def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
+    figs = _all_figures(summary, data)
     label, note, _ = memory_basis(data.meta)
     cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
                    speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
@@ -471,10 +632,10 @@ def _per_k(value: object) -> object:
     return value * 1000 if isinstance(value, int | float) else value
 
 
-def _plots(plots: dict[str, bytes]) -> str:
+def _plots(plots: Titled) -> str:
     out = ['<h2 id="plots">Plots</h2>']
-    for key, png in plots.items():
-        out.append(figure(key, png, _caption(key)))
+    for key, (title, png) in plots.items():
+        out.append(figure(key, title, png, _caption(key)))
     if not plots:
         out.append('<p class="note">No plots.</p>')
     return "".join(out)
@@ -612,12 +773,13 @@ def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, b
                 title: str | None = None) -> str:
     """The whole report page as one string (UTF-8, no external resources)."""
     title = title or summary.get("title") or f"Drafter pilot: {summary.get('pilot_name', '')}"
-    plots = dict(plots)
+    titled = {key: (_title(key, data), png) for key, png in plots.items()}
     body = "".join((
-        _banner(summary), _header(summary, data, str(title)), _verdicts(summary),
-        _setup(summary), _stability(summary, plots), _gates(summary),
-        _figures(summary, data), _analyses(summary, plots), _cost(summary), _history(summary),
-        _plots(plots), _outputs(data), _errors(data),
+        _banner(summary), _header(summary, data, str(title)), _verdicts(summary, data),
+        _key_figures(summary, data), _reasons(summary), _setup(summary, data),
+        _stability(summary, titled), _gates(summary),
+        _figures(summary, data), _analyses(summary, titled), _cost(summary), _history(summary),
+        _plots(titled), _outputs(data), _errors(data),
     ))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

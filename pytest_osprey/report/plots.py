@@ -48,7 +48,8 @@ def latency_cdf(data: SavedCampaign) -> bytes:
     for ax, (level, conc) in zip(axes, levels, strict=True):
         drawn = False
         for i, cond in enumerate(condition_order(data)):
-            values = np.sort([r.e2e_s for r in _ok(data.of(cond, level)) if r.e2e_s is not None])
+            values = np.sort([r.e2e_s * 1000 for r in _ok(data.of(cond, level))
+                              if r.e2e_s is not None])
             if values.size == 0:
                 ax.plot([], [], color=color_of(i), label=f"{cond} (no successful request)")
                 continue
@@ -59,7 +60,7 @@ def latency_cdf(data: SavedCampaign) -> bytes:
         if not drawn:
             empty_note(ax, "no successful requests")
         ax.set_title(f"load {level} ({conc})")
-        ax.set_xlabel("completion latency (s)")
+        ax.set_xlabel("completion latency (ms)")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -231,53 +232,47 @@ def accept_length_plot(data: SavedCampaign) -> bytes:
 # --------------------------------------------------------------------------- TTFT, throughput
 
 
-def _boxes(ax: Axes, values: dict[tuple[str, str], list[float]], conds: list[str],
-           levels: list[tuple[str, str]]) -> None:
-    width = 0.8 / max(len(conds), 1)
+def _boxes(ax: Axes, values: dict[str, list[float]], conds: list[str]) -> None:
+    """One box per condition (quartiles, whiskers 1.5 IQR) on one load level's own axis."""
     drawn = False
     for i, cond in enumerate(conds):
-        for j, (level, _) in enumerate(levels):
-            vals = values.get((cond, level), [])
-            x = j + (i - (len(conds) - 1) / 2) * width
-            if not vals:
-                ax.text(x, 0.02, "no ok request", ha="center", va="bottom", fontsize=8, rotation=90,
-                        color="#888888", transform=ax.get_xaxis_transform())
-                continue
-            ax.boxplot([vals], positions=[x], widths=width * 0.8, patch_artist=True,
-                       boxprops={"facecolor": color_of(i), "alpha": 0.6},
-                       medianprops={"color": "black"}, flierprops={"markersize": 3})
-            drawn = True
-    for i, cond in enumerate(conds):
-        ax.plot([], [], marker="s", ls="", color=color_of(i), alpha=0.6, label=cond)
-    ax.set_xticks(range(len(levels)), [f"{lv} ({c})" for lv, c in levels])
-    ax.set_xlim(-0.6, len(levels) - 0.4)
-    ax.set_xlabel("load level")
+        vals = values.get(cond, [])
+        if not vals:
+            ax.text(i, 0.02, "no ok request", ha="center", va="bottom", fontsize=8,
+                    rotation=90, color="#888888", transform=ax.get_xaxis_transform())
+            continue
+        ax.boxplot([vals], positions=[i], widths=0.6, patch_artist=True,
+                   boxprops={"facecolor": color_of(i), "alpha": 0.6},
+                   medianprops={"color": "black"}, flierprops={"markersize": 3})
+        drawn = True
+    ax.set_xticks(range(len(conds)), conds, fontsize=8, rotation=15)
+    ax.set_xlim(-0.6, len(conds) - 0.4)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
     if not drawn:
         empty_note(ax, "no successful requests")
 
 
-def ttft_throughput_plot(data: SavedCampaign) -> bytes:
-    """Per-request time to first token and output tokens/s, per condition and load level."""
+def ttft_throughput_figure(data: SavedCampaign) -> Figure:
+    """Per-request time to first token (top row, ms) and output tokens/s (bottom row), one
+    column per load level, each with its own axis: queueing at a high load must not
+    flatten the boxes of a low one."""
     conds, levels = condition_order(data), level_order(data)
-    ttft: dict[tuple[str, str], list[float]] = {}
-    tps: dict[tuple[str, str], list[float]] = {}
-    for cond in conds:
-        for level, _ in levels:
-            ok = _ok(data.of(cond, level))
-            ttft[cond, level] = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
-            tps[cond, level] = [t for r in ok if (t := r.tokens_per_s) is not None]
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    ax1, ax2 = fig.subplots(1, 2)
-    _boxes(ax1, ttft, conds, levels)
-    ax1.set_ylabel("time to first token (ms)")
-    ax1.set_title("Time to first token per request")
-    _boxes(ax2, tps, conds, levels)
-    ax2.set_ylabel("output tokens/s per request")
-    ax2.set_title("Throughput per request")
-    fig.suptitle("TTFT and throughput (greedy pass, successful requests)")
-    return to_png(fig)
+    fig = Figure(figsize=(max(6.0, 3.6 * len(levels) + 1.0), 6.6), layout="constrained")
+    axes = fig.subplots(2, len(levels), squeeze=False)
+    for j, (level, conc) in enumerate(levels):
+        ok = {c: _ok(data.of(c, level)) for c in conds}
+        top, bottom = axes[0][j], axes[1][j]
+        _boxes(top, {c: [r.ttft_s * 1000 for r in rs if r.ttft_s is not None]
+                     for c, rs in ok.items()}, conds)
+        top.set_title(f"load {level} ({conc})", fontsize=10)
+        _boxes(bottom, {c: [t for r in rs if (t := r.tokens_per_s) is not None]
+                        for c, rs in ok.items()}, conds)
+        top.set_ylabel("time to first token (ms)" if j == 0 else "ms")
+        bottom.set_ylabel("output tokens/s per request" if j == 0 else "tokens/s")
+    fig.suptitle("Time to first token (top) and throughput (bottom) per request\n"
+                 "greedy pass, successful requests; each load level on its own axis",
+                 fontsize=10)
+    return fig
 
 
 # --------------------------------------------------------------------------- all together
@@ -300,7 +295,8 @@ def all_plots(data: SavedCampaign, speedup_min: float = 1.0, seed: int = 0,
     Speedup plots: each candidate vs the baseline (threshold ``speedup_min``) and vs the
     current drafter (threshold 1), with the speed gates' CIs from ``summary``; then the
     analyses (``plots_analyses``)."""
-    plots = {"latency_cdf": latency_cdf(data), "ttft_throughput": ttft_throughput_plot(data)}
+    plots = {"latency_cdf": latency_cdf(data),
+             "ttft_throughput": to_png(ttft_throughput_figure(data))}
     baseline = data.meta.baseline
     current = data.meta.current
     for cand in data.meta.candidates:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..judgement import END, GateKind, records_to_samples
 from ..results.folder import SavedCampaign
@@ -199,65 +200,115 @@ def _repeat_rates(samples: Mapping[str, Sequence[Sequence[int]]], k: int) -> lis
     return out
 
 
-def distribution_plot(data: SavedCampaign, reference: str, candidate: str,
-                      gate: Mapping[str, Any] | None, positions: int = 8) -> bytes:
+def distribution_title(gate: Mapping[str, Any] | None) -> str:
+    """The distribution gate's result in words, from the fields it writes: its outcome, the
+    distance (mean MMD^2) against the smallest one this budget flags, p against alpha."""
+    if gate is None:
+        return "not judged"
+    details = gate.get("details") or {}
+    parts = [str(gate.get("outcome")).upper()]
+    if gate.get("estimate") is not None:
+        text = f"distance (mean MMD\u00b2) {gate['estimate']:.3g}"
+        if details.get("critical") is not None:
+            text += f", flagged from {details['critical']:.3g}"
+        parts.append(text)
+    if gate.get("p_value") is not None:
+        alpha = gate.get("threshold")
+        parts.append(f"p {gate['p_value']:.3g}"
+                     + (f" vs \u03b1 {alpha:g}" if alpha is not None else ""))
+    if details.get("prompts") is not None:
+        parts.append(f"{details['prompts']} prompts x {details.get('samples_per_prompt')} "
+                     "samples")
+    if gate.get("evidence") == "not_evaluable" and details.get("smallest_p") is not None:
+        parts.append(f"could not have failed: smallest possible p {details['smallest_p']:.3g}")
+    return parts[0] + ": " + ", ".join(parts[1:]) if len(parts) > 1 else parts[0]
+
+
+def _length_panel(ax: Axes, sides: Sequence[tuple[str, list[int]]], capped: bool) -> None:
+    """Output lengths as side-by-side bars; when every sample has the same length (all hit
+    the max_tokens cap) the panel says so: lengths cannot tell the samplers apart then."""
+    every = [n for _, lengths in sides for n in lengths]
+    low, high = min(every), max(every)
+    edges = (np.arange(low, high + 2) - 0.5 if high - low < 24
+             else np.histogram_bin_edges(every, bins=16))
+    centres = (edges[:-1] + edges[1:]) / 2
+    width = float(np.min(np.diff(edges))) * 0.8 / len(sides)
+    for i, (name, lengths) in enumerate(sides):
+        counts, _ = np.histogram(lengths, bins=edges)
+        ax.bar(centres + (i - (len(sides) - 1) / 2) * width, 100 * counts / len(lengths),
+               width=width, color=color_of(i), alpha=0.8, label=f"{name} (n={len(lengths)})")
+    ax.set_xlabel("output length (tokens)")
+    ax.set_ylabel("samples (%)")
+    ax.set_ylim(0, 105)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left")
+    if low == high:
+        ax.set_xlim(low - 3, low + 3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        why = "the max_tokens cap" if capped else "one length"
+        ax.text(0.5, 0.55, f"every sample is {low} tokens long ({why}):\nlength cannot "
+                "tell the samplers apart", ha="center", va="center", transform=ax.transAxes,
+                fontsize=9, color="#444444",
+                bbox={"facecolor": "white", "edgecolor": "#cccccc", "boxstyle": "round"})
+    ax.set_title("Output length", fontsize=10)
+
+
+def distribution_figure(data: SavedCampaign, reference: str, candidate: str,
+                        gate: Mapping[str, Any] | None, positions: int = 8) -> Figure:
     """The sampled-distribution check as a picture: sampler sharpness per position and the
-    output-length distribution, reference against candidate."""
+    output lengths, reference against candidate; the title is the gate's result."""
     ref = records_to_samples(data.records, reference)
     cand = records_to_samples(data.records, candidate)
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
+    fig.suptitle(f"Sampled outputs, {candidate} vs {reference}\n{distribution_title(gate)}",
+                 fontsize=10)
     if not ref or not cand:
         empty_note(ax1, "no sampled outputs on both sides")
         empty_note(ax2, "no sampled outputs on both sides")
-        return to_png(fig)
-    xs = np.arange(positions)
+        return fig
+    xs = np.arange(1, positions + 1)
+    sides = []
     for i, (name, samples) in enumerate(((reference, ref), (candidate, cand))):
-        ax1.plot(xs, _repeat_rates(samples, positions), "-o", color=color_of(i), label=name)
-        lengths = np.sort([len(s) for seqs in samples.values() for s in seqs])
-        ax2.step(np.r_[lengths[0], lengths], np.arange(lengths.size + 1) / lengths.size,
-                 where="post", color=color_of(i), lw=1.8, label=f"{name} (n={lengths.size})")
-    ax1.set_xlabel("output position")
-    ax1.set_ylabel("chance two samples share the token")
-    ax1.set_ylim(bottom=0)
+        ax1.plot(xs, 100 * np.array(_repeat_rates(samples, positions)), "-o",
+                 color=color_of(i), label=name)
+        sides.append((name, [len(s) for seqs in samples.values() for s in seqs]))
+    ax1.set_xlabel("output position (1 = first generated token)")
+    ax1.set_ylabel("two samples share the token (%)")
+    ax1.set_ylim(0, 105)
     ax1.grid(alpha=0.3)
     _legend(ax1)
     ax1.set_title("Sharpness per position (a lower temperature or top-p raises it)",
                   fontsize=10)
-    ax2.set_xlabel("output length (tokens)")
-    ax2.set_ylabel("fraction of samples")
-    ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=8, loc="lower right")
-    ax2.set_title("Output length", fontsize=10)
-    verdict = "not judged"
-    if gate is not None:
-        details = gate.get("details") or {}
-        verdict = (f"{str(gate.get('outcome')).upper()}: TV {gate.get('estimate') or 0:.3f} "
-                   f"per position vs {details.get('tv_null') or 0:.3f} by chance alone, "
-                   f"min adjusted p {details.get('min_adjusted_p') or 0:.3g}")
-    fig.suptitle(f"Sampled outputs, {candidate} vs {reference} - {verdict}", fontsize=11)
-    return to_png(fig)
+    capped = all(r.finish_reason == "length" for r in data.records
+                 if r.mode == "sampled" and r.ok and r.condition in (reference, candidate))
+    _length_panel(ax2, sides, capped)
+    return fig
 
 
 # --------------------------------------------------------------------------- acceptance, goodput
 
 
-def acceptance_plot(shares: Mapping[str, Sequence[float]]) -> bytes:
+def acceptance_figure(shares: Mapping[str, Sequence[float]]) -> Figure:
+    """summary.json's ``acceptance_by_position``: per condition, the share of verify steps
+    accepting the draft token at each position, as bars labelled in %."""
     fig = Figure(figsize=(7.5, 3.8), layout="constrained")
     ax = fig.subplots()
     width = 0.8 / max(len(shares), 1)
     for i, (cond, values) in enumerate(shares.items()):
         xs = np.arange(len(values)) + (i - (len(shares) - 1) / 2) * width
-        ax.bar(xs, values, width=width * 0.9, color=color_of(i), label=cond)
+        bars = ax.bar(xs, [100 * v for v in values], width=width * 0.9, color=color_of(i),
+                      label=cond)
+        ax.bar_label(bars, [f"{100 * v:.0f}%" for v in values], fontsize=8)
     top = max((len(v) for v in shares.values()), default=1)
     ax.set_xticks(range(top), [str(k + 1) for k in range(top)])
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 110)
     ax.set_xlabel("draft position (1 = first drafted token)")
-    ax.set_ylabel("share of verify steps accepting it")
+    ax.set_ylabel("verify steps accepting it (%)")
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
     ax.set_title("Acceptance per draft position", fontsize=11)
-    return to_png(fig)
+    return fig
 
 
 def goodput_plot(section: Mapping[str, Any], levels: Sequence[tuple[str, str]]) -> bytes:
@@ -271,13 +322,14 @@ def goodput_plot(section: Mapping[str, Any], levels: Sequence[tuple[str, str]]) 
             share = next((r.get("share") for r in rows
                           if r["condition"] == cond and r["load"] == level), None)
             if share is not None:
-                ax.bar(j + (i - (len(conds) - 1) / 2) * width, share, width=width * 0.9,
+                ax.bar(j + (i - (len(conds) - 1) / 2) * width, 100 * share, width=width * 0.9,
                        color=color_of(i), label=cond if j == 0 else None)
     if section.get("min_share") is not None:
-        ax.axhline(section["min_share"], color="#c44e52", ls="--", lw=1.2, label="floor")
+        ax.axhline(100 * section["min_share"], color="#c44e52", ls="--", lw=1.2,
+                   label="floor")
     ax.set_xticks(range(len(levels)), [f"{lv} ({c})" for lv, c in levels])
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("share of requests meeting every target")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("requests meeting every target (%)")
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
     ax.set_title("Goodput per condition and load level", fontsize=11)
@@ -299,9 +351,10 @@ def analysis_plots(data: SavedCampaign, summary: Mapping[str, Any],
         for cand in [c for c in data.meta.conditions if c != base]:
             gate = next((g for g in gates if g.get("kind") == GateKind.DISTRIBUTION
                          and g.get("condition") == cand), None)
-            plots[f"distribution_{cand}"] = distribution_plot(data, base, cand, gate)
+            plots[f"distribution_{cand}"] = to_png(distribution_figure(data, base, cand, gate))
     if summary.get("acceptance_by_position"):
-        plots["acceptance_positions"] = acceptance_plot(summary["acceptance_by_position"])
+        plots["acceptance_positions"] = to_png(
+            acceptance_figure(summary["acceptance_by_position"]))
     if summary.get("goodput"):
         plots["goodput"] = goodput_plot(summary["goodput"], level_order(data))
     return plots

@@ -65,6 +65,15 @@ def pooled(records: Iterable[RequestRecord]) -> PositionRates | None:
     return PositionRates(drafts, tuple(total), n)
 
 
+def per_position_acceptance(records: Iterable[RequestRecord]) -> list[float] | None:
+    """Share of verify steps whose draft token at position j (0-based) was accepted, pooled
+    over the completed requests (summary.json's ``acceptance_by_position``); None when no
+    request reported per-position counts. Every engine records them as ``spec_drafts`` and
+    ``spec_accepted_per_position``."""
+    rates = pooled(records)
+    return rates.rates if rates is not None else None
+
+
 @dataclass(frozen=True)
 class AcceptLength:
     """Tokens per verify step, the bonus token included (docs/acceptance.md): ``pooled`` =
