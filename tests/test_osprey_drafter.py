@@ -307,6 +307,19 @@ def test_a_patch_on_another_sglang_than_it_was_written_for_is_said(tmp_path: Pat
                                 "compare the accept length with the release's"), said
 
 
+def test_a_set_embed_the_probe_cannot_drive_is_said_not_checked(tmp_path: Path) -> None:
+    """A patched class whose set_embed needs more of the model than the stand-in has: the
+    embedding is not judged either way (the accept length will tell), the rest is."""
+    needy = PATCHED.replace("    def set_embed(self, embed):\n",
+                            "    def set_embed(self, embed):\n        self.pp_group.rank\n")
+    patched = plant(tmp_path / "patched", "0.5.9", {"qwen3_eagle3": needy})
+    drafter = draft(tmp_path / "d", layers=2, arch=QWEN3)
+    report = check_all(pilot(drafter, env={"PYTHONPATH": str(patched)}), ["osprey"])["osprey"]
+    ok, said = serving(report)
+    assert ok and ("builds every layer, whether it keeps the draft's embedding not checked "
+                   "(AttributeError: ") in said and said.endswith("honours swap_h_and_emb"), said
+
+
 def test_without_sglang_the_serving_check_says_it_did_not_run(tmp_path: Path) -> None:
     report = check_all(pilot(draft(tmp_path / "d")), ["osprey"])["osprey"]
     ok, said = serving(report)

@@ -314,12 +314,14 @@ def serving_check(pilot: Pilot, name: str, layout: DraftLayout,
         runs += " with the target's embedding" if target_embed else ""
         runs += ", its input layer ignoring swap_h_and_emb" if no_swap else ""
         return Serving(False, f"{stock} {version} {runs}: {remedy}")
-    if layout.owns_embedding and res.get("embedding_kept") is None:
-        return Serving(False, f"SGLang {version}: could not tell whether {layout.architecture} "
-                              f"keeps the draft's own embedding ({res.get('embedding_why')})")
     origin = {True: "as shipped", False: "changed since install",
               None: "not a file the sglang distribution installed"}[res.get("as_shipped")]
-    kept = ", keeps the draft's embedding" if layout.owns_embedding else ""
+    kept = ""
+    if layout.owns_embedding:
+        # A set_embed the stand-in cannot drive says nothing either way: the accept length will.
+        kept = (", keeps the draft's embedding" if res.get("embedding_kept") else
+                f", whether it keeps the draft's embedding not checked "
+                f"({res.get('embedding_why')})")
     swap = ", honours swap_h_and_emb" if layout.swap_h_and_emb else ""
     line = (f"SGLang {version} serves this {layout.describe()}: {layout.module} imports "
             f"({origin}), builds every layer{kept}{swap}")
