@@ -286,8 +286,8 @@ def test_the_patched_module_in_the_conditions_own_environment_passes(tmp_path: P
     assert not ok and said.startswith(
         "stock SGLang 0.5.23 cannot import sglang.srt.models.qwen3_eagle3 "
         "(ModuleNotFoundError: No module named 'sglang.srt.models.qwen3_eagle3'), so it has no "
-        "Qwen3ForCausalLMEagle3 for this 2-layer Osprey draft (Qwen3ForCausalLMEagle3): apply "
-        "the drafter's SGLang patch"), said
+        "class for this 2-layer Osprey draft (Qwen3ForCausalLMEagle3): apply the drafter's "
+        "SGLang patch"), said
     accepted = check_all(pilot(drafter, env={"PYTHONPATH": str(stock)},
                                cond_env={"PYTHONPATH": str(patched)}), ["osprey"])["osprey"]
     assert accepted.ok, accepted.summary()

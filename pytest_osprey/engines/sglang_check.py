@@ -301,7 +301,7 @@ def serving_check(pilot: Pilot, name: str, layout: DraftLayout,
     stock = "stock SGLang" if res.get("as_shipped") is not False else "SGLang"
     if not res.get("module"):
         return Serving(False, f"{stock} {version} cannot import {layout.module} "
-                              f"({res.get('why')}), so it has no {layout.architecture} for this "
+                              f"({res.get('why')}), so it has no class for this "
                               f"{layout.describe()}: {remedy}")
     if not res.get("registered"):
         return Serving(False, f"SGLang {version}'s {layout.module} registers no "
