@@ -1,7 +1,9 @@
 """Artifact check, before any boot: does this drafter checkpoint fit this target and engine?
 
 Reads the checkpoint folders only (configs, tokenizer files, safetensors headers), plus the
-engine's version from its own Python, so a mismatch costs seconds, not a GPU boot.
+engine's version from its own Python and, for a multi-layer or Osprey EAGLE-3 draft on SGLang,
+whether that SGLang serves it as trained (engines/sglang_check.py), so a mismatch costs
+seconds, not a GPU boot.
 """
 
 from __future__ import annotations
