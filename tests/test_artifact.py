@@ -343,11 +343,13 @@ def fake_eagle3(
     folder = fake_model(folder, "LlamaForCausalLMEagle3", vocab_size=vocab, hidden_size=hidden,
                         extra=extra, weights=False)
     keep = np.array([0, 2, 5, 7][:draft_vocab] + list(range(8, 4 + draft_vocab)))
+    flags = np.zeros(t2d_len or vocab, dtype=np.bool_)
+    flags[keep[keep < len(flags)]] = True  # t2d flags the target ids d2t maps to
     tensors = {
         "fc.weight": np.zeros((hidden, fc_in or 3 * hidden), dtype=np.float32),
         "lm_head.weight": np.zeros((lm_rows or draft_vocab, hidden), dtype=np.float32),
         "d2t": d2t if d2t is not None else (keep - np.arange(draft_vocab)).astype(np.int64),
-        "t2d": np.zeros(t2d_len or vocab, dtype=np.bool_),
+        "t2d": flags,
     }
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
@@ -398,7 +400,8 @@ def test_eagle3_hidden_size_of_another_target_fails(tmp_path: Path) -> None:
     report = eagle3_report(tmp_path, fake_eagle3(tmp_path / "e3", hidden=32))
     assert failed(report)["hidden size"] == (
         "drafter expects target hidden size 32 (its fc reads 3 target layers of that width), "
-        "target has 16")
+        "target has 16: its hidden_size is another target's; use a draft trained on this "
+        "target's hidden states")
 
 
 @pytest.mark.parametrize(
@@ -431,8 +434,9 @@ def test_shipped_tiny_eagle3_fits_the_tiny_target_for_sglang(tmp_path: Path) -> 
                       target=MODELS / "tiny-target")
     report = check_condition(pilot, "cand")
     assert report.ok, report.summary()
-    assert {"architecture", "hidden size", "aux layers", "vocabulary maps"} <= {
+    assert {"architecture", "hidden size", "aux layers", "vocabulary maps", "draft layers"} <= {
         c.name for c in report.checks}
+    assert named(report, "draft layers").detail == "1 decoder layer(s), all in the weights"
 
 
 def test_the_shipped_plain_drafter_given_as_eagle3_is_told_to_use_standalone(

@@ -13,6 +13,13 @@ Two stages, run by the engine's Python in one subprocess:
    not checked here, not that the configuration is wrong.
 
 Each condition gets its own verdict and only its own errors.
+
+:func:`serving_check` asks the SGLang a condition boots (its interpreter and environment)
+whether it serves a multi-layer or Osprey EAGLE-3 draft as trained, which stock SGLang does
+not: it imports the draft class's module (the one a drafter's patch adds or changes), reads
+whether it builds every layer and honours ``swap_h_and_emb``, and calls the class's
+``set_embed`` on a stand-in, as SGLang's EAGLE-3 worker does at load, to see whether the
+draft keeps its own embedding. The artifact check reports it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from .sglang import KeyFile, sglang_argv
 
 if TYPE_CHECKING:
     from ..pilot.schema import Pilot
+    from ..preflight.artifact import DraftLayout
 
 MARK = "OSPREY-SGLANG-CHECK "
 SEED_NOTE = ("note: SGLang honours sampling_seed only with --enable-deterministic-inference "
@@ -179,3 +187,146 @@ def _verdict(version: str | None, res: dict[str, Any]) -> Verdict:
         return Verdict(False, [f"SGLang {version} would refuse this at launch: {detail}"])
     return Verdict(True, [f"sglang {version}: command line parsed; SGLang's launch-time checks "
                           f"not run here ({detail})"])
+
+
+# --------------------------------------------------------------------------- serving a draft
+
+SERVING_MARK = "OSPREY-SGLANG-DRAFT "
+# Run by the condition's own interpreter and environment: does the SGLang there serve this
+# EAGLE-3 draft as trained? Imports the draft class's module and reads it, loads no weight.
+_SERVING = r"""
+import base64, hashlib, importlib, importlib.metadata as md, inspect, json, re, sys, types
+MARK = sys.argv[1]
+job = json.load(sys.stdin)
+try:
+    import sglang
+except Exception as exc:
+    print(MARK + json.dumps({"importable": False, "why": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(0)
+out = {"importable": True, "version": getattr(sglang, "__version__", None)}
+try:
+    mod = importlib.import_module(job["module"])
+except Exception as exc:
+    out["module"] = False
+    out["why"] = f"{type(exc).__name__}: {exc}"
+    print(MARK + json.dumps(out))
+    sys.exit(0)
+out["module"] = True
+cls = getattr(mod, job["architecture"], None)
+out["registered"] = cls is not None and cls in list(getattr(mod, "EntryClass", None) or [])
+path = inspect.getsourcefile(mod) or ""
+raw = open(path, "rb").read() if path else b""
+src = raw.decode("utf-8", "replace")
+# As shipped: the file's sha256 is the one the installed distribution's RECORD lists.
+out["as_shipped"] = None
+try:
+    files = md.files("sglang") or []
+except md.PackageNotFoundError:
+    files = []
+for f in files:
+    if f.hash is not None and str(f.locate()) == path:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).rstrip(b"=")
+        out["as_shipped"] = digest.decode() == f.hash.value
+out["multi_layer"] = bool(re.search(r"range\([^)]*num_hidden_layers", src))
+out["swap"] = "swap_h_and_emb" in src
+out["embedding_kept"] = None
+if cls is not None and job["owns_embedding"]:
+    # What SGLang's EAGLE-3 worker does at load: set_embed(target embedding) on the draft.
+    try:
+        import torch
+        own, target = (torch.nn.Parameter(torch.zeros(2, 2)) for _ in range(2))
+        embed = torch.nn.Module()
+        embed.weight = own
+        stub = types.SimpleNamespace(config=types.SimpleNamespace(**job["config"]),
+                                     model=types.SimpleNamespace(embed_tokens=embed))
+        cls.set_embed(stub, target)
+        out["embedding_kept"] = stub.model.embed_tokens.weight is own
+    except Exception as exc:
+        out["embedding_why"] = f"{type(exc).__name__}: {exc}"
+print(MARK + json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Whether the condition's SGLang serves its draft as trained: ``ok`` and why, in a line."""
+
+    ok: bool
+    detail: str
+
+
+def serving_check(pilot: Pilot, name: str, layout: DraftLayout,
+                  timeout_s: float = 300.0) -> Serving:  # fmt: skip
+    """Ask the SGLang ``name`` would boot (``target.python``, with the condition's
+    environment) whether it runs ``layout`` as trained: the draft class's module imports and
+    registers it, builds every layer, keeps the draft's own embedding and honours
+    ``swap_h_and_emb``. Boots nothing."""
+    from ..preflight.artifact import OSPREY_PATCH_SGLANG, PATCHED_EAGLE3
+
+    python = engine_python(pilot.target)
+    cond = pilot.conditions[name]
+    if layout.module is None:
+        return Serving(True, f"SGLang's support for {layout.describe()} not checked: no "
+                             "known module serves that class")
+    config = {}
+    if cond.drafter is not None:
+        try:
+            config = json.loads((Path(cond.drafter) / "config.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            config = {}
+    job = {"module": layout.module, "architecture": layout.architecture,
+           "owns_embedding": layout.owns_embedding, "config": config}
+    try:
+        proc = subprocess.run(
+            [python, "-c", _SERVING, SERVING_MARK], input=json.dumps(job),
+            env=engine_environ(pilot.target.env, cond.env), capture_output=True, text=True,
+            timeout=timeout_s, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Serving(False, f"could not ask the SGLang at {python} about this draft: {exc}")
+    found = [line for line in proc.stdout.splitlines() if line.startswith(SERVING_MARK)]
+    if not found:
+        tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
+        return Serving(False, f"the SGLang at {python} gave no answer about this draft: {tail}")
+    res = json.loads(found[-1][len(SERVING_MARK):])
+    if not res.get("importable"):
+        return Serving(True, f"not checked: sglang is not importable by {python} "
+                             f"({res.get('why')})")
+    version = res.get("version")
+    osprey = layout.swap_h_and_emb or layout.architecture in PATCHED_EAGLE3
+    patch = (f"the drafter's SGLang patch (written for SGLang {OSPREY_PATCH_SGLANG})"
+             if osprey else "an SGLang patch that serves multi-layer EAGLE-3 drafts")
+    remedy = (f"apply {patch} to the SGLang at {python} or serve it with an SGLang it was "
+              "applied to (target.python, or PYTHONPATH in the condition's env)")
+    stock = "stock SGLang" if res.get("as_shipped") is not False else "SGLang"
+    if not res.get("module"):
+        return Serving(False, f"{stock} {version} cannot import {layout.module} "
+                              f"({res.get('why')}), so it has no class for this "
+                              f"{layout.describe()}: {remedy}")
+    if not res.get("registered"):
+        return Serving(False, f"SGLang {version}'s {layout.module} registers no "
+                              f"{layout.architecture} (EntryClass): {remedy}")
+    single = layout.layers > 1 and not res.get("multi_layer")
+    target_embed = layout.owns_embedding and res.get("embedding_kept") is False
+    no_swap = layout.swap_h_and_emb and not res.get("swap")
+    if single or target_embed or no_swap:
+        runs = f"runs {'only layer 1 of ' if single else ''}this {layout.describe()}"
+        runs += " with the target's embedding" if target_embed else ""
+        runs += ", its input layer ignoring swap_h_and_emb" if no_swap else ""
+        return Serving(False, f"{stock} {version} {runs}: {remedy}")
+    origin = {True: "as shipped", False: "changed since install",
+              None: "not a file the sglang distribution installed"}[res.get("as_shipped")]
+    kept = ""
+    if layout.owns_embedding:
+        # A set_embed the stand-in cannot drive says nothing either way: the accept length will.
+        kept = (", keeps the draft's embedding" if res.get("embedding_kept") else
+                f", whether it keeps the draft's embedding not checked "
+                f"({res.get('embedding_why')})")
+    swap = ", honours swap_h_and_emb" if layout.swap_h_and_emb else ""
+    line = (f"SGLang {version} serves this {layout.describe()}: {layout.module} imports "
+            f"({origin}), builds every layer{kept}{swap}")
+    if osprey and origin != "as shipped" and version and not str(version).startswith(
+            OSPREY_PATCH_SGLANG):
+        line += (f"; the patch was written for SGLang {OSPREY_PATCH_SGLANG}, this is "
+                 f"{version}: compare the accept length with the release's")
+    return Serving(True, line)

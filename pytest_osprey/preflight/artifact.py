@@ -1,13 +1,16 @@
 """Artifact check, before any boot: does this drafter checkpoint fit this target and engine?
 
 Reads the checkpoint folders only (configs, tokenizer files, safetensors headers), plus the
-engine's version from its own Python, so a mismatch costs seconds, not a GPU boot.
+engine's version from its own Python and, for a multi-layer or Osprey EAGLE-3 draft on SGLang,
+whether that SGLang serves it as trained (engines/sglang_check.py), so a mismatch costs
+seconds, not a GPU boot.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -40,6 +43,12 @@ VLLM_RENAMES = {"eagle": EAGLE, "eagle3": EAGLE3}
 # The EAGLE-3 draft classes SGLang 0.5.23 registers (models/*eagle3.py): another name in an
 # EAGLE-3 checkpoint (vLLM's Eagle3LlamaForCausalLM) is not found at boot.
 SGLANG_EAGLE3 = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+# EAGLE-3 draft classes stock SGLang does not ship, served by an SGLang a drafter's own patch was
+# applied to: the class and the module the patch adds (its import is how the patch is verified).
+PATCHED_EAGLE3 = {"Qwen3ForCausalLMEagle3": "sglang.srt.models.qwen3_eagle3"}
+EAGLE3_MODULES = {"LlamaForCausalLMEagle3": "sglang.srt.models.llama_eagle3", **PATCHED_EAGLE3}
+# The SGLang release Osprey's serving patch is written against.
+OSPREY_PATCH_SGLANG = "0.5.9"
 # What each engine's algorithm for a plain causal-LM drafter is called, for advice.
 PLAIN_ALGORITHM = {"sglang": "STANDALONE", "vllm": "draft_model", "transformers": "assisted"}
 
@@ -203,6 +212,64 @@ def engine_version(pilot: Pilot) -> str | None:
     return out.stdout.strip() or None
 
 
+@dataclass(frozen=True)
+class DraftLayout:
+    """What an EAGLE-3 draft's config says of its body: the class, its decoder layers, and
+    Osprey's marks (``swap_h_and_emb``: its input layer reads [hidden, embedding] in that
+    order, and it carries its own tokenizer-aligned ``embed_tokens``)."""
+
+    architecture: str
+    layers: int
+    swap_h_and_emb: bool
+
+    @property
+    def owns_embedding(self) -> bool:
+        return self.swap_h_and_emb
+
+    @property
+    def needs_patch(self) -> bool:
+        """Whether stock SGLang serves it wrong or not at all: a class it lacks, more than
+        one layer, or an embedding of its own that SGLang replaces with the target's."""
+        return self.architecture in PATCHED_EAGLE3 or self.layers > 1 or self.swap_h_and_emb
+
+    @property
+    def module(self) -> str | None:
+        return EAGLE3_MODULES.get(self.architecture)
+
+    def describe(self) -> str:
+        kind = "Osprey" if self.swap_h_and_emb else "EAGLE-3"
+        return f"{self.layers}-layer {kind} draft ({self.architecture})"
+
+
+def draft_layout(dcfg: dict[str, Any]) -> DraftLayout | None:
+    """The layout of an EAGLE-3 draft's config (None for another family)."""
+    if family(dcfg) != EAGLE3:
+        return None
+    names = dcfg.get("architectures") or []
+    names = [names] if isinstance(names, str) else [str(a) for a in names]
+    arch = next((a for a in names if "eagle3" in a.lower()), names[0] if names else "")
+    text = _text_config(dcfg)
+    layers = text.get("num_hidden_layers")
+    return DraftLayout(arch, layers if isinstance(layers, int) and layers > 0 else 1,
+                       text.get("swap_h_and_emb") is True)
+
+
+def sglang_draft(pilot: Pilot, name: str) -> DraftLayout | None:
+    """The layout of ``name``'s drafter where SGLang serves it as EAGLE3 and stock SGLang
+    cannot (see :attr:`DraftLayout.needs_patch`); None otherwise or where its config is not
+    here to read."""
+    cond = pilot.conditions[name]
+    spec = cond.speculation
+    if pilot.target.engine != "sglang" or cond.drafter is None or spec is None \
+            or spec.algorithm != "EAGLE3":
+        return None
+    try:
+        layout = draft_layout(_json(Path(cond.drafter) / "config.json"))
+    except (ValueError, OSError):
+        return None
+    return layout if layout is not None and layout.needs_patch else None
+
+
 def check_condition(pilot: Pilot, name: str, version: str | None = None) -> ArtifactReport:
     """All checks for one condition; conditions without a drafter pass trivially."""
     cond = pilot.conditions[name]
@@ -276,10 +343,13 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
             want = t_text.get("hidden_size")
             got = d_text.get("target_hidden_size", d_text.get("hidden_size"))
             what = "its fc reads 3 target layers of" if fam == EAGLE3 else "it reads"
+            key = "target_hidden_size" if "target_hidden_size" in d_text else "hidden_size"
             report.checks.append(Check(
                 "hidden size", want == got,
                 f"drafter expects target hidden size {got} ({what} that width), "
-                f"target has {want}",
+                f"target has {want}" + ("" if want == got else (
+                    f": its {key} is another target's; use a draft trained on this target's "
+                    "hidden states")),
             ))
     else:
         report.checks.append(Check(
@@ -302,6 +372,7 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
         d_text, t_text = _text_config(dcfg), _text_config(tcfg)
         report.checks.append(_aux_layers(d_text, t_text, headers))
         report.checks.extend(_token_maps(d_text, t_text, headers))
+        report.checks.extend(_draft_body(d_text, t_text, headers))
 
     for rel, expected in cond.pins.sha256.items():
         path = drafter / rel
@@ -368,6 +439,12 @@ def _architecture(
             f"{PLAIN_ALGORITHM[engine]} instead"))
     if engine == "sglang" and fam == EAGLE3 and fam in accepted:
         names = archs if isinstance(archs, list) else [archs]
+        patched = [a for a in names if a in PATCHED_EAGLE3]
+        if patched:
+            return Check("architecture", True, (
+                f"drafter {archs} is an eagle3 drafter stock SGLang has no class for: it is "
+                f"served by an SGLang with the drafter's patch applied (module "
+                f"{PATCHED_EAGLE3[patched[0]]}), checked in the condition's environment"))
         if not any(a in SGLANG_EAGLE3 for a in names):
             return Check("architecture", False, (
                 f"drafter {archs} is an eagle3 drafter SGLang has no class for; its EAGLE3 "
@@ -428,16 +505,16 @@ def _find(headers: dict[Path, dict[str, Any]], suffix: str) -> tuple[Path, str] 
 def _int_tensor(path: Path, header: dict[str, Any], key: str) -> list[int] | None:
     """A small integer tensor's values, read from its byte range (no tensor library)."""
     entry = header[key]
-    width = {"I64": 8, "I32": 4}.get(entry.get("dtype"))
-    if width is None:
+    code = {"I64": "q", "I32": "i", "BOOL": "B", "U8": "B"}.get(entry.get("dtype"))
+    if code is None:
         return None
     start, end = (int(x) for x in entry["data_offsets"])
     with path.open("rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
         fh.seek(8 + n + start)
         raw = fh.read(end - start)
-    count = len(raw) // width
-    return list(struct.unpack(f"<{count}{'q' if width == 8 else 'i'}", raw))
+    count = len(raw) // struct.calcsize(code)
+    return list(struct.unpack(f"<{count}{code}", raw))
 
 
 def _token_maps(
@@ -475,12 +552,112 @@ def _token_maps(
         shape = headers[t2d[0]][t2d[1]].get("shape")
         if shape != [vocab]:
             problems.append(f"t2d has shape {shape}, expected [{vocab}] (target vocab_size)")
+    if d2t is not None and t2d is not None and not problems:
+        problems += _maps_agree(headers, d2t, t2d)
     detail = "; ".join(problems) or (
         f"draft vocabulary {draft} of {vocab}" + (" (d2t, t2d)" if d2t and t2d else ""))
     return [Check("vocabulary maps", not problems, detail)]
 
 
+def _maps_agree(
+    headers: dict[Path, dict[str, Any]], d2t: tuple[Path, str], t2d: tuple[Path, str]
+) -> list[str]:
+    """d2t and t2d describe one draft vocabulary: distinct target ids, and t2d flags exactly
+    the target ids d2t maps to (maps exported from different vocabularies disagree)."""
+    offsets = _int_tensor(d2t[0], headers[d2t[0]], d2t[1])
+    flags = _int_tensor(t2d[0], headers[t2d[0]], t2d[1])
+    if offsets is None or flags is None:
+        return []
+    targets = {i + v for i, v in enumerate(offsets)}
+    if len(targets) != len(offsets):
+        return [f"d2t maps {len(offsets) - len(targets)} draft ids onto target ids another "
+                "draft id already has: re-export d2t/t2d from the draft vocabulary"]
+    marked = {i for i, f in enumerate(flags) if f}
+    if marked != targets:
+        return [f"t2d flags {len(marked)} target ids, d2t maps to {len(targets)}, "
+                f"{len(marked ^ targets)} differ: the maps come from different vocabularies; "
+                "re-export d2t and t2d together"]
+    return []
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:layers\.(\d+)|midlayer)\.")
+
+
+def _draft_body(
+    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
+) -> list[Check]:
+    """An EAGLE-3 draft's body: the decoder layers its config counts are the ones its
+    weights hold (``midlayer`` is layer 0), ``swap_h_and_emb`` is a flag, and a draft that
+    owns its embedding (Osprey) ships it, one row per target token id."""
+    checks = []
+    found: set[int] = set()
+    for header in headers.values():
+        for key in header:
+            m = _LAYER.search(key)
+            if m:
+                found.add(int(m.group(1) or 0))
+    count = d_text.get("num_hidden_layers")
+    if count is not None:
+        held = f"the weights hold layers {sorted(found)}" if found else "no layers in the weights"
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            checks.append(Check("draft layers", False, (
+                f"num_hidden_layers {count!r}: expected the draft's decoder layer count "
+                f"({held})")))
+        elif found != set(range(count)):
+            checks.append(Check("draft layers", False, (
+                f"num_hidden_layers {count}, but {held}: a partial checkpoint or a wrong "
+                "config; download the checkpoint whole or set num_hidden_layers to match")))
+        else:
+            checks.append(Check("draft layers", True, f"{count} decoder layer(s), all in the "
+                                "weights"))
+    swap = d_text.get("swap_h_and_emb")
+    if swap is not None and not isinstance(swap, bool):
+        checks.append(Check("swap_h_and_emb", False,
+                            f"swap_h_and_emb {swap!r}: expected true or false in config.json"))
+    elif swap:
+        checks.append(Check("swap_h_and_emb", True, (
+            "true: the input layer reads [hidden states, embedding] (stock SGLang reads "
+            "[embedding, hidden states])")))
+        checks.append(_own_embedding(d_text, t_text, headers))
+    return checks
+
+
+def _own_embedding(
+    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
+) -> Check:
+    """A draft trained with its own tokenizer-aligned embedding needs it in its weights: the
+    target's (what SGLang would use instead) is not what it learned to read."""
+    found = _find(headers, "embed_tokens.weight")
+    if found is None:
+        return Check("embed_tokens", False, (
+            "swap_h_and_emb drafts carry their own embedding, but the weights hold no "
+            "embed_tokens.weight: download the checkpoint whole (the target's embedding is "
+            "not the one it was trained with)"))
+    shape = headers[found[0]][found[1]].get("shape")
+    rows, width = t_text.get("vocab_size"), d_text.get("hidden_size")
+    if shape != [rows, width]:
+        return Check("embed_tokens", False, (
+            f"{found[1]} has shape {shape}, expected [{rows}, {width}] (target vocab_size, "
+            "draft hidden_size): its inputs are the target's token ids; use the draft "
+            "exported for this target's tokenizer"))
+    return Check("embed_tokens", True, f"{found[1]} {shape}: its own embedding over the "
+                 "target's vocabulary")
+
+
 def check_all(pilot: Pilot, conditions: list[str]) -> dict[str, ArtifactReport]:
     needs_version = any(pilot.conditions[c].pins.engine_version for c in conditions)
     version = engine_version(pilot) if needs_version else None
-    return {c: check_condition(pilot, c, version) for c in conditions}
+    reports = {c: check_condition(pilot, c, version) for c in conditions}
+    for c in conditions:
+        layout = sglang_draft(pilot, c)
+        if layout is not None and pilot.conditions[c].endpoint is None:
+            reports[c].checks.append(_serving(pilot, c, layout))
+    return reports
+
+
+def _serving(pilot: Pilot, name: str, layout: DraftLayout) -> Check:
+    """Whether the SGLang ``name`` boots serves its draft as trained (engines/sglang_check)."""
+    from ..engines.sglang_check import serving_check
+
+    said = serving_check(pilot, name, layout)
+    return Check("serving engine", said.ok, said.detail)

@@ -8,7 +8,8 @@ Known patterns:
 
 * **never accepted**: an accept length near 1 (1 = only the target's own token per verify
   step) means the target rejected nearly every drafted token: the drafter speaks another
-  vocabulary/tokenizer than the target, or was never adapted to this target;
+  vocabulary/tokenizer than the target, or was never adapted to this target; for a
+  multi-layer or Osprey EAGLE-3 draft on SGLang, most likely an SGLang without its patch;
 * **batch-size crossover**: faster at low load but slower at the higher concurrency: verifying
   drafts costs compute that concurrent requests would otherwise share;
 * **domain gap**: clearly slower (or accepting fewer tokens) on the unusual slice than overall:
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...pilot.schema import Pilot
+from ...preflight.artifact import DraftLayout, sglang_draft
 from ...results.folder import SavedCampaign
 from ..figures.measured import Figures, accept_lengths
 from ..gates.kinds import GateKind as K
@@ -213,12 +215,17 @@ def quality_word(gates: Sequence[GateResult]) -> str:
     return "equivalent"
 
 
-def _never_accepted(accept: float | None) -> str | None:
+def _never_accepted(accept: float | None, draft: DraftLayout | None) -> str | None:
     if accept is None or accept >= ACCEPT_FLOOR:
         return None
-    return (f"accept length {accept:.2f}: the target almost never accepted a drafted token "
-            "(1.00 = only its own token per step) - a vocabulary/tokenizer mismatch with the "
-            "target or a drafter not adapted to it")
+    said = (f"accept length {accept:.2f}: the target almost never accepted a drafted token "
+            "(1.00 = only its own token per step)")
+    if draft is not None:  # a draft stock SGLang loads but runs wrong, silently
+        return (f"{said} - most likely an SGLang without the drafter's patch, running this "
+                f"{draft.describe()} with the target's embedding or only its first layer "
+                "(see the artifact check's serving engine line)")
+    return f"{said} - a vocabulary/tokenizer mismatch with the target or a drafter not " \
+        "adapted to it"
 
 
 def _crossover(speeds: Sequence[Speed], order: Mapping[str, int]) -> tuple[str, str] | None:
@@ -297,7 +304,7 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         slice_accept = (accept_lengths([r for r in recs if r.slice == unusual.spec.slice])[0],
                         accept_lengths([r for r in recs if r.slice != unusual.spec.slice])[0])
 
-    pending = {"never": _never_accepted(accept)}
+    pending = {"never": _never_accepted(accept, sglang_draft(pilot, cand))}
     cross = _crossover(list(overall.values()), order)
     pending["cross"] = cross[1] if cross else None
     pending["gap"] = _domain_gap(deciding, unusual, slice_accept)
