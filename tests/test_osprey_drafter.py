@@ -24,6 +24,7 @@ from pytest_osprey.judgement.verdict.verdicts import verdicts
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.preflight.artifact import (
+    DRAFT_LAYOUT,
     ArtifactReport,
     check_all,
     check_condition,
@@ -267,6 +268,9 @@ def test_an_engine_that_runs_one_layer_with_the_targets_embedding_fails_the_gate
     drafter = draft(tmp_path / "d", layers=2)
     reports = check_all(pilot(drafter, env={"PYTHONPATH": str(engine)}), ["base", "osprey"])
     assert reports["base"].ok and not reports["osprey"].ok
+    # The draft's description is kept as data beside the checks (the diagnosis reads it).
+    assert [c.detail for c in reports["osprey"].checks if c.name == DRAFT_LAYOUT] == [
+        "2-layer Osprey draft (LlamaForCausalLMEagle3)"]
     ok, said = serving(reports["osprey"])
     assert not ok
     assert said.startswith(
@@ -339,6 +343,12 @@ def _diagnosis(p: Pilot, accept: float) -> str | None:
     spec = GateSpec("speedup", "osprey", reference="base", load="concurrent", gating=True)
     gate = GateResult(spec, "fail", "slower", estimate=0.7, ci_low=0.65, ci_high=0.75,
                       threshold=1.0)
+    # The artifact gate as preflight records it (check_all's draft layout line): what the
+    # diagnosis knows of the draft.
+    layout = sglang_draft(p, "osprey")
+    lines = [{"name": DRAFT_LAYOUT, "ok": True, "detail": layout.describe()}] if layout else []
+    artifact = GateResult(GateSpec("artifact", "osprey"), "pass", "fits",
+                          details={"condition": "osprey", "checks": lines})
     figs = [Figures(condition=c, load="concurrent", concurrency=8, ok=21, total=21,
                     ttft_p50_s=0.1, ttft_p95_s=0.2, e2e_p50_s=1.0, e2e_p95_s=2.0,
                     tpot_p50_s=0.02, tokens_per_s=40.0, request_tokens_per_s_p50=40.0,
@@ -346,7 +356,7 @@ def _diagnosis(p: Pilot, accept: float) -> str | None:
                     accept_length_mean=accept if c == "osprey" else None, peak_memory_mb=1.0,
                     load_label="x8") for c in ("base", "osprey")]
     (verdict,) = verdicts(p, [gate])
-    (reason,) = diagnose(p, verdict, [gate], figs).reasons
+    (reason,) = diagnose(p, verdict, [gate, artifact], figs).reasons
     return reason.diagnosis
 
 

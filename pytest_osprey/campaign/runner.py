@@ -23,7 +23,6 @@ from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_eng
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, Trace, render_prompt
-from ..preflight.artifact import recheck_pins
 from ..results.campaign_file import (
     CampaignFile,
     ConditionRun,
@@ -33,6 +32,7 @@ from ..results.campaign_file import (
 )
 from ..results.ending import stop_text
 from ..results.folder import SavedCampaign, load_campaign
+from ..results.pins import recheck_pins
 from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
 from ..version import __version__
 from .events import Progress, ProgressEvent, StopRule, campaign_eta, pass_eta

@@ -34,10 +34,10 @@ from .base import EngineError
 from .environment import engine_environ
 from .process import engine_python
 from .sglang import KeyFile, sglang_argv
+from .sglang_drafts import OSPREY_PATCH_SGLANG, PATCHED_EAGLE3, DraftLayout
 
 if TYPE_CHECKING:
     from ..pilot.schema import Pilot
-    from ..preflight.artifact import DraftLayout
 
 MARK = "OSPREY-SGLANG-CHECK "
 SEED_NOTE = ("note: SGLang honours sampling_seed only with --enable-deterministic-inference "
@@ -261,8 +261,6 @@ def serving_check(pilot: Pilot, name: str, layout: DraftLayout,
     environment) whether it runs ``layout`` as trained: the draft class's module imports and
     registers it, builds every layer, keeps the draft's own embedding and honours
     ``swap_h_and_emb``. Boots nothing."""
-    from ..preflight.artifact import OSPREY_PATCH_SGLANG, PATCHED_EAGLE3
-
     python = engine_python(pilot.target)
     cond = pilot.conditions[name]
     if layout.module is None:

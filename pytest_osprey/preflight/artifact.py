@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import struct
 import subprocess
 import sys
@@ -19,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.environment import engine_environ
+from ..engines.sglang_drafts import PATCHED_EAGLE3, DraftLayout
 from ..pilot.schema import Pilot
-from ..results.campaign_file import PinCheck
+from ..results.pins import sha256_file
+from .check import Check
+from .eagle3_weights import aux_layers, draft_body, token_maps
 
 # Drafter architecture families each engine's algorithm accepts.
 EAGLE3 = "eagle3"
@@ -43,21 +45,11 @@ VLLM_RENAMES = {"eagle": EAGLE, "eagle3": EAGLE3}
 # The EAGLE-3 draft classes SGLang 0.5.23 registers (models/*eagle3.py): another name in an
 # EAGLE-3 checkpoint (vLLM's Eagle3LlamaForCausalLM) is not found at boot.
 SGLANG_EAGLE3 = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
-# EAGLE-3 draft classes stock SGLang does not ship, served by an SGLang a drafter's own patch was
-# applied to: the class and the module the patch adds (its import is how the patch is verified).
-PATCHED_EAGLE3 = {"Qwen3ForCausalLMEagle3": "sglang.srt.models.qwen3_eagle3"}
-EAGLE3_MODULES = {"LlamaForCausalLMEagle3": "sglang.srt.models.llama_eagle3", **PATCHED_EAGLE3}
-# The SGLang release Osprey's serving patch is written against.
-OSPREY_PATCH_SGLANG = "0.5.9"
 # What each engine's algorithm for a plain causal-LM drafter is called, for advice.
+# The check naming a draft stock SGLang serves wrong (multi-layer, Osprey): its detail is the
+# draft's description.
+DRAFT_LAYOUT = "draft layout"
 PLAIN_ALGORITHM = {"sglang": "STANDALONE", "vllm": "draft_model", "transformers": "assisted"}
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 @dataclass
@@ -163,31 +155,6 @@ def _vocab_digest(folder: Path) -> str | None:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def recheck_pins(pilot: Pilot, name: str, when: str) -> list[PinCheck]:
-    """The condition's pinned drafter files hashed again (``when``: at a boot, after the
-    campaign): a file swapped after preflight is caught where it was served."""
-    cond = pilot.conditions[name]
-    if cond.drafter is None:
-        return []
-    out = []
-    for rel, expected in cond.pins.sha256.items():
-        path = Path(cond.drafter) / rel
-        try:
-            found = sha256_file(path) if path.is_file() else "missing"
-        except OSError:
-            found = "missing"
-        out.append(PinCheck(file=rel, when=when, expected=expected, found=found))
-    return out
-
-
 def engine_version(pilot: Pilot) -> str | None:
     """The engine's version as its own Python reports it (servers may live in another venv)."""
     engine = pilot.target.engine
@@ -210,35 +177,6 @@ def engine_version(pilot: Pilot) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
-
-
-@dataclass(frozen=True)
-class DraftLayout:
-    """What an EAGLE-3 draft's config says of its body: the class, its decoder layers, and
-    Osprey's marks (``swap_h_and_emb``: its input layer reads [hidden, embedding] in that
-    order, and it carries its own tokenizer-aligned ``embed_tokens``)."""
-
-    architecture: str
-    layers: int
-    swap_h_and_emb: bool
-
-    @property
-    def owns_embedding(self) -> bool:
-        return self.swap_h_and_emb
-
-    @property
-    def needs_patch(self) -> bool:
-        """Whether stock SGLang serves it wrong or not at all: a class it lacks, more than
-        one layer, or an embedding of its own that SGLang replaces with the target's."""
-        return self.architecture in PATCHED_EAGLE3 or self.layers > 1 or self.swap_h_and_emb
-
-    @property
-    def module(self) -> str | None:
-        return EAGLE3_MODULES.get(self.architecture)
-
-    def describe(self) -> str:
-        kind = "Osprey" if self.swap_h_and_emb else "EAGLE-3"
-        return f"{self.layers}-layer {kind} draft ({self.architecture})"
 
 
 def draft_layout(dcfg: dict[str, Any]) -> DraftLayout | None:
@@ -370,9 +308,9 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
             report.checks.append(Check("weights", False, f"{w.name}: {exc}"))
     if fam == EAGLE3 and fam in accepted and tcfg and len(headers) == len(weights):
         d_text, t_text = _text_config(dcfg), _text_config(tcfg)
-        report.checks.append(_aux_layers(d_text, t_text, headers))
-        report.checks.extend(_token_maps(d_text, t_text, headers))
-        report.checks.extend(_draft_body(d_text, t_text, headers))
+        report.checks.append(aux_layers(d_text, t_text, headers))
+        report.checks.extend(token_maps(d_text, t_text, headers))
+        report.checks.extend(draft_body(d_text, t_text, headers))
 
     for rel, expected in cond.pins.sha256.items():
         path = drafter / rel
@@ -452,206 +390,17 @@ def _architecture(
     return Check("architecture", fam in accepted, detail)
 
 
-def _layer_ids(d_text: dict[str, Any]) -> Any:
-    eagle = d_text.get("eagle_config")
-    if isinstance(eagle, dict) and "eagle_aux_hidden_state_layer_ids" in eagle:
-        return eagle["eagle_aux_hidden_state_layer_ids"]
-    return d_text.get("eagle_aux_hidden_state_layer_ids")
-
-
-def _aux_layers(
-    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
-) -> Check:
-    """EAGLE-3 reads the target's residual stream after the layers its config names
-    (SGLang captures the input of layer id + 1): each must exist below the last layer, and
-    the fc must be as wide as the captured layers together."""
-    depth = t_text.get("num_hidden_layers")
-    ids = _layer_ids(d_text)
-    if not isinstance(depth, int):
-        return Check("aux layers", True, "target depth unknown: aux layer ids not checked")
-    if ids is None:
-        ids = [1, depth // 2 - 1, depth - 4]
-        source = "SGLang's default (no eagle_aux_hidden_state_layer_ids)"
-    elif not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-        return Check("aux layers", False, f"eagle_aux_hidden_state_layer_ids {ids!r}: "
-                     "expected a list of layer indices")
-    else:
-        source = "eagle_aux_hidden_state_layer_ids"
-    bad = [i for i in ids if not 0 <= i <= depth - 2]
-    if bad:
-        return Check("aux layers", False, (
-            f"{source} {ids}: {bad} outside the target's {depth} layers (the output of layer "
-            f"i is captured as the input of layer i+1, so ids run 0..{depth - 2})"))
-    n_aux = d_text.get("num_aux_hidden_states") or len(ids)
-    width = d_text.get("target_hidden_size", d_text.get("hidden_size"))
-    fc = _find(headers, "fc.weight")
-    if fc is not None and isinstance(width, int):
-        shape = headers[fc[0]][fc[1]].get("shape")
-        if not isinstance(shape, list) or len(shape) != 2 or shape[1] != n_aux * width:
-            return Check("aux layers", False, (
-                f"fc.weight has shape {shape}: it must read {n_aux} target layers x hidden size "
-                f"{width} = {n_aux * width} features"))
-    return Check("aux layers", True, f"target layers {ids} of {depth} ({source})")
-
-
-def _find(headers: dict[Path, dict[str, Any]], suffix: str) -> tuple[Path, str] | None:
-    for path, header in headers.items():
-        for key in header:
-            if key == suffix or key.endswith("." + suffix):
-                return path, key
-    return None
-
-
-def _int_tensor(path: Path, header: dict[str, Any], key: str) -> list[int] | None:
-    """A small integer tensor's values, read from its byte range (no tensor library)."""
-    entry = header[key]
-    code = {"I64": "q", "I32": "i", "BOOL": "B", "U8": "B"}.get(entry.get("dtype"))
-    if code is None:
-        return None
-    start, end = (int(x) for x in entry["data_offsets"])
-    with path.open("rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        fh.seek(8 + n + start)
-        raw = fh.read(end - start)
-    count = len(raw) // struct.calcsize(code)
-    return list(struct.unpack(f"<{count}{code}", raw))
-
-
-def _token_maps(
-    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
-) -> list[Check]:
-    """EAGLE-3's reduced draft vocabulary: lm_head rows, d2t (one offset per draft id,
-    target id = draft id + d2t) and t2d (one flag per target id) must agree with the target."""
-    vocab = t_text.get("vocab_size")
-    draft = d_text.get("draft_vocab_size") or d_text.get("vocab_size")
-    if not isinstance(vocab, int) or not isinstance(draft, int):
-        return []
-    problems: list[str] = []
-    head = _find(headers, "lm_head.weight")
-    if head is not None:
-        rows = headers[head[0]][head[1]].get("shape", [None])[0]
-        if rows != draft:
-            problems.append(f"lm_head has {rows} rows, draft_vocab_size is {draft}")
-    d2t = _find(headers, "d2t")
-    t2d = _find(headers, "t2d")
-    if d2t is None and draft != vocab:
-        problems.append(f"draft_vocab_size {draft} != target vocab_size {vocab} and no d2t "
-                        "map in the weights (draft ids would be read as target ids)")
-    if d2t is not None:
-        shape = headers[d2t[0]][d2t[1]].get("shape")
-        if shape != [draft]:
-            problems.append(f"d2t has shape {shape}, expected [{draft}] (draft_vocab_size)")
-        else:
-            values = _int_tensor(d2t[0], headers[d2t[0]], d2t[1])
-            if values is not None:
-                out = [i for i, v in enumerate(values) if not 0 <= i + v < vocab]
-                if out:
-                    problems.append(f"d2t maps {len(out)} draft ids outside the target's "
-                                    f"vocabulary of {vocab} (first: draft id {out[0]})")
-    if t2d is not None:
-        shape = headers[t2d[0]][t2d[1]].get("shape")
-        if shape != [vocab]:
-            problems.append(f"t2d has shape {shape}, expected [{vocab}] (target vocab_size)")
-    if d2t is not None and t2d is not None and not problems:
-        problems += _maps_agree(headers, d2t, t2d)
-    detail = "; ".join(problems) or (
-        f"draft vocabulary {draft} of {vocab}" + (" (d2t, t2d)" if d2t and t2d else ""))
-    return [Check("vocabulary maps", not problems, detail)]
-
-
-def _maps_agree(
-    headers: dict[Path, dict[str, Any]], d2t: tuple[Path, str], t2d: tuple[Path, str]
-) -> list[str]:
-    """d2t and t2d describe one draft vocabulary: distinct target ids, and t2d flags exactly
-    the target ids d2t maps to (maps exported from different vocabularies disagree)."""
-    offsets = _int_tensor(d2t[0], headers[d2t[0]], d2t[1])
-    flags = _int_tensor(t2d[0], headers[t2d[0]], t2d[1])
-    if offsets is None or flags is None:
-        return []
-    targets = {i + v for i, v in enumerate(offsets)}
-    if len(targets) != len(offsets):
-        return [f"d2t maps {len(offsets) - len(targets)} draft ids onto target ids another "
-                "draft id already has: re-export d2t/t2d from the draft vocabulary"]
-    marked = {i for i, f in enumerate(flags) if f}
-    if marked != targets:
-        return [f"t2d flags {len(marked)} target ids, d2t maps to {len(targets)}, "
-                f"{len(marked ^ targets)} differ: the maps come from different vocabularies; "
-                "re-export d2t and t2d together"]
-    return []
-
-
-_LAYER = re.compile(r"(?:^|\.)(?:layers\.(\d+)|midlayer)\.")
-
-
-def _draft_body(
-    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
-) -> list[Check]:
-    """An EAGLE-3 draft's body: the decoder layers its config counts are the ones its
-    weights hold (``midlayer`` is layer 0), ``swap_h_and_emb`` is a flag, and a draft that
-    owns its embedding (Osprey) ships it, one row per target token id."""
-    checks = []
-    found: set[int] = set()
-    for header in headers.values():
-        for key in header:
-            m = _LAYER.search(key)
-            if m:
-                found.add(int(m.group(1) or 0))
-    count = d_text.get("num_hidden_layers")
-    if count is not None:
-        held = f"the weights hold layers {sorted(found)}" if found else "no layers in the weights"
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            checks.append(Check("draft layers", False, (
-                f"num_hidden_layers {count!r}: expected the draft's decoder layer count "
-                f"({held})")))
-        elif found != set(range(count)):
-            checks.append(Check("draft layers", False, (
-                f"num_hidden_layers {count}, but {held}: a partial checkpoint or a wrong "
-                "config; download the checkpoint whole or set num_hidden_layers to match")))
-        else:
-            checks.append(Check("draft layers", True, f"{count} decoder layer(s), all in the "
-                                "weights"))
-    swap = d_text.get("swap_h_and_emb")
-    if swap is not None and not isinstance(swap, bool):
-        checks.append(Check("swap_h_and_emb", False,
-                            f"swap_h_and_emb {swap!r}: expected true or false in config.json"))
-    elif swap:
-        checks.append(Check("swap_h_and_emb", True, (
-            "true: the input layer reads [hidden states, embedding] (stock SGLang reads "
-            "[embedding, hidden states])")))
-        checks.append(_own_embedding(d_text, t_text, headers))
-    return checks
-
-
-def _own_embedding(
-    d_text: dict[str, Any], t_text: dict[str, Any], headers: dict[Path, dict[str, Any]]
-) -> Check:
-    """A draft trained with its own tokenizer-aligned embedding needs it in its weights: the
-    target's (what SGLang would use instead) is not what it learned to read."""
-    found = _find(headers, "embed_tokens.weight")
-    if found is None:
-        return Check("embed_tokens", False, (
-            "swap_h_and_emb drafts carry their own embedding, but the weights hold no "
-            "embed_tokens.weight: download the checkpoint whole (the target's embedding is "
-            "not the one it was trained with)"))
-    shape = headers[found[0]][found[1]].get("shape")
-    rows, width = t_text.get("vocab_size"), d_text.get("hidden_size")
-    if shape != [rows, width]:
-        return Check("embed_tokens", False, (
-            f"{found[1]} has shape {shape}, expected [{rows}, {width}] (target vocab_size, "
-            "draft hidden_size): its inputs are the target's token ids; use the draft "
-            "exported for this target's tokenizer"))
-    return Check("embed_tokens", True, f"{found[1]} {shape}: its own embedding over the "
-                 "target's vocabulary")
-
-
 def check_all(pilot: Pilot, conditions: list[str]) -> dict[str, ArtifactReport]:
     needs_version = any(pilot.conditions[c].pins.engine_version for c in conditions)
     version = engine_version(pilot) if needs_version else None
     reports = {c: check_condition(pilot, c, version) for c in conditions}
     for c in conditions:
         layout = sglang_draft(pilot, c)
-        if layout is not None and pilot.conditions[c].endpoint is None:
-            reports[c].checks.append(_serving(pilot, c, layout))
+        if layout is not None:
+            # Recorded as data: the diagnosis of an accept length near 1 reads it.
+            reports[c].checks.append(Check(DRAFT_LAYOUT, True, layout.describe()))
+            if pilot.conditions[c].endpoint is None:
+                reports[c].checks.append(_serving(pilot, c, layout))
     return reports
 
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...pilot.schema import Pilot
-from ...preflight.artifact import DraftLayout, sglang_draft
 from ...results.folder import SavedCampaign
 from ..figures.measured import Figures, accept_lengths
 from ..gates.kinds import GateKind as K
@@ -38,6 +37,8 @@ from .partial import WITHHELD
 from .unchecked import Unchecked, unchecked
 from .verdicts import CandidateVerdict
 
+DRAFT_LAYOUT = "draft layout"
+"""The artifact check's line naming a draft stock SGLang serves wrong (preflight.artifact)."""
 ACCEPT_FLOOR = 1.15
 """A pooled accept length below this reads as "the drafter is (almost) never accepted"."""
 DOMAIN_GAP = 0.9
@@ -215,14 +216,25 @@ def quality_word(gates: Sequence[GateResult]) -> str:
     return "equivalent"
 
 
-def _never_accepted(accept: float | None, draft: DraftLayout | None) -> str | None:
+def _patched_draft(results: Sequence[GateResult], candidate: str) -> str | None:
+    """The description of ``candidate``'s draft where its artifact check found one that stock
+    SGLang serves wrong (its ``draft layout`` line); None otherwise."""
+    for g in results:
+        if g.spec.kind == K.ARTIFACT and g.spec.condition == candidate:
+            for c in g.details.get("checks") or []:
+                if isinstance(c, Mapping) and c.get("name") == DRAFT_LAYOUT:
+                    return str(c.get("detail"))
+    return None
+
+
+def _never_accepted(accept: float | None, draft: str | None) -> str | None:
     if accept is None or accept >= ACCEPT_FLOOR:
         return None
     said = (f"accept length {accept:.2f}: the target almost never accepted a drafted token "
             "(1.00 = only its own token per step)")
     if draft is not None:  # a draft stock SGLang loads but runs wrong, silently
         return (f"{said} - most likely an SGLang without the drafter's patch, running this "
-                f"{draft.describe()} with the target's embedding or only its first layer "
+                f"{draft} with the target's embedding or only its first layer "
                 "(see the artifact check's serving engine line)")
     return f"{said} - a vocabulary/tokenizer mismatch with the target or a drafter not " \
         "adapted to it"
@@ -304,7 +316,7 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         slice_accept = (accept_lengths([r for r in recs if r.slice == unusual.spec.slice])[0],
                         accept_lengths([r for r in recs if r.slice != unusual.spec.slice])[0])
 
-    pending = {"never": _never_accepted(accept, sglang_draft(pilot, cand))}
+    pending = {"never": _never_accepted(accept, _patched_draft(results, cand))}
     cross = _crossover(list(overall.values()), order)
     pending["cross"] = cross[1] if cross else None
     pending["gap"] = _domain_gap(deciding, unusual, slice_accept)
