@@ -154,19 +154,25 @@ class TokenClock:
 
 
 async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The ``data`` payload of each server-sent event (multi-line data joined by newlines)."""
+    """The ``data`` payload of each server-sent event (multi-line data joined by newlines);
+    one event over http1.EVENT_MOST characters fails the request, as on the lean path."""
     buf: list[str] = []
+    size = 0
     async for line in response.aiter_lines():
         if line == "":
             if buf:
                 yield "\n".join(buf)
-                buf = []
+                buf, size = [], 0
             continue
         if line.startswith(":"):
             continue  # comment / keep-alive
         field, _, value = line.partition(":")
         if field == "data":
             buf.append(value[1:] if value.startswith(" ") else value)
+            size += len(line)
+            if size > http1.EVENT_MOST:
+                raise StreamError(f"a stream event over {http1.EVENT_MOST >> 20} MiB (the most "
+                                  "one event may hold)")
     if buf:
         yield "\n".join(buf)
 
