@@ -106,6 +106,14 @@ def test_an_impossible_value_fails_the_request_naming_it(
     assert (failed.e2e_s is not None) == timings_sound
 
 
+def test_a_lone_token_may_come_without_a_verify_step() -> None:
+    one = sound(output_ids=[7], itl_s=[], spec_verify_ct=0, accept_length=None,
+                spec_drafts=None, spec_accepted_per_position=None)
+    assert impossible_value(one, 8, 5) is None
+    assert impossible_value(sound(output_ids=[7, 8], itl_s=[0.1], spec_verify_ct=0,
+                                  accept_length=None), 8, 5) is not None
+
+
 def test_accept_length_without_speculation_must_be_absent_or_one() -> None:
     error = impossible_value(sound(accept_length=2.0), 8, None)
     assert error == (f"{IMPOSSIBLE}: accept_length=2.0 (outside [1, 1]: the condition does "
@@ -126,10 +134,13 @@ def test_the_accept_length_bound_follows_the_condition(tmp_path: Path) -> None:
                    "speculation": {"num_draft_tokens": 4, "num_steps": 6}},
         "adaptive": {"role": "candidate", "drafter": "/d", "speculation": {"adaptive": True}},
         "ep": {"role": "candidate", "endpoint": {"url": "http://127.0.0.1:1",
-                                                 "protocol": "sglang"}},
+                                                 "protocol": "sglang"},
+               "speculation": {"num_draft_tokens": 2}},
+        "own": {"role": "candidate", "drafter": "/d", "speculation": {"num_draft_tokens": 2},
+                "engine_args": ["--speculative-num-draft-tokens", "8"]},
     })
     bounds = {c: accept_length_most(pilot, c) for c in pilot.conditions}
-    assert bounds == {"base": None, "k4": 5, "steps6": 7, "adaptive": 65, "ep": 65}
+    assert bounds == {"base": None, "k4": 5, "steps6": 7, "adaptive": 65, "ep": 65, "own": 65}
 
 
 # --------------------------------------------------------------------------- through the client

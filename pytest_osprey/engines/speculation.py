@@ -187,12 +187,14 @@ def accept_length_most(pilot: Pilot, condition: str) -> int | None:
     """The most tokens one verify step of ``condition`` can commit (its draft tokens + 1):
     the upper bound of a sound accept length; None where it runs without speculation.
 
-    A running endpoint may speculate though its pilot entry says nothing, and an adaptive
-    depth may reach any depth: both are bounded by the most a pilot can ask for."""
+    Where the pilot's settings may not be what the server runs (a running endpoint, an
+    adaptive depth, engine_args naming speculative flags), the bound is the most a pilot
+    can ask for: an answer is never failed for the pilot's own mistake."""
     cond = pilot.conditions[condition]
     spec = cond.speculation
-    if spec is None or spec.adaptive:
-        if cond.speculates or cond.endpoint is not None:
+    own = any("specul" in arg for arg in [*pilot.target.engine_args, *cond.engine_args])
+    if spec is None or spec.adaptive or own or cond.endpoint is not None:
+        if cond.speculates or own or cond.endpoint is not None:
             return _MOST_DRAFT_TOKENS + 1
         return None
     return max(spec.num_draft_tokens, spec.num_steps or 0) + 1

@@ -115,7 +115,8 @@ def impossible_value(m: Measurement, max_new_tokens: int | None,
                           f"more than max_new_tokens {max_new_tokens}")
     verify = m.spec_verify_ct
     if verify is not None:
-        if tokens > 0 and verify < 1:
+        # A lone token may be the prefill's alone; two or more need a verify step.
+        if tokens > 1 and verify < 1:
             return impossible("spec_verify_ct", verify, f"no verify step for {tokens} tokens")
         if tokens and verify > tokens:
             return impossible("spec_verify_ct", verify, f"more verify steps than {tokens} tokens")
