@@ -46,6 +46,9 @@ class Reply:
     content_type: str | None = None
     # Run once the whole answer is with the kernel (an engine's crash after a request).
     then: Callable[[], None] | None = None
+    # keep_alive SSE: each event's bytes in chunks of at most this many (one event, many
+    # pieces of body, as a server writing a huge event as it goes sends it)
+    chunk_bytes: int | None = None
 
 
 @dataclass
@@ -253,7 +256,8 @@ class _Stream:
         if conn.transport is None:
             return
         while self.i < len(self.due) and self.due[self.i] <= time.perf_counter():
-            data = conn.frame(f"data: {self.payloads[self.i]}\n\n".encode())
+            data = conn.frame(f"data: {self.payloads[self.i]}\n\n".encode(),
+                              self.reply.chunk_bytes)
             self.i += 1
             if self.i == len(self.due):
                 data += self._end()  # the end goes out with the last event
@@ -321,8 +325,12 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and data:
             self.transport.write(data)
 
-    def frame(self, data: bytes) -> bytes:
-        return b"%x\r\n%s\r\n" % (len(data), data) if self.keep else data
+    def frame(self, data: bytes, most: int | None = None) -> bytes:
+        if not self.keep:
+            return data
+        most = most or len(data) or 1
+        return b"".join(b"%x\r\n%s\r\n" % (len(data[i:i + most]), data[i:i + most])
+                        for i in range(0, len(data), most))
 
     def after_flush(self, fn: Callable[[], None]) -> None:
         """``fn`` once what was written has left the buffer (or the connection is gone)."""

@@ -228,6 +228,13 @@ def test_hold_load_keeps_every_worker_busy_until_the_last_measured_ends() -> Non
 # --------------------------------------------------------------------------- a real run
 
 
+def _long_enough(pilot: Path) -> Path:
+    """The endpoint pilot with its trace asking for the 12 tokens :func:`_answer` may give."""
+    trace = pilot.parent / "trace.jsonl"
+    trace.write_text(trace.read_text().replace('"max_new_tokens": 2', '"max_new_tokens": 12'))
+    return pilot
+
+
 def _answer(body: Any) -> Reply:
     """An n-token stream, n set by the prompt (3 to 12 tokens, 15 ms apart): without fillers
     a block's batch would drain as its short answers end."""
@@ -238,9 +245,9 @@ def _answer(body: Any) -> Reply:
 
 def test_a_closed_loop_run_holds_x4_and_records_its_fillers(tmp_path: Path) -> None:
     with ScriptedServer(routes=sglang_routes(_answer)) as srv:
-        pilot = write_endpoint_pilot(tmp_path, srv.url, prompts=8, extra={
+        pilot = _long_enough(write_endpoint_pilot(tmp_path, srv.url, prompts=8, extra={
             "load": {"levels": {"x4": 4}, "warmup_requests": 0, "passes": 1},
-            "decision": {"primary_load": "x4"}})
+            "decision": {"primary_load": "x4"}}))
         code = run_cli(["run", str(pilot), "--results", str(tmp_path / "res")])
         assert code in (0, 1), code
         # A cancelled filler closes its stream (an engine aborts a request whose client
@@ -308,9 +315,9 @@ def test_a_cycled_stretch_sends_every_copy_and_records_which(tmp_path: Path) -> 
     """A stretch may repeat a prompt (the trace cycled to reach the level's concurrency):
     one measured request per entry, each recorded with its occurrence."""
     with ScriptedServer(routes=sglang_routes(_answer)) as srv:
-        path = write_endpoint_pilot(tmp_path, srv.url, prompts=3, extra={
+        path = _long_enough(write_endpoint_pilot(tmp_path, srv.url, prompts=3, extra={
             "load": {"levels": {"x8": 8}, "warmup_requests": 0, "passes": 1},
-            "decision": {"primary_load": "x8"}})
+            "decision": {"primary_load": "x8"}}))
         pilot = load_pilot(path)
         campaign = Campaign(pilot, load_trace(pilot.trace.files), tmp_path / "res",
                             list(pilot.conditions))

@@ -85,3 +85,31 @@ def host_facts() -> dict[str, Any]:
     return {"machine": platform.machine(), "node": platform.node(),
             "python": platform.python_version(), "cpus": os.cpu_count(),
             "system": platform.system(), "processor": platform.processor() or None}
+
+
+BREAKER_TIMEOUTS = 3
+"""Consecutive timed-out requests that stop a condition (more where a level holds more in
+flight: a hung server times out every request it holds at once)."""
+
+
+class TimeoutBreaker:
+    """Counts one condition's timed-out requests in a row (any answered request resets it):
+    a server that hangs would otherwise cost request_timeout_s per request of every pass."""
+
+    def __init__(self) -> None:
+        self.in_a_row = 0
+
+    def note(self, ok: bool, e2e_s: float | None, timeout_s: float,
+             in_flight: int = 1) -> str | None:
+        """Count one ended request; the condition's error once the breaker trips, else None.
+        A request timed out when it failed having run its whole timeout (data, not its
+        error's words); other failures neither count nor reset."""
+        if ok:
+            self.in_a_row = 0
+        elif e2e_s is not None and e2e_s >= timeout_s:
+            self.in_a_row += 1
+            if self.in_a_row == max(BREAKER_TIMEOUTS, in_flight):
+                return (f"stopped: {self.in_a_row} requests in a row timed out "
+                        f"(load.request_timeout_s {timeout_s:g} s); its other requests were "
+                        "not sent and its verdict is withheld")
+        return None

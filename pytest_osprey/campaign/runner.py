@@ -38,6 +38,7 @@ from ..version import __version__
 from .events import Progress, ProgressEvent, StopRule, campaign_eta, pass_eta
 from .probing import run_probes
 from .requests import (
+    TimeoutBreaker,
     host_facts,
     host_load,
     max_new_tokens,
@@ -71,6 +72,7 @@ class _ConditionState:
     boot: int = 0
     pass_index: int | None = None  # the pass its engine is in (None: fresh boot)
     pins: list[PinCheck] = field(default_factory=list)
+    breaker: TimeoutBreaker = field(default_factory=TimeoutBreaker)
 
 
 class Campaign:
@@ -310,12 +312,13 @@ class Campaign:
         self.progress(ProgressEvent(name, "warmup", total=n))
         prompts = self.trace.prompts
         serving = self.pilot.sampling.serving
+        breaker = self.states[name].breaker
         for i in range(n):
             p = prompts[i % len(prompts)]
             # At the serving sampling where the timed passes run at it (its sampling kernels
             # warmed too); seeded apart from every timed request.
             sampled = serving.sampled
-            await engine.generate(
+            result = await engine.generate(
                 GenerationRequest(
                     prompt_id=p.id,
                     prompt=self._text(p, engine),
@@ -331,6 +334,9 @@ class Campaign:
                     timeout_s=self.pilot.load.request_timeout_s,
                 )
             )
+            tripped = breaker.note(result.ok, result.e2e_s, self.pilot.load.request_timeout_s)
+            if tripped:
+                raise EngineError(f"warm-up {tripped}")
 
     def _text(self, prompt: Prompt, engine: Engine) -> str:
         # Every engine that knows the target's chat template exposes its tokenizer.
@@ -505,6 +511,10 @@ class Campaign:
             )
             writer.write(record)
             self._records.append(record)
+            tripped = state.breaker.note(record.ok, record.e2e_s, request.timeout_s,
+                                         concurrency or 1)
+            if tripped and not state.error:
+                state.error = tripped  # no more are sent; the condition stops after the stretch
             return record
 
         async def one(k: int, arrival_s: float | None = None) -> None:
@@ -514,6 +524,9 @@ class Campaign:
                 await asyncio.sleep(max(0.0, t_start + arrival_s - time.perf_counter()))
             request = request_for(prompt, index, margins and copies[k] == 0, copies[k])
             async with sem:
+                if state.error:  # the breaker tripped: what is left of the stretch is not sent
+                    unfinished[0] -= 1
+                    return
                 if arrival_s is not None:
                     # How late the request left: the generator's own fidelity, and under a cap
                     # the client-side wait (not in the engine's latency).
@@ -532,6 +545,8 @@ class Campaign:
         async def filler() -> bool:
             """One filler (sampled like the measured requests); False once one fails (an
             engine that fails requests is not kept busy with more)."""
+            if state.error:
+                return False
             prompt = next(fillers)
             request = request_for(prompt, 0, False, -1)
             started, t0 = time.time(), time.perf_counter()
@@ -559,6 +574,9 @@ class Campaign:
         entry.loadavg_end = host_load()
         entry.spec_counters_end = await _spec_counters(engine)
         self.schedule.append(entry)
+        if state.error:  # the breaker tripped: the condition stops, the campaign goes on
+            self._fail(name, state, state.error)
+            return
         # A dying server refuses connections before the kernel reports its exit: after failed
         # requests, give it a moment, so the condition's error names the exit, not a symptom.
         died = await self._server_exit(engine, wait_s=_EXIT_WAIT_S if failures else 0.0,

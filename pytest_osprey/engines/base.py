@@ -77,6 +77,12 @@ def acceptance_from_histogram(hist: Any) -> tuple[int, list[int]] | None:
     return sum(hist), [sum(hist[j + 1:]) for j in range(len(hist) - 1)]
 
 
+def reported(value: Any) -> int | float | None:
+    """A number a server reported, as it is (its soundness is checked later, against the
+    request); None for anything that is not a number (the field is then not reported)."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 # The engines' result is the saved record's measured part: one declaration.
 GenerationResult = Measurement
 

@@ -13,10 +13,12 @@ import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from ..results.records import checked
 from .base import BootSpec, GenerationRequest, GenerationResult
 from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import bearer
 from .process import ServerProcess, api_key_from, choose_port, engine_env, mask_argv
+from .speculation import accept_length_most
 
 if TYPE_CHECKING:
     from ..pilot.schema import Pilot
@@ -116,7 +118,12 @@ class BootedServer(ABC, Generic[ClientT]):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if self.client is None:
             return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
-        return await self.client.generate(request)
+        return self.checked(request, await self.client.generate(request))
+
+    def checked(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+        """``result``, or a failed request where the server reported what cannot be."""
+        return checked(result, request.max_new_tokens,
+                       accept_length_most(self.pilot, self.condition))
 
     def fingerprint(self) -> dict[str, Any]:
         fp: dict[str, Any] = {"engine": self.ENGINE}

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ..results.records import checked
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
 from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import bearer
 from .process import api_key_from
 from .sglang import SGLangClient
-from .speculation import VLLM_METRICS, spec_counters_of
+from .speculation import VLLM_METRICS, accept_length_most, spec_counters_of
 from .vllm import OpenAIClient
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ class EndpointEngine:
         client = self.sglang or self.openai
         if client is None:
             return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
-        return await client.generate(request)
+        return checked(await client.generate(request), request.max_new_tokens,
+                       accept_length_most(self.pilot, self.condition))
 
     def fingerprint(self) -> dict[str, Any]:
         fp: dict[str, Any] = {"engine": f"endpoint/{self.endpoint.protocol}"}

@@ -47,6 +47,7 @@ DONE = "[DONE]"
 CONNECT_TIMEOUT_S = 30.0
 DRAIN_S = 0.1  # how long the end of a body may lag its [DONE] before the connection is dropped
 _READ_LIMIT = 1 << 20
+EVENT_MOST = 64 << 20  # bytes of one server-sent event
 _OWN_HEADERS = frozenset(
     ("host", "content-length", "content-type", "transfer-encoding", "connection",
      "accept-encoding", "expect", "keep-alive", "te", "upgrade")
@@ -247,16 +248,25 @@ class Response:
 
     async def events(self) -> AsyncIterator[tuple[float, str]]:
         """(arrival, data) of each event with data, up to the ``[DONE]`` one (then ``done``);
-        the events in one piece of the body share its arrival."""
-        buf = b""
+        the events in one piece of the body share its arrival.
+
+        Linear in the body's size however its events are cut into pieces: each piece is
+        normalised and searched once (a 100 MB event costs what its bytes cost, not their
+        square); one event over EVENT_MOST bytes fails the request."""
+        buf = bytearray()
+        start = 0  # where the next event begins in buf
+        scan = 0  # no event ends before this offset
+        held = b""  # a CR that ended the last piece (an LF may follow it)
         pieces = _body(self._reader, self._framing)
         async for piece, now in pieces:
-            buf = buf + piece if buf else piece
-            if b"\r" in buf:
-                buf = _lf(buf)
-            while (end := buf.find(b"\n\n")) >= 0:
-                data = _event_data(buf[:end])
-                buf = buf[end + 2 :]
+            piece = held + piece if held else piece
+            if b"\r" in piece:
+                piece = _lf(piece)
+            held = b"\r" if piece.endswith(b"\r") else b""
+            buf += piece[:-1] if held else piece
+            while (end := buf.find(b"\n\n", scan)) >= 0:
+                data = _event_data(bytes(buf[start:end]))
+                start = scan = end + 2
                 if data is None:
                     continue
                 if data.strip() == DONE:
@@ -264,7 +274,13 @@ class Response:
                     self.kept = _keep_alive(self.head, self._framing) and await _drain(pieces)
                     return
                 yield now, data
-        data = _event_data(buf)  # a last event without its blank line
+            if len(buf) - start > EVENT_MOST:
+                raise httpx.RemoteProtocolError(
+                    f"a stream event over {EVENT_MOST >> 20} MiB (the most one event may hold)")
+            del buf[:start]  # what is left is one unfinished event, never rescanned
+            scan = max(0, len(buf) - 1)
+            start = 0
+        data = _event_data(bytes(buf) + held)  # a last event without its blank line
         if data is not None and data.strip() == DONE:
             self.done = True
         elif data is not None:

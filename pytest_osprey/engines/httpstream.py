@@ -21,8 +21,9 @@ from typing import Any
 
 import httpx
 
+from ..results.records import impossible
 from . import http1
-from .base import GenerationResult
+from .base import EngineError, GenerationResult
 from .http1 import DONE
 
 __all__ = [
@@ -38,16 +39,85 @@ __all__ = [
 ]
 
 _BODY_PREVIEW = 500
+_ERROR_MOST = 1000  # characters of a failed request's error
+
+
+STRING_MOST = 4096  # characters of one string a server sent (a version, a path, an error)
+JSON_MOST = 64 << 10  # characters of one server answer kept (its strings capped first)
+BODY_MOST = 64 << 20  # bytes of a control answer (/server_info...) read at all
 
 
 class StreamError(Exception):
     """A request failed in a way the record should state (HTTP error, bad stream...)."""
 
 
-class TokenClock:
-    """Arrival times of streamed tokens, measured from submission."""
+def cap_text(text: str, most: int = STRING_MOST) -> str:
+    """``text``, cut to ``most`` characters with a marker saying how long it was."""
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}... [cut: {len(text)} characters]"
 
-    def __init__(self) -> None:
+
+def bounded(value: Any, per_string: int = STRING_MOST, total: int = JSON_MOST) -> Any:
+    """A server's JSON answer as kept: each string capped (:func:`cap_text`), and items past
+    ``total`` characters in all dropped, a marker saying how many. A 50 MB version string
+    or a million keys cannot reach campaign.json or the terminal."""
+    left = [total]
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            v = cap_text(v, per_string)
+            left[0] -= len(v)
+            return v
+        if isinstance(v, dict):
+            out: dict[str, Any] = {}
+            for n, (k, item) in enumerate(v.items()):
+                if left[0] <= 0:
+                    out["..."] = f"[cut: {len(v) - n} more keys]"
+                    break
+                out[cap_text(str(k), per_string)] = walk(item)
+            return out
+        if isinstance(v, list):
+            items: list[Any] = []
+            for n, item in enumerate(v):
+                if left[0] <= 0:
+                    items.append(f"[cut: {len(v) - n} more items]")
+                    break
+                items.append(walk(item))
+            return items
+        left[0] -= 8  # a number, a bool, null
+        return v
+
+    return walk(value)
+
+
+def read_json(client: httpx.Client, path: str, condition: str) -> Any:
+    """The JSON a control route answers (bounded), None on an answer other than 200; an
+    answer that is not JSON raises an EngineError naming the condition and the URL."""
+    url = f"{client.base_url}".rstrip("/") + path
+    with client.stream("GET", path) as r:
+        if r.status_code != 200:
+            return None
+        raw = bytearray()
+        for part in r.iter_bytes():
+            raw += part
+            if len(raw) > BODY_MOST:
+                raise EngineError(f"{condition}: {url} answered over {BODY_MOST >> 20} MiB")
+        kind = r.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    try:
+        return bounded(json.loads(raw))
+    except (ValueError, RecursionError):
+        first = bytes(raw[:40]).decode("utf-8", "replace")
+        raise EngineError(f"{condition}: {url} answered {kind}, not JSON (first bytes: "
+                          f"{first!r})") from None
+
+
+class TokenClock:
+    """Arrival times of streamed tokens, measured from submission; more tokens than
+    ``most`` (the request's max_new_tokens) is a server reporting what cannot be."""
+
+    def __init__(self, most: int | None = None) -> None:
+        self.most = most
         self.t0 = time.perf_counter()
         self.ttft_s: float | None = None
         self.itl_s: list[float] = []
@@ -58,6 +128,10 @@ class TokenClock:
         """``n`` new tokens arrived together (at ``now``)."""
         if n <= 0:
             return
+        if self.most is not None and self.tokens + n > self.most:
+            # Before the per-token lists grow: a count of 10**9 must not allocate them.
+            raise StreamError(impossible("output_tokens", self.tokens + n,
+                                         f"more than max_new_tokens {self.most}"))
         now = time.perf_counter() if now is None else now
         if self._last is None:
             self.ttft_s = now - self.t0
@@ -80,19 +154,25 @@ class TokenClock:
 
 
 async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The ``data`` payload of each server-sent event (multi-line data joined by newlines)."""
+    """The ``data`` payload of each server-sent event (multi-line data joined by newlines);
+    one event over http1.EVENT_MOST characters fails the request, as on the lean path."""
     buf: list[str] = []
+    size = 0
     async for line in response.aiter_lines():
         if line == "":
             if buf:
                 yield "\n".join(buf)
-                buf = []
+                buf, size = [], 0
             continue
         if line.startswith(":"):
             continue  # comment / keep-alive
         field, _, value = line.partition(":")
         if field == "data":
             buf.append(value[1:] if value.startswith(" ") else value)
+            size += len(line)
+            if size > http1.EVENT_MOST:
+                raise StreamError(f"a stream event over {http1.EVENT_MOST >> 20} MiB (the most "
+                                  "one event may hold)")
     if buf:
         yield "\n".join(buf)
 
@@ -125,7 +205,7 @@ def _chunk(data: str, url: str) -> dict[str, Any]:
         raise StreamError(f"stream chunk is not a JSON object: {data[:200]!r}")
     error = stream_error(chunk)
     if error is not None:
-        raise StreamError(f"server error in stream from {url}: {error}")
+        raise StreamError(f"server error in stream from {url}: {cap_text(error, 500)}")
     return chunk
 
 
@@ -188,10 +268,11 @@ def stream_error(chunk: Mapping[str, Any]) -> str | None:
 
 
 async def guarded(
-    run: Callable[[TokenClock], Awaitable[GenerationResult]], timeout_s: float
+    run: Callable[[TokenClock], Awaitable[GenerationResult]], timeout_s: float,
+    most_tokens: int | None = None,
 ) -> GenerationResult:
     """Run one request under a total timeout; every failure becomes a failed result."""
-    clock = TokenClock()
+    clock = TokenClock(most_tokens)
     try:
         async with asyncio.timeout(timeout_s):
             return await run(clock)
@@ -203,6 +284,8 @@ async def guarded(
         error = f"{type(exc).__name__}: {exc or 'HTTP transport error'}"
     except Exception as exc:  # never let one request take the campaign down
         error = f"unexpected {type(exc).__name__}: {exc}"
+    # One line, of bounded size: an exception may quote whatever the server sent.
+    error = cap_text(" ".join(error.split()), _ERROR_MOST)
     return GenerationResult.failure(
         error, ttft_s=clock.ttft_s, e2e_s=clock.elapsed(), itl_s=list(clock.itl_s)
     )

@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ..results.records import impossible
 from .base import (
     BootSpec,
     EngineError,
     GenerationRequest,
     GenerationResult,
     acceptance_from_histogram,
+    reported,
     unsupported,
 )
 from .booted import BootedServer
-from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
+from .httpstream import ClientPool, TokenClock, bearer, guarded, read_json, stream_json
 from .process import engine_python
 from .sglang_stream import (
     SGLangStream,
@@ -216,7 +218,8 @@ class SGLangClient:
         refused = unsupported(req, SAMPLING_PARAMS)
         if refused:
             return GenerationResult.failure(f"unsupported by sglang: {', '.join(refused)}")
-        return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
+        return await guarded(lambda clock: self._generate(req, clock), req.timeout_s,
+                             req.max_new_tokens)
 
     async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
         stream = SGLangStream()
@@ -234,13 +237,17 @@ class SGLangClient:
             # like a finish: the request did not complete.
             return GenerationResult.failure(abort_message(finish), ttft_s=clock.ttft_s,
                                             e2e_s=e2e, itl_s=list(clock.itl_s))
-        verify = meta.get("spec_verify_ct")
-        verify = verify if isinstance(verify, int) and verify > 0 else None
+        if ids and count != len(ids):
+            return GenerationResult.failure(impossible(
+                "completion_tokens", count, f"{len(ids)} output ids came"), e2e_s=e2e)
+        # Numbers as the server sent them: checked against the request (records.checked),
+        # never quietly dropped or clipped into plausible ones.
+        verify = reported(meta.get("spec_verify_ct"))
         accept: float | None = None
-        if verify is not None:
+        if isinstance(verify, int) and verify > 0:
             accept = count / verify  # bonus token included, as SGLang defines it
-        elif isinstance(meta.get("spec_accept_length"), int | float):
-            accept = float(meta["spec_accept_length"])
+        else:
+            accept = reported(meta.get("spec_accept_length"))
         margins = margins_of(tops) if req.want_margins else None
         if margins is not None and len(margins) != count:
             margins = None
@@ -253,12 +260,12 @@ class SGLangClient:
             ttft_s=clock.ttft_s,
             e2e_s=e2e,
             itl_s=clock.itl_s,
-            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            prompt_tokens=reported(prompt_tokens),  # type: ignore[arg-type]
             output_ids=list(ids),
             output_text="".join(stream.pieces),
             top2_margin=margins,
             top2_ids=top2,
-            spec_verify_ct=verify,
+            spec_verify_ct=verify,  # type: ignore[arg-type]  # a float is impossible
             accept_length=accept,
             spec_drafts=accepted[0] if accepted else None,
             spec_accepted_per_position=accepted[1] if accepted else None,
@@ -266,14 +273,15 @@ class SGLangClient:
         )
 
     def server_info(self) -> dict[str, Any]:
+        """Every resolved server argument (bounded: see httpstream.bounded); {} where neither
+        route answers. An answer that is not JSON is an EngineError naming the URL."""
         with self.pool.sync() as client:
             for path in ("/server_info", "/get_server_info"):
                 try:
-                    r = client.get(path)
-                except Exception:
+                    data = read_json(client, path, self.condition)
+                except httpx.HTTPError:
                     continue
-                if r.status_code == 200:
-                    data = r.json()
+                if data is not None:
                     return data if isinstance(data, dict) else {}
         return {}
 

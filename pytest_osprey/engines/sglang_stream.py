@@ -7,18 +7,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .httpstream import cap_text
+
+_REASON_MOST = 100  # characters of a finish reason kept
+_MESSAGE_MOST = 500  # characters of an abort message kept
+
 
 def finish_reason_of(value: Any) -> str | None:
     if isinstance(value, Mapping):
         kind = value.get("type")
-        return str(kind) if kind is not None else None
-    return str(value) if value is not None else None
+        return cap_text(str(kind), _REASON_MOST) if kind is not None else None
+    return cap_text(str(value), _REASON_MOST) if value is not None else None
 
 
 def abort_message(value: Any) -> str:
     """Why SGLang aborted a request (finish_reason {"type": "abort", "message": ...})."""
     message = value.get("message") if isinstance(value, Mapping) else None
-    return f"aborted by the server: {message}" if message else "aborted by the server"
+    return (f"aborted by the server: {cap_text(str(message), _MESSAGE_MOST)}" if message
+            else "aborted by the server")
 
 
 def margins_of(tops: Any) -> list[float] | None:

@@ -11,11 +11,15 @@ fairness gate compares the two (judgement/service/fairness.py); per-stretch coun
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from ..pilot.schema import Pilot
 
 # SGLang server_info keys for adaptive depth: 0.5.23 has speculative_adaptive; the others are
 # the documented newer spellings (``--auto-spec``), read tolerantly.
@@ -165,9 +169,32 @@ def spec_counters_of(text: str, names: Mapping[str, str]) -> dict[str, float]:
             if key is None or sample.name.endswith(("_created", "_bucket", "_count", "_sum")):
                 continue
             value = float(sample.value)
+            if not math.isfinite(value):
+                continue  # NaN or inf counts nothing (campaign.json keeps numbers only)
             if key in GAUGES and value <= 0:
                 continue  # SGLang 0.5.23 leaves the depth gauges at 0 unless depth adapts
             # A gauge per scheduler states the same level: the largest, never their sum.
             out[key] = (max(out.get(key, value), value) if key in GAUGES
                         else out.get(key, 0.0) + value)
     return out
+
+
+# The schema's most draft tokens: the bound where the depth is the server's own to choose.
+_MOST_DRAFT_TOKENS = 64
+
+
+def accept_length_most(pilot: Pilot, condition: str) -> int | None:
+    """The most tokens one verify step of ``condition`` can commit (its draft tokens + 1):
+    the upper bound of a sound accept length; None where it runs without speculation.
+
+    Where the pilot's settings may not be what the server runs (a running endpoint, an
+    adaptive depth, engine_args naming speculative flags), the bound is the most a pilot
+    can ask for: an answer is never failed for the pilot's own mistake."""
+    cond = pilot.conditions[condition]
+    spec = cond.speculation
+    own = any("specul" in arg for arg in [*pilot.target.engine_args, *cond.engine_args])
+    if spec is None or spec.adaptive or own or cond.endpoint is not None:
+        if cond.speculates or own or cond.endpoint is not None:
+            return _MOST_DRAFT_TOKENS + 1
+        return None
+    return max(spec.num_draft_tokens, spec.num_steps or 0) + 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import re
@@ -13,16 +12,27 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ..results.records import impossible
 from .base import (
     BootSpec,
     EngineError,
     GenerationRequest,
     GenerationResult,
     acceptance_from_histogram,
+    reported,
     unsupported,
 )
 from .booted import BootedServer
-from .httpstream import ClientPool, TokenClock, bearer, guarded, stream_json
+from .httpstream import (
+    BODY_MOST,
+    ClientPool,
+    TokenClock,
+    bearer,
+    bounded,
+    guarded,
+    read_json,
+    stream_json,
+)
 from .process import engine_python
 from .speculation import (
     VLLM_METRICS,
@@ -213,7 +223,8 @@ class OpenAIClient:
         refused = unsupported(req, SAMPLING_PARAMS)
         if refused:
             return GenerationResult.failure(f"unsupported by this server: {', '.join(refused)}")
-        return await guarded(lambda clock: self._generate(req, clock), req.timeout_s)
+        return await guarded(lambda clock: self._generate(req, clock), req.timeout_s,
+                             req.max_new_tokens)
 
     async def _generate(self, req: GenerationRequest, clock: TokenClock) -> GenerationResult:
         ids: list[int] = []
@@ -257,6 +268,10 @@ class OpenAIClient:
                                             ttft_s=clock.ttft_s, e2e_s=clock.elapsed(),
                                             itl_s=list(clock.itl_s))
         completion = usage.get("completion_tokens")
+        if ids and not ids_missing and reported(completion) not in (None, len(ids)):
+            return GenerationResult.failure(impossible(
+                "completion_tokens", completion, f"{len(ids)} output ids came"),
+                e2e_s=clock.elapsed())
         count = completion if isinstance(completion, int) else clock.tokens
         margins = margins_of(tops) if req.want_margins else None
         if margins is not None and len(margins) != count:
@@ -272,15 +287,16 @@ class OpenAIClient:
             ttft_s=clock.ttft_s,
             e2e_s=clock.elapsed(),
             itl_s=clock.itl_s,
-            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            prompt_tokens=reported(prompt_tokens),  # type: ignore[arg-type]
             output_ids=[] if ids_missing else ids,
             output_text="".join(text),
             top2_margin=margins,
             top2_ids=top2,
-            spec_verify_ct=steps if isinstance(steps, int) and steps > 0 else None,
+            # As reported (records.checked judges them); no steps: speculation did not run.
+            spec_verify_ct=reported(steps) if steps else None,  # type: ignore[arg-type]
             spec_drafts=accepted[0] if accepted else None,
             spec_accepted_per_position=accepted[1] if accepted else None,
-            accept_length=float(accept) if isinstance(accept, int | float) and steps else None,
+            accept_length=reported(accept) if steps else None,
             finish_reason=finish,
         )
 
@@ -295,21 +311,37 @@ class OpenAIClient:
         return counters_from(self.get_text("/metrics") or "")
 
     def get_text(self, path: str) -> str | None:
+        """A 200 answer's text (at most BODY_MOST bytes read); None otherwise."""
         try:
-            with self.pool.sync() as client:
-                r = client.get(path)
+            with self.pool.sync() as client, client.stream("GET", path) as r:
+                if r.status_code != 200:
+                    return None
+                raw = bytearray()
+                for part in r.iter_bytes():
+                    raw += part
+                    if len(raw) > BODY_MOST:
+                        return None
         except httpx.HTTPError:
             return None
-        return r.text if r.status_code == 200 else None
+        return raw.decode("utf-8", "replace")
+
+    def get_json(self, path: str) -> Any:
+        """A control route's JSON (bounded), None on an answer other than 200 or none; an
+        answer that is not JSON is an EngineError naming the condition and the URL."""
+        try:
+            with self.pool.sync() as client:
+                return read_json(client, path, self.condition)
+        except httpx.HTTPError:
+            return None
 
     def fingerprint(self) -> dict[str, Any]:
         version = None
         raw = self.get_text("/version")
         if raw:
             try:
-                version = json.loads(raw).get("version")
-            except (json.JSONDecodeError, AttributeError):
-                version = None
+                version = bounded(json.loads(raw)).get("version")
+            except (ValueError, AttributeError):
+                version = None  # optional: an OpenAI-style server need not serve it
         max_len = None
         models = self.get_text("/v1/models")
         if models:
@@ -381,7 +413,7 @@ class VLLMEngine(BootedServer[OpenAIClient]):
                 accepted = acceptance_from(before, after)
                 if accepted is not None:
                     result.spec_drafts, result.spec_accepted_per_position = accepted
-            return result
+            return self.checked(request, result)
         finally:
             self._in_flight -= 1
 
@@ -407,9 +439,7 @@ class VLLMEngine(BootedServer[OpenAIClient]):
         # The running cap, under SGLang's key: the fairness gate compares it to each level.
         info = None
         if self.dev_mode and self.client is not None:
-            raw = self.client.get_text("/server_info?config_format=json")
-            with contextlib.suppress(json.JSONDecodeError):
-                info = json.loads(raw) if raw else None
+            info = self.client.get_json("/server_info?config_format=json")
         if self.speculates:
             # Acceptance is in each request's record (a pooled figure read at boot is empty).
             facts["speculative_config"] = speculative_config(self.pilot, self.condition)

@@ -3,6 +3,7 @@ speculative-decoding counters and KV capacity of /metrics, and what they give pe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,8 +53,14 @@ def counters_from(text: str) -> dict[str, float]:
     totals = dict.fromkeys(COUNTERS, 0.0)
     wanted = {f"{name}_total": key for key, name in COUNTERS.items()}
     found = set()
-    for family in text_string_to_metric_families(text):
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        return {}  # not a metrics page: no counters, as from a server without them
+    for family in families:
         for sample in family.samples:
+            if not math.isfinite(sample.value):
+                continue  # NaN or inf counts nothing (and would poison every difference)
             key = wanted.get(sample.name)
             if key is None and sample.name == f"{PER_POSITION}_total":
                 try:
@@ -83,7 +90,11 @@ def acceptance_from(
 
 def kv_capacity_from(text: str) -> int | None:
     """KV cache capacity in tokens from vllm:cache_config_info (num_gpu_blocks x block_size)."""
-    for family in text_string_to_metric_families(text):
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        return None
+    for family in families:
         if family.name != "vllm:cache_config_info":
             continue
         for sample in family.samples:

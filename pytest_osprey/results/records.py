@@ -8,6 +8,7 @@ measurement by :meth:`RequestRecord.from_measurement`, never copied field by fie
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -55,6 +56,101 @@ class Measurement:
 
 
 _MEASURED = tuple(f.name for f in fields(Measurement))
+
+IMPOSSIBLE = "impossible server value"
+_SHOWN = 40  # characters of an impossible value kept in its error
+
+
+def impossible(name: str, value: Any, why: str) -> str:
+    """The error of a request whose server reported ``name=value``, which cannot be."""
+    shown = repr(value)
+    if len(shown) > _SHOWN:
+        shown = shown[:_SHOWN] + "..."
+    return f"{IMPOSSIBLE}: {name}={shown} ({why})"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    """A number that is not NaN or infinite (an int is, however large)."""
+    return _number(value) and (isinstance(value, int) or math.isfinite(value))
+
+
+_COUNTS = frozenset({"prompt_tokens", "spec_verify_ct", "spec_drafts", "output_ids",
+                     "spec_accepted_per_position"})  # integers (a token id counts as one)
+
+
+def impossible_value(m: Measurement, max_new_tokens: int | None,
+                     accept_most: int | None) -> str | None:
+    """Why what a server reported for one request cannot be true, or None when it can.
+
+    ``accept_most``: the most tokens one verify step can commit (draft tokens + 1) where the
+    condition speculates; None where it does not (an accept length is then absent or 1).
+    """
+    # Non-finite or negative numbers first: every bound below compares numbers.
+    for name in ("ttft_s", "e2e_s", "prompt_tokens", "spec_verify_ct", "accept_length",
+                 "spec_drafts"):
+        value = getattr(m, name)
+        if value is None:
+            continue
+        if not _finite(value):
+            return impossible(name, value, "not a finite number")
+        if value < 0:
+            return impossible(name, value, "negative")
+        if name in _COUNTS and not isinstance(value, int):
+            return impossible(name, value, "not an integer")
+    for name in ("itl_s", "top2_margin", "spec_accepted_per_position", "output_ids"):
+        for value in getattr(m, name) or ():
+            if not _finite(value):
+                return impossible(name, value, "not a finite number")
+            if value < 0 and name != "top2_margin":  # a margin's sign is the engine's order
+                return impossible(name, value, "negative")
+            if name in _COUNTS and not isinstance(value, int):
+                return impossible(name, value, "not an integer")
+    tokens = len(m.output_ids) or (len(m.itl_s) + 1 if m.itl_s else 0)
+    if max_new_tokens is not None and tokens > max_new_tokens:
+        return impossible("output_ids", f"{tokens} ids",
+                          f"more than max_new_tokens {max_new_tokens}")
+    verify = m.spec_verify_ct
+    if verify is not None:
+        # A lone token may be the prefill's alone; two or more need a verify step.
+        if tokens > 1 and verify < 1:
+            return impossible("spec_verify_ct", verify, f"no verify step for {tokens} tokens")
+        if tokens and verify > tokens:
+            return impossible("spec_verify_ct", verify, f"more verify steps than {tokens} tokens")
+    accept = m.accept_length
+    if accept is not None:
+        most = accept_most or 1
+        if not 1 <= accept <= most:
+            return impossible("accept_length", accept, f"outside [1, {most}]" + (
+                "" if accept_most else ": the condition does not speculate"))
+    drafts = m.spec_drafts
+    for k, accepted in enumerate(m.spec_accepted_per_position or ()):
+        if drafts is not None and accepted > drafts:
+            return impossible(f"spec_accepted_per_position[{k}]", accepted,
+                              f"more than the {drafts} drafting steps")
+    if accept_most and len(m.spec_accepted_per_position or ()) > accept_most - 1:
+        return impossible("spec_accepted_per_position",
+                          f"{len(m.spec_accepted_per_position or ())} positions",
+                          f"more than the {accept_most - 1} draft tokens")
+    return None
+
+
+def checked(m: Measurement, max_new_tokens: int | None, accept_most: int | None) -> Measurement:
+    """``m`` if what it reports can be true; else a failed request naming the impossible value
+    (which is not kept: it must never be judged as fact). The client's own clock readings
+    stay when they are sound."""
+    if not m.ok:
+        return m
+    why = impossible_value(m, max_new_tokens, accept_most)
+    if why is None:
+        return m
+    sound = [t for t in (m.ttft_s, m.e2e_s) if t is not None]
+    timed = all(_finite(t) and t >= 0 for t in sound)
+    return Measurement.failure(why, ttft_s=m.ttft_s if timed else None,
+                               e2e_s=m.e2e_s if timed else None)
 
 
 @dataclass(kw_only=True)
