@@ -166,7 +166,9 @@ def _resolve_paths(
                 raise fail(("conditions", name, "drafter"), f"no such directory: {drafter}")
         if cond.endpoint is None and target.engine == "endpoint":
             raise fail(("conditions", name), "target.engine is endpoint: give endpoint.url")
-        conditions[name] = cond.model_copy(update={"drafter": drafter})
+        # A missing adaptation data path is the held-out check's to report, as a drafter's.
+        data = local(cond.adaptation_data) if cond.adaptation_data is not None else None
+        conditions[name] = cond.model_copy(update={"drafter": drafter, "adaptation_data": data})
     return pilot.model_copy(
         update={
             "trace": pilot.trace.model_copy(update={"files": files}),
