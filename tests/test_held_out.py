@@ -18,7 +18,6 @@ from pytest_osprey.judgement.gates.preflight import judge_artifact
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.preflight import run_preflight
-from pytest_osprey.preflight.artifact import check_condition
 from pytest_osprey.preflight.held_out import held_out_check, scan, words
 from testkit.factories import dump_pilot, make_pilot, make_record, pilot_data, saved_campaign
 
@@ -94,10 +93,8 @@ def test_short_prompt_matched_whole(tmp_path: Path) -> None:
 
 
 def pilot_for(planted: dict[str, Any], **held_out: Any) -> Any:
-    cand: dict[str, Any] = {"role": "candidate", "drafter": "/m/d",
-                            "adaptation_data": str(planted["data"])}
-    if held_out:
-        cand["held_out"] = held_out
+    cand = {"role": "candidate", "drafter": "/m/d",
+            "held_out": {"adaptation_data": str(planted["data"]), **held_out}}
     return make_pilot({"base": {"role": "baseline"}, "cand": cand},
                       trace={"files": [str(planted["trace"])]})
 
@@ -128,7 +125,7 @@ def test_selection_and_system_turns(tmp_path: Path, planted: dict[str, Any]) -> 
         *planted["prompts"]])
     pilot = make_pilot({"base": {"role": "baseline"},
                         "cand": {"role": "candidate", "drafter": "/m/d",
-                                 "adaptation_data": str(planted["data"])}},
+                                 "held_out": {"adaptation_data": str(planted["data"])}}},
                        trace={"files": [str(trace)], "ids": ["c1", "p07", "p08"]})
     check = held_out_check(pilot, "cand")
     assert check is not None and check.overlapping == ["p07"] and check.prompts == 3
@@ -142,11 +139,12 @@ def test_missing_data_fails_saying_so(planted: dict[str, Any], tmp_path: Path) -
 
 def test_preflight_and_artifact_gate(planted: dict[str, Any]) -> None:
     pilot = pilot_for(planted)
-    report = check_condition(pilot, "cand")
-    assert [c.name for c in report.checks][:1] == ["held out"] and not report.ok
     preflight = run_preflight(pilot, ["base", "cand"])
+    assert not preflight.artifacts["cand"].ok and preflight.artifacts["base"].ok
+    assert preflight.failed() == {"cand": "artifact check failed"}  # never booted
     saved = preflight.model_dump(mode="json")["artifacts"]["cand"]["checks"][0]
-    assert saved["overlapping"] == ["p03", "p07", "p12"] and saved["prompts"] == 20
+    assert saved["name"] == "held out" and saved["prompts"] == 20
+    assert saved["overlapping"] == ["p03", "p07", "p12"]
     result = judge_artifact(GateSpec(GateKind.ARTIFACT, "cand"), preflight)
     assert result.outcome == "fail"
     assert "held out: 3 of 20 prompts appear in cand's adaptation data" in result.summary
@@ -166,11 +164,12 @@ def test_domain_rows_mark_overlapping_prompts() -> None:
 def test_pilot_resolves_the_path(tmp_path: Path, planted: dict[str, Any]) -> None:
     (tmp_path / "m").mkdir()
     data = pilot_data({"base": {"role": "baseline"},
-                       "cand": {"role": "candidate", "adaptation_data": "adapt.jsonl",
+                       "cand": {"role": "candidate", "held_out": {"adaptation_data": "adapt.jsonl"},
                                 "speculation": {"algorithm": "ngram"}}},
                       target={"model": str(tmp_path / "m")},
                       trace={"files": [str(planted["trace"])]})
     pilot = load_pilot(dump_pilot(tmp_path / "pilot.yaml", data))
-    assert pilot.conditions["cand"].adaptation_data == tmp_path / "adapt.jsonl"
+    held_out = pilot.conditions["cand"].held_out
+    assert held_out is not None and held_out.adaptation_data == tmp_path / "adapt.jsonl"
     check = held_out_check(pilot, "cand")
     assert check is not None and check.overlapping == ["p03", "p07", "p12"]

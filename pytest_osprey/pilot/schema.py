@@ -29,6 +29,7 @@ from .base import (
     Text,
 )
 from .endpoint_url import check_url
+from .held_out import HeldOut
 from .limits import Limits
 from .load import Load, LoadLevel, OpenLoop, level_label
 
@@ -97,19 +98,6 @@ class ArtifactPins(Strict):
     """Fail the artifact check when the drafter folder has no LICENSE/COPYING file."""
 
 
-class HeldOut(Strict):
-    """How the trace's prompts are checked against a drafter's adaptation data."""
-
-    max_overlap: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
-    """Trace prompts that may appear in the adaptation data before the artifact gate fails
-    (0: any overlap fails)."""
-    containment: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.5
-    """A prompt appears in the data when one line holds at least this share of its word
-    n-grams (1: verbatim; lower catches lightly edited copies)."""
-    ngram: Annotated[int, Field(ge=2, le=16)] = 5
-    """Words per shingle; a prompt shorter than this is matched as a whole."""
-
-
 class Condition(Strict):
     role: Role
     """baseline (speculation off, exactly one), current (the drafter serving today, at most one) or
@@ -135,13 +123,8 @@ class Condition(Strict):
     """Extra environment for this condition's engine."""
     pins: ArtifactPins = Field(default_factory=ArtifactPins)
     """Artifact pins checked before any boot."""
-    adaptation_data: PathText | None = Field(
-        None, description="The drafter's adaptation data: a file, or a folder of files, of "
-        "text or JSON lines (.gz read as gzip). Every trace prompt is looked for in it, "
-        "exact and near copies, before any boot (artifact gate; docs/traces.md)",
-    )
-    held_out: HeldOut = Field(default_factory=HeldOut)
-    """Limits of that held-out check."""
+    held_out: HeldOut | None = None
+    """Check the trace's prompts against the drafter's adaptation data."""
 
     @model_validator(mode="after")
     def _baseline_has_no_drafter(self) -> Condition:

@@ -210,10 +210,6 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
     engine = pilot.target.engine
     spec = cond.speculation
     algorithm = (spec.algorithm if spec else None) or DEFAULT_ALGORITHM.get(engine, "")
-    from .held_out import held_out_check  # it builds on Check, defined here
-
-    if (held_out := held_out_check(pilot, name)) is not None:
-        report.checks.append(held_out)
     if cond.endpoint is not None or not cond.speculates:
         return report
     if (engine, algorithm) in NO_DRAFTER:

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt, TraceError, load_trace
-from .artifact import Check
+from ..results.preflight_file import CheckEntry
 
 _WORD = re.compile(r"\w+")
 #: Ids named in a check's detail line; all of them are in its data.
@@ -154,18 +154,6 @@ def scan(prompts: Iterable[tuple[str, str]], data: Path, ngram: int = 5) -> Over
     return result
 
 
-@dataclass(frozen=True)
-class HeldOutCheck(Check):
-    """The artifact report's held-out check, with the overlapping prompts as data."""
-
-    overlapping: list[str] = field(default_factory=list)
-    """Ids of the trace prompts found in the adaptation data, in trace order."""
-    matches: list[dict[str, Any]] = field(default_factory=list)
-    """Per overlapping prompt: its containment and the file and line it was found at."""
-    prompts: int = 0
-    """Trace prompts checked."""
-
-
 NAME = "held out"
 
 
@@ -176,47 +164,41 @@ def _trace_prompts(pilot: Pilot) -> list[Prompt]:
                              limit_per_slice=spec.limit_per_slice, limit=spec.limit).prompts)
 
 
-def held_out_check(pilot: Pilot, name: str) -> HeldOutCheck | None:
-    """The check for condition ``name``, or None when it names no adaptation data."""
-    cond = pilot.conditions[name]
-    data = cond.adaptation_data
-    if data is None:
+def held_out_check(pilot: Pilot, name: str) -> CheckEntry | None:
+    """Condition ``name``'s held-out check, or None when it has none. Beside ``name``,
+    ``ok`` and ``detail`` it records as data ``overlapping`` (the ids found, in trace
+    order), ``matches`` (per id its containment, file and line) and ``prompts`` (checked)."""
+    spec = pilot.conditions[name].held_out
+    if spec is None:
         return None
-    limits = cond.held_out
-    if not Path(data).exists():
-        return HeldOutCheck(NAME, False, f"adaptation data {data}: not found on this machine, "
-                            "so the trace was not checked against it")
+    data = Path(spec.adaptation_data)
+
+    def check(ok: bool, detail: str, **found: Any) -> CheckEntry:
+        return CheckEntry.model_validate({"name": NAME, "ok": ok, "detail": detail,
+                                          "overlapping": [], **found})
+
+    if not data.exists():
+        return check(False, f"adaptation data {data}: not found on this machine, so the trace "
+                     "was not checked against it")
     try:
         prompts = _trace_prompts(pilot)
-        found = scan(((p.id, prompt_text(p)) for p in prompts), Path(data), limits.ngram)
+        found = scan(((p.id, prompt_text(p)) for p in prompts), data, spec.ngram)
     except TraceError as exc:
-        return HeldOutCheck(NAME, False, f"trace not readable: {exc}")
+        return check(False, f"trace not readable: {exc}")
     except OSError as exc:
-        return HeldOutCheck(NAME, False, f"adaptation data {data}: cannot read: "
-                            f"{exc.strerror or exc}")
+        return check(False, f"adaptation data {data}: cannot read: {exc.strerror or exc}")
     order = {p.id: i for i, p in enumerate(prompts)}
-    hits = sorted(found.overlapping(limits.containment), key=lambda m: order[m.id])
+    hits = sorted(found.overlapping(spec.containment), key=lambda m: order[m.id])
     ids = [m.id for m in hits]
     shown = ", ".join(ids[:SHOWN_IDS]) + (f", ... ({len(ids)} in all)"
                                           if len(ids) > SHOWN_IDS else "")
     read = f"{found.lines:,} lines in {found.files} file(s)"
     if ids:
         detail = (f"{len(ids)} of {len(prompts)} prompts appear in {name}'s adaptation data "
-                  f"(ids {shown}; {read}; allowed: {limits.max_overlap})")
+                  f"(ids {shown}; {read}; allowed: {spec.max_overlap})")
     else:
         detail = (f"none of {len(prompts)} prompts appears in {name}'s adaptation data "
-                  f"({read}; containment >= {limits.containment:g} of {limits.ngram}-grams)")
-    return HeldOutCheck(
-        NAME, len(ids) <= limits.max_overlap, detail, overlapping=ids,
-        matches=[{"id": m.id, "containment": m.containment, "file": m.file, "line": m.line}
-                 for m in hits],
-        prompts=len(prompts))
-
-
-def overlapping_ids(checks: Iterable[dict[str, Any]]) -> list[str]:
-    """The overlapping prompt ids a saved artifact report's checks record."""
-    out: list[str] = []
-    for c in checks:
-        if c.get("name") == NAME:
-            out += [str(i) for i in c.get("overlapping") or []]
-    return out
+                  f"({read}; containment >= {spec.containment:g} of {spec.ngram}-grams)")
+    return check(len(ids) <= spec.max_overlap, detail, overlapping=ids, prompts=len(prompts),
+                 matches=[{"id": m.id, "containment": m.containment, "file": m.file,
+                           "line": m.line} for m in hits])

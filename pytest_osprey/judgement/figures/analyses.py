@@ -89,12 +89,15 @@ def domain_rows(data: SavedCampaign, reference: str, candidate: str, load: str,
 
 def held_out_overlaps(results: Iterable[GateResult]) -> dict[str, list[str]]:
     """Condition -> the prompt ids its artifact gate's held-out check found in its
-    adaptation data (as preflight.json records them)."""
-    from ...preflight.held_out import overlapping_ids
-
-    return {r.spec.condition: ids for r in results
-            if r.spec.kind == GateKind.ARTIFACT
-            and (ids := overlapping_ids(r.details.get("checks") or []))}
+    adaptation data (the check's ``overlapping``, as preflight.json records it)."""
+    out: dict[str, list[str]] = {}
+    for r in results:
+        if r.spec.kind == GateKind.ARTIFACT:
+            ids = [str(i) for c in r.details.get("checks") or []
+                   for i in (c.get("overlapping") or [])]
+            if ids:
+                out[r.spec.condition] = ids
+    return out
 
 
 def all_domain_rows(data: SavedCampaign, load: str, seed: int = 0,
