@@ -12,14 +12,17 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.judgement import all_domain_rows, held_out_overlaps
+from pytest_osprey.judgement import all_domain_rows, held_out_overlaps, judge, plan_gates
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.preflight import judge_artifact
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.preflight import run_preflight
 from pytest_osprey.preflight.held_out import held_out_check, scan, words
+from pytest_osprey.report.summary import summary_dict
+from pytest_osprey.results.preflight_file import ArtifactEntry, CheckEntry, Preflight
 from testkit.factories import dump_pilot, make_pilot, make_record, pilot_data, saved_campaign
+from testkit.report_campaign import make_data, report_pilot
 
 # 36 words: random text over them shares the odd 5-gram with a prompt, never half of one.
 WORDS = words("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
@@ -173,3 +176,15 @@ def test_pilot_resolves_the_path(tmp_path: Path, planted: dict[str, Any]) -> Non
     assert held_out is not None and held_out.adaptation_data == tmp_path / "adapt.jsonl"
     check = held_out_check(pilot, "cand")
     assert check is not None and check.overlapping == ["p03", "p07", "p12"]
+
+
+def test_summary_rows_carry_the_saved_check() -> None:
+    """From preflight.json's check to summary.json's per-domain rows, as a judge writes them."""
+    data, pilot = make_data(), report_pilot()
+    check = CheckEntry.model_validate({"name": "held out", "ok": False, "detail": "1 of 3",
+                                       "overlapping": ["p3"]})
+    preflight = Preflight(artifacts={"cand": ArtifactEntry(ok=False, checks=[check])})
+    judgement = judge(pilot, plan_gates(pilot, list(pilot.conditions)), data, preflight)
+    rows = summary_dict(judgement, data, pilot)["domains"]
+    marked = {r["candidate"]: r["held_out_overlap"] for r in rows}
+    assert marked == {"cand": ["p3"], "broken": []}

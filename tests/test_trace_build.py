@@ -219,7 +219,11 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
                       (["--unusual-rule", "("], "--unusual-rule '(': does not compile"),
                       (["--redact", "email,ssn"], "--redact: unknown pattern 'ssn'"),
                       (["--redact-hook", "nosuchmodule_x:f"], "--redact-hook 'nosuchmodule_x:f'"),
-                      (["--tokenizer", str(tmp_path / "none")], "--tokenizer")):
+                      (["--tokenizer", str(tmp_path / "none")], "--tokenizer"),
+                      (["--size", "0"], "--size 0: needs at least 1"),
+                      (["--max-new-tokens-cap", "0"], "--max-new-tokens-cap 0: from 1 to"),
+                      (["--near-duplicate", "0"], "--near-duplicate 0: above 0"),
+                      (["--default-domain", " "], "--default-domain ' ': a non-empty name")):
         code, _, err = build(capsys, src, "--out", out, "--force", *args)
         assert code == 4 and err.startswith(f"error: {msg}") and err.count("\n") == 1, err
     assert out.read_text() == "kept\n"

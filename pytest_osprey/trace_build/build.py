@@ -25,6 +25,7 @@ import numpy as np
 
 from ..pilot.trace import (
     MAX_NAME_LENGTH,
+    MAX_NEW_TOKENS_LIMIT,
     TraceError,
     check_expect,
     load_trace,
@@ -175,6 +176,15 @@ def build(opts: BuildOptions) -> Built:
     redaction.RedactionError) with a one-line message, having written nothing."""
     if opts.size < 1:
         raise BuildError(f"--size {opts.size}: needs at least 1")
+    if not 1 <= opts.max_new_tokens_cap <= MAX_NEW_TOKENS_LIMIT:
+        raise BuildError(f"--max-new-tokens-cap {opts.max_new_tokens_cap}: from 1 to "
+                         f"{MAX_NEW_TOKENS_LIMIT:,}")
+    if not 0 < opts.near_duplicate <= 1:
+        raise BuildError(f"--near-duplicate {opts.near_duplicate:g}: above 0, at most 1")
+    if _name(opts.default_domain, "") != opts.default_domain:
+        raise BuildError(f"--default-domain {opts.default_domain!r}: a non-empty name without "
+                         f"surrounding or repeated whitespace, at most {MAX_NAME_LENGTH} "
+                         "characters")
     summary_path = opts.out.with_name(opts.out.stem + ".summary.json")
     for path in (opts.out, summary_path):
         if path.exists() and not opts.force:
@@ -184,7 +194,7 @@ def build(opts: BuildOptions) -> Built:
     read = len(records) + len(dropped)
     for rec in records:
         _redact(rec, opts.redactor)
-    dups = near_duplicates([r.content() for r in records], opts.near_duplicate, opts.seed)
+    dups = near_duplicates([r.content() for r in records], opts.near_duplicate)
     for i, kept in sorted(dups.items()):
         dropped.append(Dropped(f"{records[i].where} (of {records[kept].where})",
                                "near-duplicate"))

@@ -23,13 +23,13 @@ BANDS = 32  # 2 rows a band: pairs from Jaccard 0.2 up are nearly always candida
 
 
 def _word_hashes(tokens: set[str]) -> np.ndarray:
-    # A stable hash (Python's is salted per process): the same pool always collapses alike.
+    # A stable hash (Python's is salted per process).
     return np.array([int.from_bytes(hashlib.blake2b(t.encode(), digest_size=7).digest(), "big")
                      for t in tokens], dtype=np.uint64)
 
 
-def _signatures(sets: Sequence[set[str]], seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
+def _signatures(sets: Sequence[set[str]]) -> np.ndarray:
+    rng = np.random.default_rng(0)  # fixed: a pool collapses alike whatever the sample's seed
     a = rng.integers(1, 1 << 31, PERMUTATIONS, dtype=np.uint64)
     b = rng.integers(0, 1 << 31, PERMUTATIONS, dtype=np.uint64)
     out = np.zeros((len(sets), PERMUTATIONS), dtype=np.uint64)
@@ -46,8 +46,7 @@ def jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b)
 
 
-def near_duplicates(texts: Sequence[str], threshold: float, seed: int = 0
-                    ) -> dict[int, int]:
+def near_duplicates(texts: Sequence[str], threshold: float) -> dict[int, int]:
     """Index of each text that duplicates an earlier one -> the index of the kept one."""
     sets = [set(words(t)) for t in texts]
     parent = list(range(len(texts)))
@@ -58,7 +57,7 @@ def near_duplicates(texts: Sequence[str], threshold: float, seed: int = 0
             i = parent[i]
         return i
 
-    sigs = _signatures(sets, seed)
+    sigs = _signatures(sets)
     rows = PERMUTATIONS // BANDS
     for band in range(BANDS):
         buckets: dict[bytes, list[int]] = {}

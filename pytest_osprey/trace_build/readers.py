@@ -206,7 +206,7 @@ def _sharegpt(obj: Any, rec: Record, fields: Fields) -> None:
 def _plain(obj: Any, rec: Record, fields: Fields) -> None:
     if not isinstance(obj, dict):
         raise _Bad("each line must be a JSON object")
-    text = obj.get(fields.text) if "." not in fields.text else _get(obj, fields.text)
+    text = _get(obj, fields.text)
     if text is None and "messages" in obj:
         rec.messages, logged = _split_completion(_chat(obj["messages"]))
         rec.completion = rec.completion or logged
