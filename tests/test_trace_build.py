@@ -62,6 +62,9 @@ def test_openai_chat_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
                       {"role": "user", "content": [{"type": "text", "text": "Count rows "},
                                                    {"type": "text", "text": "in t."}]},
                       {"role": "assistant", "content": "SELECT COUNT(*) FROM t;"}]},
+        {"request": {"messages": [{"role": "user", "content": "Summarise our refund policy."}]},
+         "response": {"choices": [{"message": {"role": "assistant", "content": None}}],
+                      "usage": {"prompt_tokens": 9, "completion_tokens": 87}}},
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         {"messages": [{"role": "user", "content": "Weather?"},
                       {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
@@ -70,7 +73,7 @@ def test_openai_chat_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     code, stdout, err = build(capsys, src, "--out", out)
     assert code == 0, err
     prompts = load_trace([out]).prompts
-    assert len(prompts) == 2
+    assert len(prompts) == 3
     by_text = {p.messages[-1]["content"]: p for p in prompts if p.messages}
     paris = by_text["What is the capital of France?"]
     assert paris.messages is not None and paris.messages[0]["role"] == "system"
@@ -79,7 +82,9 @@ def test_openai_chat_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert sql.messages is not None and sql.messages[0] == {"role": "system",
                                                             "content": "You write SQL."}
     assert sql.max_new_tokens == estimate("SELECT COUNT(*) FROM t;")
+    assert by_text["Summarise our refund policy."].max_new_tokens == 87  # the logged usage
     summary = summary_of(out)
+    assert summary["budgets"] == {"from completion": 2, "from usage": 1}
     assert summary["sources"] == [{"file": str(src), "format": "openai"}]
     assert {d["reason"]: d["count"] for d in summary["dropped"]} == {
         "non-text content (image_url)": 1, "tool calls": 1}
@@ -87,7 +92,7 @@ def test_openai_chat_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     # Nothing the trace format does not have is carried: no user, no timestamp.
     text = out.read_text() + json.dumps(summary)
     assert "u-991" not in text and "2026-01-02" not in text
-    assert "wrote 2 prompts" in stdout
+    assert "wrote 3 prompts" in stdout
 
 
 def test_sharegpt_json_and_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -229,10 +229,13 @@ def build(opts: BuildOptions) -> Built:
                 line["messages"] = rec.messages
             inputs.append(count("\n".join([rec.prompt] if rec.prompt is not None else
                                           [m["content"] for m in rec.messages or ()])))
-            if rec.completion:
-                tokens = count(rec.completion)
+            # The server's own count (usage) is the target's tokenizer's; the estimate is not.
+            usage = rec.completion_tokens if opts.tokenizer is None or not rec.completion else None
+            if rec.completion or usage:
+                tokens = usage or count(rec.completion or "")
                 line["max_new_tokens"] = min(tokens, opts.max_new_tokens_cap)
-                budgets["capped" if tokens > opts.max_new_tokens_cap else "from completion"] += 1
+                budgets["capped" if tokens > opts.max_new_tokens_cap else
+                        "from usage" if usage else "from completion"] += 1
             elif rec.max_new_tokens is not None:
                 line["max_new_tokens"] = min(rec.max_new_tokens, opts.max_new_tokens_cap)
                 budgets["carried"] += 1

@@ -50,6 +50,8 @@ class Record:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
     completion: str | None = None
+    completion_tokens: int | None = None
+    """The logged ``usage.completion_tokens``: the serving tokenizer's count."""
     domain: str | None = None
     reference: str | None = None
     expect: dict[str, Any] | None = None
@@ -173,6 +175,12 @@ def _openai(obj: Any, rec: Record, fields: Fields) -> None:
     if logged is None:
         messages, logged = _split_completion(messages)
     rec.messages, rec.completion = messages, logged
+    for holder in (obj.get("response"), obj):
+        usage = holder.get("usage") if isinstance(holder, dict) else None
+        used = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(used, int) and not isinstance(used, bool) and used > 0:
+            rec.completion_tokens = used
+            break
 
 
 def _sharegpt(obj: Any, rec: Record, fields: Fields) -> None:
