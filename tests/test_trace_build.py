@@ -300,6 +300,21 @@ def test_rules_and_unusual_share(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert got == {("unusual", "legal"): 5, ("core", "code"): 7, ("core", "general"): 8}
 
 
+def test_ids_unique_across_slices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"prompt": f"Question {i}: {w} {w} {w}", "topic": t} for i, (w, t) in enumerate(
+        [("tide", "Legal"), ("moss", "legal"), ("reef", "legal"), ("lava", "Legal"),
+         ("fern", "général"), ("kelp", "général")])]
+    src = jsonl(tmp_path / "src.jsonl", rows)
+    out = tmp_path / "t.jsonl"
+    code, _, err = build(capsys, src, "--out", out, "--domain-field", "topic",
+                         "--unusual-rule", "tide|moss")
+    assert code == 0, err
+    trace = load_trace([out])  # would refuse a repeated id
+    assert sorted(p.id for p in trace.prompts) == [
+        "général-01", "général-02", "legal-01", "legal-02", "legal-03", "legal-04"]
+    assert Counter(p.slice for p in trace.prompts) == {"core": 4, "unusual": 2}
+
+
 def test_first_n_bias_against_the_sample() -> None:
     """A source sorted easy to hard: its first N understate difficulty badly; the builder's
     sample is within noise of the truth on average over seeds."""

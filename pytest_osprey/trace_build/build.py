@@ -112,7 +112,7 @@ def _name(value: str | None, default: str) -> str:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "prompt"
+    return re.sub(r"[^\w.-]+", "-", text).strip("-").lower() or "prompt"
 
 
 def _redact(rec: Record, redact: Redactor) -> None:
@@ -216,38 +216,43 @@ def build(opts: BuildOptions) -> Built:
     outputs: list[int] = []
     budgets: Counter[str] = Counter()
     expects: Counter[str] = Counter()
-    for slice_, domain in sorted(drawn, key=lambda k: (k[0] == UNUSUAL, k)):
-        members = drawn[(slice_, domain)]
-        width = max(2, len(str(len(members))))
-        for n, i in enumerate(members, start=1):
-            rec = pool[i]
-            line: dict[str, Any] = {"id": f"{_slug(domain)}-{n:0{width}d}", "domain": domain,
-                                    "slice": slice_}
-            if rec.prompt is not None:
-                line["prompt"] = rec.prompt
-            else:
-                line["messages"] = rec.messages
-            inputs.append(count("\n".join([rec.prompt] if rec.prompt is not None else
-                                          [m["content"] for m in rec.messages or ()])))
-            # The server's own count (usage) is the target's tokenizer's; the estimate is not.
-            usage = rec.completion_tokens if opts.tokenizer is None or not rec.completion else None
-            if rec.completion or usage:
-                tokens = usage or count(rec.completion or "")
-                line["max_new_tokens"] = min(tokens, opts.max_new_tokens_cap)
-                budgets["capped" if tokens > opts.max_new_tokens_cap else
-                        "from usage" if usage else "from completion"] += 1
-            elif rec.max_new_tokens is not None:
-                line["max_new_tokens"] = min(rec.max_new_tokens, opts.max_new_tokens_cap)
-                budgets["carried"] += 1
-            else:
-                budgets["pilot default"] += 1
-            if "max_new_tokens" in line:
-                outputs.append(line["max_new_tokens"])
-            expect = _expect(rec)
-            if expect is not None:
-                line["expect"] = expect
-                expects["carried" if rec.expect is not None else "from reference"] += 1
-            lines.append(json.dumps(line, ensure_ascii=False))
+    order = [(s, d, i) for s, d in sorted(drawn, key=lambda k: (k[0] == UNUSUAL, k))
+             for i in drawn[(s, d)]]
+    # Ids number a domain across both slices (and domains that slug alike), so none repeats.
+    per_slug = Counter(_slug(d) for _, d, _ in order)
+    numbered: Counter[str] = Counter()
+    for slice_, domain, i in order:
+        rec = pool[i]
+        slug = _slug(domain)
+        numbered[slug] += 1
+        width = max(2, len(str(per_slug[slug])))
+        line: dict[str, Any] = {"id": f"{slug}-{numbered[slug]:0{width}d}",
+                                "domain": domain, "slice": slice_}
+        if rec.prompt is not None:
+            line["prompt"] = rec.prompt
+        else:
+            line["messages"] = rec.messages
+        inputs.append(count("\n".join([rec.prompt] if rec.prompt is not None else
+                                      [m["content"] for m in rec.messages or ()])))
+        # The server's own count (usage) is the target's tokenizer's; the estimate is not.
+        usage = rec.completion_tokens if opts.tokenizer is None or not rec.completion else None
+        if rec.completion or usage:
+            tokens = usage or count(rec.completion or "")
+            line["max_new_tokens"] = min(tokens, opts.max_new_tokens_cap)
+            budgets["capped" if tokens > opts.max_new_tokens_cap else
+                    "from usage" if usage else "from completion"] += 1
+        elif rec.max_new_tokens is not None:
+            line["max_new_tokens"] = min(rec.max_new_tokens, opts.max_new_tokens_cap)
+            budgets["carried"] += 1
+        else:
+            budgets["pilot default"] += 1
+        if "max_new_tokens" in line:
+            outputs.append(line["max_new_tokens"])
+        expect = _expect(rec)
+        if expect is not None:
+            line["expect"] = expect
+            expects["carried" if rec.expect is not None else "from reference"] += 1
+        lines.append(json.dumps(line, ensure_ascii=False))
     text = "".join(ln + "\n" for ln in lines)
     total = len(pool)
     summary: dict[str, Any] = {

@@ -186,7 +186,7 @@ def _openai(obj: Any, rec: Record, fields: Fields) -> None:
 def _sharegpt(obj: Any, rec: Record, fields: Fields) -> None:
     if not isinstance(obj, dict):
         raise _Bad("each conversation must be a JSON object")
-    turns = obj.get("conversations", obj.get("items"))
+    turns = obj.get("conversations")
     if not isinstance(turns, list) or not turns:
         raise _Bad("no 'conversations' array (a ShareGPT record)")
     messages = []
