@@ -14,7 +14,7 @@ from .cost.pricing import (
     CostSection,
     cost_summary,
 )
-from .figures.analyses import DomainRow, all_domain_rows
+from .figures.analyses import DomainRow, all_domain_rows, held_out_overlaps
 from .figures.measured import Figures, all_figures
 from .gates.evaluate import PREFLIGHT, evaluate
 from .gates.kinds import Family, GateKind
@@ -46,7 +46,8 @@ __all__ = [
     "Family", "Figures", "Finding", "GateKind", "GateResult", "GateSpec", "GoodputRow",
     "GoodputSection", "HistoryError", "Judgement", "Outcome", "Previous", "Reason", "Speed",
     "Stability", "Verdict", "all_domain_rows", "all_figures", "compare", "cost_summary",
-    "diagnose_all", "evaluate", "goodput_section", "judge", "look_at", "open_previous",
+    "diagnose_all", "evaluate", "goodput_section", "held_out_overlaps", "judge", "look_at",
+    "open_previous",
     "per_position_acceptance", "plan_gates", "records_to_samples", "sampling_budget_problem",
     "stability", "withhold",
 ]

@@ -166,7 +166,11 @@ def _resolve_paths(
                 raise fail(("conditions", name, "drafter"), f"no such directory: {drafter}")
         if cond.endpoint is None and target.engine == "endpoint":
             raise fail(("conditions", name), "target.engine is endpoint: give endpoint.url")
-        conditions[name] = cond.model_copy(update={"drafter": drafter})
+        held_out = cond.held_out  # missing data is the held-out check's to report
+        if held_out is not None:
+            held_out = held_out.model_copy(
+                update={"adaptation_data": local(held_out.adaptation_data)})
+        conditions[name] = cond.model_copy(update={"drafter": drafter, "held_out": held_out})
     return pilot.model_copy(
         update={
             "trace": pilot.trace.model_copy(update={"files": files}),

@@ -29,6 +29,7 @@ from .base import (
     Text,
 )
 from .endpoint_url import check_url
+from .held_out import HeldOut
 from .limits import Limits
 from .load import Load, LoadLevel, OpenLoop, level_label
 
@@ -122,6 +123,8 @@ class Condition(Strict):
     """Extra environment for this condition's engine."""
     pins: ArtifactPins = Field(default_factory=ArtifactPins)
     """Artifact pins checked before any boot."""
+    held_out: HeldOut | None = None
+    """Check the trace's prompts against the drafter's adaptation data."""
 
     @model_validator(mode="after")
     def _baseline_has_no_drafter(self) -> Condition:

@@ -32,6 +32,7 @@ __all__ = [
     "Trace",
     "TraceError",
     "canonical_json",
+    "check_expect",
     "load_trace",
     "render_prompt",
     "trace_hash",
@@ -396,6 +397,14 @@ def _expect(value: Any) -> dict[str, Any] | None:
                 f"expect.function must look like 'package.module:function', got {func!r}"
             )
     return dict(value)
+
+
+def check_expect(value: Any) -> dict[str, Any] | None:
+    """An ``expect`` object validated as a trace line's is; a :class:`TraceError` says why."""
+    try:
+        return _expect(value)
+    except _LineError as exc:
+        raise TraceError(str(exc)) from None
 
 
 def _parse_prompt(obj: Any, file: str, line: int) -> Prompt:

@@ -16,6 +16,7 @@ from ..judgement import (
     cost_summary,
     diagnose_all,
     goodput_section,
+    held_out_overlaps,
     per_position_acceptance,
     stability,
 )
@@ -84,7 +85,8 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "setup_facts": setup_facts(meta, pilot),
         "stability": stability(data),
         "goodput": goodput_section(pilot, data),
-        "domains": all_domain_rows(data, pilot.primary_load, pilot.sampling.seed),
+        "domains": all_domain_rows(data, pilot.primary_load, pilot.sampling.seed,
+                                   held_out_overlaps(judgement.results.values())),
         "acceptance_by_position": acceptance,
         "shards": [{"index": m.index, "status": m.status, "node": m.node, "passes": m.passes,
                     "greedy_requests": m.greedy_requests, "note": m.note}

@@ -5,12 +5,15 @@ position. Pure functions of a saved campaign; nothing here decides a verdict.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+from pydantic import Field
 
 from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
+from ..gates.kinds import GateKind
+from ..gates.result import GateResult
 from ..sheet import Sheet
 from .measured import accept_lengths
 
@@ -42,6 +45,9 @@ class DomainRow(Sheet):
     """Upper end of that interval (ratio)."""
     accept_length: float | None
     """The candidate's pooled accept length on the domain (tokens per verify step)."""
+    held_out_overlap: list[str] = Field(default_factory=list)
+    """Ids of the domain's prompts found in the candidate's adaptation data by the held-out
+    check (its accept length there is inflated); empty when none were or none was named."""
 
 
 def _logs(records: Sequence[RequestRecord]) -> dict[str, list[float]]:
@@ -53,8 +59,9 @@ def _logs(records: Sequence[RequestRecord]) -> dict[str, list[float]]:
 
 
 def domain_rows(data: SavedCampaign, reference: str, candidate: str, load: str,
-                seed: int = 0) -> list[DomainRow]:
-    """Per domain: the candidate's speedup over ``reference`` and its accept length."""
+                seed: int = 0, overlap: Sequence[str] = ()) -> list[DomainRow]:
+    """Per domain: the candidate's speedup over ``reference`` and its accept length, with
+    ``overlap`` (prompt ids found in its adaptation data) split by domain."""
     ref_recs, cand_recs = data.of(reference, load), data.of(candidate, load)
     ref, cand = _logs(ref_recs), _logs(cand_recs)
     domain_of = {r.prompt_id: r.domain or "-" for r in ref_recs + cand_recs}
@@ -75,14 +82,30 @@ def domain_rows(data: SavedCampaign, reference: str, candidate: str, load: str,
             slice="+".join(sorted({slice_of[p] for p in pids})), prompts=int(ratios.size),
             speedup=float(math.exp(ratios.mean())) if ratios.size else None,
             ci_low=low, ci_high=high, accept_length=pooled,
+            held_out_overlap=[p for p in overlap if domain_of.get(p) == domain],
         ))
     return out
 
 
-def all_domain_rows(data: SavedCampaign, load: str, seed: int = 0) -> list[DomainRow]:
-    """Every candidate against the baseline at ``load``, per domain."""
+def held_out_overlaps(results: Iterable[GateResult]) -> dict[str, list[str]]:
+    """Condition -> the prompt ids its artifact gate's held-out check found in its
+    adaptation data (the check's ``overlapping``, as preflight.json records it)."""
+    out: dict[str, list[str]] = {}
+    for r in results:
+        if r.spec.kind == GateKind.ARTIFACT:
+            ids = [str(i) for c in r.details.get("checks") or []
+                   for i in (c.get("overlapping") or [])]
+            if ids:
+                out[r.spec.condition] = ids
+    return out
+
+
+def all_domain_rows(data: SavedCampaign, load: str, seed: int = 0,
+                    overlaps: Mapping[str, Sequence[str]] | None = None) -> list[DomainRow]:
+    """Every candidate against the baseline at ``load``, per domain; ``overlaps``: see
+    :func:`held_out_overlaps`."""
     base = data.meta.baseline
     if not base:
         return []
     return [row for cand in data.meta.candidates
-            for row in domain_rows(data, base, cand, load, seed)]
+            for row in domain_rows(data, base, cand, load, seed, (overlaps or {}).get(cand, ()))]

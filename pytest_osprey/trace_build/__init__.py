@@ -1,0 +1,11 @@
+"""Traces built from a product's own traffic: readers, redaction, near-duplicate collapse,
+stratified sampling and the build itself (``python -m pytest_osprey trace build``)."""
+
+from __future__ import annotations
+
+from .build import BuildError, BuildOptions, Built, build, summary_lines
+from .readers import FORMATS, Fields, SourceError
+from .redaction import PATTERNS, RedactionError, Redactor, load_hook
+
+__all__ = ["FORMATS", "PATTERNS", "BuildError", "BuildOptions", "Built", "Fields",
+           "RedactionError", "Redactor", "SourceError", "build", "load_hook", "summary_lines"]

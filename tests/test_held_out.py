@@ -1,0 +1,190 @@
+"""The held-out check: trace prompts planted in a drafter's adaptation data are found (exact
+and edited copies, in JSON lines, folders and gzip), the artifact gate fails naming them,
+and the per-domain rows carry them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_osprey.judgement import all_domain_rows, held_out_overlaps, judge, plan_gates
+from pytest_osprey.judgement.gates.kinds import GateKind
+from pytest_osprey.judgement.gates.preflight import judge_artifact
+from pytest_osprey.judgement.gates.spec import GateSpec
+from pytest_osprey.pilot.loading import load_pilot
+from pytest_osprey.preflight import run_preflight
+from pytest_osprey.preflight.held_out import held_out_check, scan, words
+from pytest_osprey.report.summary import summary_dict
+from pytest_osprey.results.preflight_file import ArtifactEntry, CheckEntry, Preflight
+from testkit.factories import dump_pilot, make_pilot, make_record, pilot_data, saved_campaign
+from testkit.report_campaign import make_data, report_pilot
+
+# 36 words: random text over them shares the odd 5-gram with a prompt, never half of one.
+WORDS = words("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+              "november oscar papa quebec romeo sierra tango uniform victor whiskey xray "
+              "yankee zulu amber basil cedar dune ember fjord grove heath inlet jade")
+
+
+def sentence(rng: random.Random, n: int = 24) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def write_trace(path: Path, prompts: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> dict[str, Any]:
+    """A 20-prompt trace over two domains and 2,000 lines of adaptation data holding an
+    exact copy of p03, an edited copy of p07 (2 words of 24 changed) and p12 inside a chat."""
+    rng = random.Random(7)
+    prompts = [{"id": f"p{i:02d}", "domain": "code" if i % 2 else "chat",
+                "prompt": sentence(rng)} for i in range(20)]
+    trace = write_trace(tmp_path / "trace.jsonl", prompts)
+    edited = prompts[7]["prompt"].split()
+    for k in (2, 21):
+        edited[k] = "zzz"
+    lines = [json.dumps({"text": sentence(rng, 40)}) for _ in range(2000)]
+    lines[500] = json.dumps({"text": "Sure. " + prompts[3]["prompt"] + " Thanks!"})
+    lines[1200] = json.dumps({"text": " ".join(edited)})
+    lines[1700] = json.dumps({"messages": [
+        {"role": "user", "content": prompts[12]["prompt"].replace(" ", "\n", 3)},
+        {"role": "assistant", "content": "Here is what I think — ünïcode kept."}]})
+    data = tmp_path / "adapt.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {"trace": trace, "data": data, "prompts": prompts}
+
+
+def test_scan_finds_exact_edited_and_chat_copies(planted: dict[str, Any]) -> None:
+    found = scan(((p["id"], p["prompt"]) for p in planted["prompts"]), planted["data"])
+    hits = {m.id: m for m in found.overlapping(0.5)}
+    assert set(hits) == {"p03", "p07", "p12"}
+    assert hits["p03"].containment == 1.0 and hits["p03"].line == 501
+    assert hits["p12"].containment == 1.0 and hits["p12"].line == 1701
+    # The two changed words break 6 of its 20 5-grams.
+    assert hits["p07"].containment == 0.7 and hits["p07"].line == 1201
+    assert found.lines == 2000 and found.files == 1
+    # Random text over the same 36 words shares the odd shingle, never half a prompt.
+    assert all(m.containment < 0.5 for m in found.best.values() if m.id not in hits)
+
+
+def test_scan_reads_folders_and_gzip(tmp_path: Path) -> None:
+    folder = tmp_path / "adapt"
+    (folder / "part").mkdir(parents=True)
+    (folder / "a.txt").write_text("nothing to see here at all today\n", encoding="utf-8")
+    with gzip.open(folder / "part" / "b.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write("filler line one\n" + json.dumps({"t": "Please sort this list of numbers "
+                                                    "in place, descending"}) + "\n")
+    found = scan([("q", "Please sort this list of numbers in place, descending.")], folder)
+    assert found.files == 2 and found.lines == 3
+    match = found.best["q"]
+    assert match.containment == 1.0 and match.line == 2 and match.file.endswith("b.jsonl.gz")
+
+
+def test_short_prompt_matched_whole(tmp_path: Path) -> None:
+    data = tmp_path / "d.txt"
+    data.write_text("is it raining\nwhat is it\n", encoding="utf-8")
+    found = scan([("short", "What is it?"), ("other", "Is it sunny?")], data)
+    assert found.best["short"].containment == 1.0 and found.best["short"].line == 2
+    assert "other" not in found.best
+
+
+def pilot_for(planted: dict[str, Any], **held_out: Any) -> Any:
+    cand = {"role": "candidate", "drafter": "/m/d",
+            "held_out": {"adaptation_data": str(planted["data"]), **held_out}}
+    return make_pilot({"base": {"role": "baseline"}, "cand": cand},
+                      trace={"files": [str(planted["trace"])]})
+
+
+def test_gate_fails_naming_the_prompts(planted: dict[str, Any]) -> None:
+    check = held_out_check(pilot_for(planted), "cand")
+    assert check is not None and not check.ok
+    assert check.detail.startswith(
+        "3 of 20 prompts appear in cand's adaptation data (ids p03, p07, p12; 2,000 lines")
+    assert check.overlapping == ["p03", "p07", "p12"]
+    assert [m["line"] for m in check.matches] == [501, 1201, 1701]
+    assert held_out_check(pilot_for(planted), "base") is None  # names no data
+
+
+def test_limits_are_configurable(planted: dict[str, Any]) -> None:
+    allowed = held_out_check(pilot_for(planted, max_overlap=3), "cand")
+    assert allowed is not None and allowed.ok and allowed.overlapping == ["p03", "p07", "p12"]
+    strict = held_out_check(pilot_for(planted, containment=1.0), "cand")
+    assert strict is not None and strict.overlapping == ["p03", "p12"]
+
+
+def test_selection_and_system_turns(tmp_path: Path, planted: dict[str, Any]) -> None:
+    system = planted["prompts"][3]["prompt"]  # in the data, but as a shared system prompt
+    trace = write_trace(tmp_path / "chat.jsonl", [
+        {"id": "c1", "domain": "chat", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]},
+        *planted["prompts"]])
+    pilot = make_pilot({"base": {"role": "baseline"},
+                        "cand": {"role": "candidate", "drafter": "/m/d",
+                                 "held_out": {"adaptation_data": str(planted["data"])}}},
+                       trace={"files": [str(trace)], "ids": ["c1", "p07", "p08"]})
+    check = held_out_check(pilot, "cand")
+    assert check is not None and check.overlapping == ["p07"] and check.prompts == 3
+
+
+def test_missing_data_fails_saying_so(planted: dict[str, Any], tmp_path: Path) -> None:
+    planted = {**planted, "data": tmp_path / "gone.jsonl"}
+    check = held_out_check(pilot_for(planted), "cand")
+    assert check is not None and not check.ok and "not found on this machine" in check.detail
+
+
+def test_preflight_and_artifact_gate(planted: dict[str, Any]) -> None:
+    pilot = pilot_for(planted)
+    preflight = run_preflight(pilot, ["base", "cand"])
+    assert not preflight.artifacts["cand"].ok and preflight.artifacts["base"].ok
+    assert preflight.failed() == {"cand": "artifact check failed"}  # never booted
+    saved = preflight.model_dump(mode="json")["artifacts"]["cand"]["checks"][0]
+    assert saved["name"] == "held out" and saved["prompts"] == 20
+    assert saved["overlapping"] == ["p03", "p07", "p12"]
+    result = judge_artifact(GateSpec(GateKind.ARTIFACT, "cand"), preflight)
+    assert result.outcome == "fail"
+    assert "held out: 3 of 20 prompts appear in cand's adaptation data" in result.summary
+    assert held_out_overlaps([result]) == {"cand": ["p03", "p07", "p12"]}
+
+
+def test_domain_rows_mark_overlapping_prompts() -> None:
+    records = [make_record(cond, pid, domain=dom)
+               for cond in ("base", "cand") for pid, dom in
+               (("p03", "code"), ("p07", "code"), ("p12", "chat"), ("p14", "chat"))]
+    data = saved_campaign(records, baseline="base", candidates=["cand"])
+    rows = {r.domain: r for r in all_domain_rows(data, "low", 0, {"cand": ["p03", "p12"]})}
+    assert rows["code"].held_out_overlap == ["p03"] and rows["chat"].held_out_overlap == ["p12"]
+    assert all(r.held_out_overlap == [] for r in all_domain_rows(data, "low"))
+
+
+def test_pilot_resolves_the_path(tmp_path: Path, planted: dict[str, Any]) -> None:
+    (tmp_path / "m").mkdir()
+    data = pilot_data({"base": {"role": "baseline"},
+                       "cand": {"role": "candidate", "held_out": {"adaptation_data": "adapt.jsonl"},
+                                "speculation": {"algorithm": "ngram"}}},
+                      target={"model": str(tmp_path / "m")},
+                      trace={"files": [str(planted["trace"])]})
+    pilot = load_pilot(dump_pilot(tmp_path / "pilot.yaml", data))
+    held_out = pilot.conditions["cand"].held_out
+    assert held_out is not None and held_out.adaptation_data == tmp_path / "adapt.jsonl"
+    check = held_out_check(pilot, "cand")
+    assert check is not None and check.overlapping == ["p03", "p07", "p12"]
+
+
+def test_summary_rows_carry_the_saved_check() -> None:
+    """From preflight.json's check to summary.json's per-domain rows, as a judge writes them."""
+    data, pilot = make_data(), report_pilot()
+    check = CheckEntry.model_validate({"name": "held out", "ok": False, "detail": "1 of 3",
+                                       "overlapping": ["p3"]})
+    preflight = Preflight(artifacts={"cand": ArtifactEntry(ok=False, checks=[check])})
+    judgement = judge(pilot, plan_gates(pilot, list(pilot.conditions)), data, preflight)
+    rows = summary_dict(judgement, data, pilot)["domains"]
+    marked = {r["candidate"]: r["held_out_overlap"] for r in rows}
+    assert marked == {"cand": ["p3"], "broken": []}
