@@ -188,3 +188,23 @@ def test_summary_rows_carry_the_saved_check() -> None:
     rows = summary_dict(judgement, data, pilot)["domains"]
     marked = {r["candidate"]: r["held_out_overlap"] for r in rows}
     assert marked == {"cand": ["p3"], "broken": []}
+
+
+def test_the_per_domain_reports_mark_prompts_in_the_adaptation_data() -> None:
+    """report.md and report.html name, per domain, the prompts the held-out check found."""
+    from pytest_osprey.report.html import _domains as html_domains
+    from pytest_osprey.report.markdown import _domains as md_domains
+
+    rows = [{"candidate": "cand", "domain": "code", "slice": "core", "prompts": 5,
+             "speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3, "accept_length": 2.5,
+             "load": "busy", "held_out_overlap": ["code-02", "code-04"]},
+            {"candidate": "cand", "domain": "chat", "slice": "core", "prompts": 4,
+             "speedup": 1.1, "ci_low": 1.0, "ci_high": 1.2, "accept_length": 2.1,
+             "load": "busy", "held_out_overlap": []}]
+    md = md_domains({"domains": rows})
+    assert md is not None
+    text = "\n".join(md[1])
+    assert "5 (2 in adaptation data*: code-02, code-04)" in text
+    assert "| chat | core | 4 |" in text and "may be inflated" in text
+    html = html_domains({"domains": rows}, {})
+    assert "(2 in adaptation data: code-02, code-04)" in html and html.count("adaptation") == 2

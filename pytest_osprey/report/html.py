@@ -379,7 +379,7 @@ def _stability(summary: dict[str, Any], plots: Titled) -> str:
     out = ['<h2 id="stability">Environment stability</h2>']
     st = summary.get("stability") or {}
     for w in st.get("warnings") or []:
-        out.append(f'<div class="warning"><b>Unsteady machine:</b> {esc(w)}</div>')
+        out.append(f'<div class="warning"><b>Warning:</b> {esc(w)}</div>')
     drift = st.get("drift") or []
     if drift:
         out.append(f'<p class="note">The baseline ({esc(st.get("baseline"))}, speculation off) '
@@ -400,6 +400,16 @@ def _stability(summary: dict[str, Any], plots: Titled) -> str:
     return "".join(out)
 
 
+def _prompts(r: dict[str, Any]) -> str:
+    """The domain's prompt count; those in the candidate's adaptation data named."""
+    seen = r.get("held_out_overlap") or []
+    if not seen:
+        return num(r.get("prompts"))
+    return (f'{num(r.get("prompts"))} <span class="over" title="in the adaptation data: its '
+            f'speed and accept length there may be inflated">({len(seen)} in adaptation data: '
+            f'{esc(", ".join(map(str, seen)))})</span>')
+
+
 def _domains(summary: dict[str, Any], plots: Titled) -> str:
     rows = summary.get("domains") or []
     if not rows:
@@ -412,7 +422,7 @@ def _domains(summary: dict[str, Any], plots: Titled) -> str:
 
     body = table(("candidate", "domain", "slice", "prompts", "speedup", "95% CI", "accept len"),
                  [(esc(r.get("candidate")), esc(r.get("domain")), esc(r.get("slice")),
-                   num(r.get("prompts")), num(r.get("speedup"), "{:.2f}x"), ci(r),
+                   _prompts(r), num(r.get("speedup"), "{:.2f}x"), ci(r),
                    num(r.get("accept_length"), "{:.2f}")) for r in rows], {3, 4, 5, 6})
     load = rows[0].get("load")
     return (f"<h3>Per domain (load {esc(load)})</h3>" + body + _take(plots, "domains"))

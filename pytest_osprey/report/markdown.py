@@ -336,11 +336,22 @@ def _domains(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
 
     accept = [r.get("accept_length") for r in rows]
     loads = ", ".join(dict.fromkeys(str(r.get("load")) for r in rows))
-    return (f"Speed and accept length per domain at {esc(loads)}", _table(
+    lines = _table(
         ("candidate", "domain", "slice", "prompts", "speedup [95% CI]", "accept len"),
-        [(r.get("candidate"), r.get("domain"), r.get("slice"), r.get("prompts"), ci(r),
+        [(r.get("candidate"), r.get("domain"), r.get("slice"), _prompts(r), ci(r),
           f"{a:.2f}" if isinstance(a, float) else "-") for r, a in zip(rows, accept,
-                                                                        strict=True)]))
+                                                                        strict=True)])
+    if any(r.get("held_out_overlap") for r in rows):
+        lines += ["", "*: prompts that appear in the candidate's adaptation data (the held-out "
+                  "check): its speed and accept length there may be inflated."]
+    return f"Speed and accept length per domain at {esc(loads)}", lines
+
+
+def _prompts(r: Mapping[str, Any]) -> str:
+    """The domain's prompt count, with how many are in the adaptation data (``3*``)."""
+    seen = r.get("held_out_overlap") or []
+    return f"{r.get('prompts')} ({len(seen)} in adaptation data*: {', '.join(map(str, seen))})" \
+        if seen else str(r.get("prompts"))
 
 
 def _goodput(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
@@ -410,7 +421,7 @@ def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder:
     head += [*_shards(summary), *_verdicts(summary), *_comparison(summary)]
     warnings = (summary.get("stability") or {}).get("warnings") or []
     if warnings:
-        head += ["> [!WARNING]", *[f"> Unsteady machine: {esc(w)}" for w in warnings], ""]
+        head += ["> [!WARNING]", *[f"> {esc(w)}" for w in warnings], ""]
     footer = _footer(summary, meta, folder, os.environ if env is None else env)
     head += [*key_table(summary, meta), "", footer, "", ""]
     text = "\n".join(head)

@@ -129,11 +129,14 @@ class VerdictEntry(_Sheet):
     inconclusive."""
     reasons: list[str]
     """One line per failed, then inconclusive, gating gate: `kind[id]: first line of its
-    summary`. Empty for KEEP."""
+    summary`; a single `CONDITION did not run: why` when the candidate (or a reference) never
+    ran. Empty for KEEP."""
     headline: str = ""
     """The verdict in one line of at most 160 characters: the deciding speedup with its CI
-    and threshold, total-time speedup when judged, accept length, quality in a word, and
-    the quality checks that did not run (`unchecked: ...`, never shortened away)."""
+    and threshold, total-time speedup when judged, accept length, quality in a word
+    (`quality unproven: correctness not evaluable` when a quality gate could not have
+    failed), and the quality checks that did not run (`unchecked: ...`, never shortened
+    away); `CONDITION did not run: why; speed and quality not measured` when nothing was."""
     bullets: list[ReasonEntry] = Field(default_factory=list)
     """The failed, then inconclusive, gating gates in words, each with a diagnosis where the
     pattern is a known one."""
