@@ -258,3 +258,25 @@ def test_the_set_up_line_says_the_passes_run(judged: tuple[dict[str, Any], Any, 
     full = short_setup(meta, ending={**ending, "passes_run": 4, "stopped_early": False,
                                      "not_measured": []})
     assert "4 of 4 passes" in full and "stopped early" not in full
+
+
+def test_the_key_tables_flag_where_a_candidate_is_worse_than_the_baseline() -> None:
+    """report.md's and report.html's key figures carry the rise over the baseline, as the
+    terminal does: only where the candidate is worse, at the same load."""
+    from pytest_osprey.judgement.figures.measured import Figures
+    from pytest_osprey.report.terminal import Columns, table_rows
+
+    def fig(cond: str, ttft: float, memory: float) -> Figures:
+        return Figures(condition=cond, load="low", concurrency=1, ok=4, total=4,
+                       ttft_p50_s=ttft, ttft_p95_s=ttft * 2, e2e_p50_s=1.0, e2e_p95_s=2.0,
+                       tpot_p50_s=0.01, tokens_per_s=10.0, request_tokens_per_s_p50=10.0,
+                       accept_length_pooled=None, accept_length_mean=None,
+                       peak_memory_mb=memory, load_label="x1")
+
+    figs = [fig("base", 0.031, 68.0), fig("cand", 0.042, 91.0), fig("fast", 0.020, 60.0)]
+    rows = {r[0]: r for r in table_rows(figs, Columns(baseline="base"), deltas=True)}
+    assert rows["cand"][3] == "42 (+35%)/84 (+35%)" and rows["cand"][8] == "91 (+34%)"
+    assert rows["fast"][3] == "20/40" and rows["fast"][8] == "60"
+    assert rows["base"][3] == "31/62"
+    plain = {r[0]: r for r in table_rows(figs, Columns(baseline="base"))}
+    assert plain["cand"][3] == "42/84"

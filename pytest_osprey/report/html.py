@@ -352,7 +352,7 @@ def _key_figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
                    speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
     head = header(cols)
-    rows = [[esc(c) for c in row] for row in table_rows(figs, cols)]
+    rows = [[esc(c) for c in row] for row in table_rows(figs, cols, deltas=True)]
     body = (table(head, rows, set(range(2, len(head)))) if rows
             else '<p class="note">No figures.</p>')
     return ('<h2 id="key" class="first">Key figures</h2><div class="scroll">'

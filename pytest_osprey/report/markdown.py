@@ -113,9 +113,12 @@ def key_table(summary: Mapping[str, Any], meta: CampaignFile) -> list[str]:
     """Seven short columns: what decides, at each load level (the rest is in the details)."""
     cols = _columns(summary, meta)
     rows = [(r[0], r[1], r[5], r[4], r[3], r[6], r[7])
-            for r in table_rows(_figures(summary), cols)]
-    return _table(("condition", "load", "speedup [95% CI]", "completion p50/p95 ms",
-                   "TTFT p50/p95 ms", "tok/s", "accept len"), rows)
+            for r in table_rows(_figures(summary), cols, deltas=True)]
+    lines = _table(("condition", "load", "speedup [95% CI]", "completion p50/p95 ms",
+                    "TTFT p50/p95 ms", "tok/s", "accept len"), rows)
+    if any("%)" in c for r in rows for c in r):
+        lines += ["", "<sub>(+N%): worse than the baseline at the same load by N%</sub>"]
+    return lines
 
 
 _URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/-]*)?")

@@ -81,25 +81,29 @@ def _accept(f: Figures, cols: Columns, full: bool) -> str:
 
 
 def table_rows(figs: Sequence[Figures], cols: Columns | None = None,
-               full: bool = False) -> list[tuple[str, ...]]:
+               full: bool = False, deltas: bool = False) -> list[tuple[str, ...]]:
+    """One row per condition and level; ``deltas``: latency and memory cells carry their rise
+    over the baseline at the same load where the condition is worse (``42 (+35%)``)."""
     cols = cols or Columns()
     speedups = cols.speedups or {}
-    return [
-        (
+    rises = worse_than_baseline(figs, cols.baseline) if deltas else {}
+    out: list[tuple[str, ...]] = []
+    for f in figs:
+        up = rises.get((f.condition, f.load), {})
+        out.append((
             f.condition,
             f"{f.load} ({f.load_label})",
             f"{f.ok}/{f.total}",
-            f"{_ms(f.ttft_p50_s)}/{_ms(f.ttft_p95_s)}",
-            f"{_ms(f.e2e_p50_s)}/{_ms(f.e2e_p95_s)}",
+            _pair(f, "ttft", up),
+            _pair(f, "e2e", up),
             "n/a" if f.condition == cols.baseline else speedup_text(
                 speedups.get((f.condition, f.load))),
             _num(f.tokens_per_s, "{:.1f}"),
             _accept(f, cols, full),
-            _num(f.peak_memory_mb, "{:.0f}"),
+            _with_delta(_num(f.peak_memory_mb, "{:.0f}"), up.get("peak_memory_mb")),
             in_flight_text(f),
-        )
-        for f in figs
-    ]
+        ))
+    return out
 
 
 def in_flight_text(f: Figures) -> str:
@@ -219,7 +223,7 @@ def legend(cols: Columns) -> str:
             "accept len: tokens per verify step, pooled (n/a: speculation off); "
             f"{cols.memory}: {cols.memory_note}; in flight: requests at the engine during "
             "each measured request, averaged (fillers keep a closed-loop level steady; "
-            "open loop: @ achieved rate)")
+            "open loop: @ achieved rate); (+N%): worse than the baseline at the same load by N%")
 
 
 def results_line(reports: Sequence[Path]) -> str | None:
