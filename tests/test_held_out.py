@@ -192,8 +192,8 @@ def test_summary_rows_carry_the_saved_check() -> None:
 
 def test_the_per_domain_reports_mark_prompts_in_the_adaptation_data() -> None:
     """report.md and report.html name, per domain, the prompts the held-out check found."""
-    from pytest_osprey.report.html import _domains as html_domains
-    from pytest_osprey.report.markdown import _domains as md_domains
+    from pytest_osprey.report.html import domain_section as html_domains
+    from pytest_osprey.report.markdown import domain_section as md_domains
 
     rows = [{"candidate": "cand", "domain": "code", "slice": "core", "prompts": 5,
              "speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3, "accept_length": 2.5,

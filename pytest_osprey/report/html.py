@@ -410,7 +410,7 @@ def _prompts(r: dict[str, Any]) -> str:
             f'{esc(", ".join(map(str, seen)))})</span>')
 
 
-def _domains(summary: dict[str, Any], plots: Titled) -> str:
+def domain_section(summary: dict[str, Any], plots: Titled) -> str:
     rows = summary.get("domains") or []
     if not rows:
         return ""
@@ -452,7 +452,7 @@ def _goodput(summary: dict[str, Any], plots: Titled) -> str:
 
 def _analyses(summary: dict[str, Any], plots: Titled) -> str:
     out = ['<h2 id="analyses">Analyses</h2>', "<h3>Speed across load levels</h3>",
-           _take(plots, "load_speedups"), _take(plots, "crossover"), _domains(summary, plots),
+           _take(plots, "load_speedups"), _take(plots, "crossover"), domain_section(summary, plots),
            _goodput(summary, plots)]
     shares = summary.get("acceptance_by_position") or {}
     if shares:

@@ -329,7 +329,7 @@ def _all_figures(summary: Mapping[str, Any], meta: CampaignFile) -> list[tuple[s
     ]
 
 
-def _domains(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+def domain_section(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     rows = summary.get("domains") or []
     if not rows:
         return None
@@ -433,7 +433,7 @@ def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder:
         text = raw[: raw.rfind(b"\n") + 1].decode("utf-8", "ignore")
         return text + "\n*report.md cut at its size cap: the rest is in report.html.*\n"
     sections = [*_gates(summary), _cost(summary), _setup(summary), _stability(summary),
-                *_all_figures(summary, meta), _domains(summary), _goodput(summary)]
+                *_all_figures(summary, meta), domain_section(summary), _goodput(summary)]
     left_out = []
     for sec in sections:
         if sec is None:
