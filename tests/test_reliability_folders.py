@@ -221,12 +221,17 @@ def test_a_missing_step_summary_folder_is_a_warning_not_a_failure(
     tmp_path: Path, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    pilot = write_endpoint_pilot(tmp_path / "p", server.url)
+    # Both conditions are one server: a speedup about 1x is never below 0.5x, and a speed
+    # left undecided by 3 prompts is skipped, so the run's own exit code is 0 whatever the
+    # noise and only the step summary could change it.
+    pilot = write_endpoint_pilot(tmp_path / "p", server.url,
+                                 extra={"limits": {"speedup_min": 0.5},
+                                        "decision": {"inconclusive": "skip"}})
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    code = run_cli(["run", str(pilot), "--results", str(tmp_path / "ref")])
+    assert run_cli(["run", str(pilot), "--results", str(tmp_path / "ref")]) == 0
     capsys.readouterr()
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no" / "such" / "summary.md"))
-    assert run_cli(["run", str(pilot), "--results", str(tmp_path / "b")]) == code
+    assert run_cli(["run", str(pilot), "--results", str(tmp_path / "b")]) == 0
     err = capsys.readouterr().err
     warning = [line for line in err.splitlines() if "GITHUB_STEP_SUMMARY" in line]
     assert warning == [f"warning: GITHUB_STEP_SUMMARY={tmp_path}/no/such/summary.md: cannot "
