@@ -251,7 +251,8 @@ def pytest_report_header(config: pytest.Config) -> Generator[None, Any, Any]:
     if run is None:
         return lines
     config.stash[_SHOWN] = len(run.notes)
-    return [*lines, *(scrub(f"osprey warning: {note}") for note in run.notes)]
+    size = [f"osprey {run.size.line()}"] if run.size is not None else []
+    return [*lines, *size, *(scrub(f"osprey warning: {note}") for note in run.notes)]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -49,3 +49,29 @@ def test_the_cli_refuses_it_with_exit_4(tmp_path: Path, samples: int) -> None:
     pilot = write_endpoint_pilot(tmp_path, "http://127.0.0.1:9", 50, extra={
         "sampling": {"sampled": {"enabled": True, "prompts": 50, "samples_per_prompt": samples}}})
     assert run_cli(["run", str(pilot), "--dry-run"]) == 4
+
+
+def test_the_judges_memory_and_the_worst_case_time_are_estimated_and_bounded(
+        tmp_path: Path) -> None:  # fmt: skip
+    from pytest_osprey.campaign.size import JUDGE_COPIES, RECORD_BYTES, TOKEN_BYTES
+
+    trace = load_trace([write_trace(tmp_path / "t.jsonl", 10, max_new_tokens=8)])
+    pilot = make_pilot(
+        {"base": {"role": "baseline"}, "cand": {"role": "candidate", "drafter": "d"}},
+        load={"levels": {"low": 1, "busy": 4}, "passes": 2, "request_timeout_s": 60},
+        sampling={"greedy": True, "serving": {"temperature": 0.0}})
+    size = campaign_size(pilot, trace, conditions=2)
+    records = size.requests
+    assert size.judge_mib == pytest.approx(
+        JUDGE_COPIES * (records * RECORD_BYTES + 2 * size.tokens_per_condition * TOKEN_BYTES)
+        / 2**20)
+    # Per condition and pass: 10 waves at x1, 10/4 at x4, each up to 60 s.
+    waves = (10 + 10 / 4) * 2 + size.sampled_per_condition + size.params_per_condition
+    assert size.worst_case_s == pytest.approx(waves * 2 * 60)
+    assert "judge memory about" in size.line() and "if every request ran to its timeout" \
+        in size.line()
+    assert size_problem(size, memory_bytes=64 * 2**30) is None
+    # On a machine with a sliver of memory the same campaign is refused, naming the keys.
+    why = size_problem(size, memory_bytes=int(size.judge_mib * 2**20))
+    assert why is not None and "the judge would need more than" in why
+    assert "load.passes" in why and "max_new_tokens_cap" in why

@@ -133,6 +133,9 @@ def test_dry_run_lists_its_checks_and_leaves_no_folder(outputs: dict[str, Any],
     assert "dry run: nothing was booted; checked:" in res.stdout
     assert "baseline: command line ok: endpoint http://127.0.0.1:" in res.stdout
     assert "cand: command line ok" in res.stdout
+    # Before anything runs, both adapters say what it will cost.
+    assert re.search(r"campaign size: [\d,]+ requests .*judge memory about [\d,]+ MiB; at most "
+                     r"[\d.,]+ (min|h) if every request ran to its timeout", res.stdout), res.stdout
     assert not (outputs["dir"] / "osprey-results").exists()
 
 
