@@ -427,3 +427,28 @@ def test_a_folder_that_is_not_what_it_claims(tmp_path: Path, fault: str,
             "fifo": "not a regular file", "edited pilot": "changed after the run",
             "unrelated pilot": "not a pilot of this campaign"}[fault]
     assert said in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("field,value", [("accept_length", 1e9), ("ttft_s", float("nan")),
+                                         ("spec_verify_ct", -3), ("e2e_s", float("inf"))])
+def test_an_impossible_value_in_saved_records_is_a_failed_request_not_a_fact(
+    copy: Path, capsys: pytest.CaptureFixture[str], field: str, value: float
+) -> None:
+    """records.jsonl edited after the run (or written by a version that did not check): the
+    record with a value no server can report is judged as a failed request, and said."""
+    path = copy / "records.jsonl"
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["ok"]
+    first[field] = value
+    lines[0] = json.dumps(first)  # NaN and Infinity as Python's json writes them
+    path.write_text("\n".join(lines) + "\n")
+    assert run_cli(["report", str(copy)]) == 1  # the completed-requests gate fails
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "1 record(s) with an impossible value" in out.out + \
+        out.err
+    summary = json.loads((_rejudged(copy)[-1] / "summary.json").read_text())
+    completed = [g for g in summary["gates"] if g["kind"] == "completed"
+                 and g["condition"] == first["condition"] and g["load"] == first["load"]]
+    assert completed and completed[0]["outcome"] == "fail"
+    assert "NaN" not in (_rejudged(copy)[-1] / "summary.json").read_text()

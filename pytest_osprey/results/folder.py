@@ -6,13 +6,20 @@ This is what judgement reads; it knows nothing of how the campaign was measured.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..pilot.trace import Prompt, TraceError, load_trace
 from .campaign_file import CampaignFile, read_campaign_file
-from .records import RecordsError, RequestRecord, read_records, timed_mode
+from .records import (
+    Measurement,
+    RecordsError,
+    RequestRecord,
+    impossible_value,
+    read_records,
+    timed_mode,
+)
 
 
 @dataclass
@@ -80,7 +87,28 @@ def load_campaign(directory: Path) -> SavedCampaign:
     unique = list({r.to_json(): r for r in records}.values())
     notes = ([f"{records_path}: {len(records) - len(unique)} duplicated record line(s) "
               "collapsed (each request counted once)"] if len(unique) < len(records) else [])
-    return SavedCampaign(directory, meta, unique, saved_trace(meta), notes=notes)
+    sound = [_sound(r) for r in unique]
+    if bad := sum(a is not b for a, b in zip(sound, unique, strict=True)):
+        notes.append(f"{records_path}: {bad} record(s) with an impossible value judged as "
+                     "failed requests (the value is not judged)")
+    return SavedCampaign(directory, meta, sound, saved_trace(meta), notes=notes)
+
+
+# The most tokens one verify step can commit in any pilot (64 draft tokens + the target's own):
+# a saved record does not say its request's bounds, so only what no pilot allows is refused.
+_MOST_PER_STEP = 65
+
+
+def _sound(r: RequestRecord) -> RequestRecord:
+    """``r``, or, where it reports what no server can (records.impossible_value: NaN, a
+    negative count, an accept length past any draft), the failed request it must be judged
+    as: a records.jsonl edited, or written by a version that did not check."""
+    why = impossible_value(r, None, _MOST_PER_STEP) if r.ok else None
+    if why is None:
+        return r
+    failed = Measurement.failure(f"{why} (as read from records.jsonl)")
+    return replace(r, output_tokens=None,
+                   **{f.name: getattr(failed, f.name) for f in fields(Measurement)})
 
 
 def saved_trace(meta: CampaignFile) -> dict[str, Prompt] | None:
