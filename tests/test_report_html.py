@@ -230,3 +230,22 @@ def test_an_interval_without_information_keeps_the_speedup_axis_finite() -> None
         assert ax.get_xlim() == pytest.approx((1.2, 1.6))  # an informative range is kept
     finally:
         plt.close(fig)
+
+
+def test_the_per_level_tables_carry_the_serving_figures() -> None:
+    """TPOT (with its rise over the baseline), req/s, token counts and the p99s beside each
+    condition's figures, from the Figures fields, not from text."""
+    from pytest_osprey.judgement.figures.measured import Figures
+    from pytest_osprey.report.terminal import SERVING_HEADER, serving_cells
+
+    f = Figures(condition="cand", load="low", concurrency=1, ok=120, total=120,
+                ttft_p50_s=0.04, ttft_p95_s=0.09, e2e_p50_s=1.0, e2e_p95_s=2.0,
+                tpot_p50_s=0.0056, tpot_p95_s=0.011, ttft_p99_s=0.12, e2e_p99_s=2.5,
+                tpot_p99_s=0.02, tokens_per_s=10.0, request_tokens_per_s_p50=10.0,
+                accept_length_pooled=2.0, accept_length_mean=2.1, peak_memory_mb=90.0,
+                requests_per_s=0.35, input_tokens_mean=41.6, output_tokens_mean=48.0)
+    cells = serving_cells(f, {"tpot_p95_s": 0.25})
+    assert len(cells) == len(SERVING_HEADER)
+    assert cells == ("6/11 (+25%)", "0.35", "42/48", "120/20/2500")
+    short = f.model_copy(update={"ttft_p99_s": None, "tpot_p99_s": None, "e2e_p99_s": None})
+    assert serving_cells(short)[3] == "-"

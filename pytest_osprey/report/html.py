@@ -25,7 +25,16 @@ from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .plotkit import level_order
 from .setup import memory_basis, shards_line
-from .terminal import Columns, header, legend, speedup_cells, table_rows
+from .terminal import (
+    SERVING_HEADER,
+    Columns,
+    header,
+    legend,
+    serving_cells,
+    speedup_cells,
+    table_rows,
+    worse_than_baseline,
+)
 
 MAX_DIVERGENT = 20  # divergent prompts shown per condition pair
 SAMPLES_WHEN_IDENTICAL = 3
@@ -571,11 +580,14 @@ def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
            f'<p class="note">{esc(legend(cols))}.</p>']
     levels = list(dict.fromkeys(f.load for f in figs))
     full = header(cols, full=True)
-    head = [h for i, h in enumerate(full) if i != 1]
+    head = [h for i, h in enumerate(full) if i != 1] + list(SERVING_HEADER)
+    rises = worse_than_baseline(figs, cols.baseline)
     for level in levels:
         mine = [f for f in figs if f.load == level]
         rows = [[esc(c) for i, c in enumerate(row) if i != 1]
-                for row in table_rows(mine, cols, full=True)]
+                + [esc(c) for c in serving_cells(f, rises.get((f.condition, f.load)))]
+                for f, row in zip(mine, table_rows(mine, cols, full=True, deltas=True),
+                                  strict=True)]
         out.append(f"<h3>Load {esc(level)} ({esc(mine[0].load_label)})</h3>")
         out.append(table(head, rows, set(range(1, len(head)))))
     if not figs:

@@ -106,6 +106,20 @@ def table_rows(figs: Sequence[Figures], cols: Columns | None = None,
     return out
 
 
+SERVING_HEADER = ("TPOT p50/p95 ms", "req/s", "tokens in/out (mean)", "p99 TTFT/TPOT/completion ms")
+
+
+def serving_cells(f: Figures, rises: Mapping[str, float] | None = None) -> tuple[str, ...]:
+    """The serving figures beside :func:`table_rows`' (report.html's per-level tables): TPOT
+    with its rise over the baseline, request throughput, mean prompt and output lengths, and
+    the p99s (``-`` below :data:`~..judgement.figures.measured.P99_MIN_REQUESTS`)."""
+    up = rises or {}
+    p99 = "/".join(_ms(getattr(f, f"{m}_p99_s")) for m in ("ttft", "tpot", "e2e"))
+    return (_pair(f, "tpot", up), _num(f.requests_per_s),
+            f"{_num(f.input_tokens_mean, '{:.0f}')}/{_num(f.output_tokens_mean, '{:.0f}')}",
+            "-" if p99 == "-/-/-" else p99)
+
+
 def in_flight_text(f: Figures) -> str:
     """The measured in-flight load (mean over measured requests); an open-loop level's
     achieved rate beside it."""
