@@ -245,7 +245,7 @@ def test_the_per_level_tables_carry_the_serving_figures() -> None:
                 accept_length_pooled=2.0, accept_length_mean=2.1, peak_memory_mb=90.0,
                 requests_per_s=0.35, input_tokens_mean=41.6, output_tokens_mean=48.0)
     cells = serving_cells(f, {"tpot_p95_s": 0.25})
-    assert len(cells) == len(SERVING_HEADER)
+    assert len(cells) == len(SERVING_HEADER) and SERVING_HEADER[-1].startswith("p99")
     assert cells == ("6/11 (+25%)", "0.35", "42/48", "120/20/2500")
     short = f.model_copy(update={"ttft_p99_s": None, "tpot_p99_s": None, "e2e_p99_s": None})
     assert serving_cells(short)[3] == "-"

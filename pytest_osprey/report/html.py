@@ -20,6 +20,7 @@ from typing import Any
 
 from ..judgement import GateKind
 from ..judgement.figures import Figures, all_figures
+from ..judgement.figures.measured import P99_MIN_REQUESTS
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
@@ -588,8 +589,15 @@ def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
                 + [esc(c) for c in serving_cells(f, rises.get((f.condition, f.load)))]
                 for f, row in zip(mine, table_rows(mine, cols, full=True, deltas=True),
                                   strict=True)]
+        # A p99 column only where one was measured: the legend says what it needs.
+        shown = head if any(r[-1] != "-" for r in rows) else head[:-1]
+        rows = [r[:len(shown)] for r in rows]
         out.append(f"<h3>Load {esc(level)} ({esc(mine[0].load_label)})</h3>")
-        out.append(table(head, rows, set(range(1, len(head)))))
+        out.append(f'<div class="scroll">{table(shown, rows, set(range(1, len(shown))))}</div>')
+        if shown is not head:
+            fewest = min(f.ok for f in mine)
+            out.append(f'<p class="note">p99 is shown from {P99_MIN_REQUESTS} completed '
+                       f"requests a level; this one has {fewest}.</p>")
     if not figs:
         out.append('<p class="note">No figures.</p>')
     return "".join(out)

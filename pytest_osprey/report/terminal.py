@@ -106,7 +106,7 @@ def table_rows(figs: Sequence[Figures], cols: Columns | None = None,
     return out
 
 
-SERVING_HEADER = ("TPOT p50/p95 ms", "req/s", "tokens in/out (mean)", "p99 TTFT/TPOT/completion ms")
+SERVING_HEADER = ("TPOT p50/p95 ms", "req/s", "tokens in/out", "p99 TTFT/TPOT/e2e ms")
 
 
 def serving_cells(f: Figures, rises: Mapping[str, float] | None = None) -> tuple[str, ...]:
