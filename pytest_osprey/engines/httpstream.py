@@ -91,6 +91,16 @@ def bounded(value: Any, per_string: int = STRING_MOST, total: int = JSON_MOST) -
     return walk(value)
 
 
+def read_most(r: httpx.Response) -> bytearray | None:
+    """A streamed answer's body, None once it passes BODY_MOST bytes (read no further)."""
+    raw = bytearray()
+    for part in r.iter_bytes():
+        raw += part
+        if len(raw) > BODY_MOST:
+            return None
+    return raw
+
+
 def read_json(client: httpx.Client, path: str, condition: str) -> Any:
     """The JSON a control route answers (bounded), None on an answer other than 200; an
     answer that is not JSON raises an EngineError naming the condition and the URL."""
@@ -98,11 +108,9 @@ def read_json(client: httpx.Client, path: str, condition: str) -> Any:
     with client.stream("GET", path) as r:
         if r.status_code != 200:
             return None
-        raw = bytearray()
-        for part in r.iter_bytes():
-            raw += part
-            if len(raw) > BODY_MOST:
-                raise EngineError(f"{condition}: {url} answered over {BODY_MOST >> 20} MiB")
+        raw = read_most(r)
+        if raw is None:
+            raise EngineError(f"{condition}: {url} answered over {BODY_MOST >> 20} MiB")
         kind = r.headers.get("content-type", "").split(";")[0].strip() or "no content type"
     try:
         return bounded(json.loads(raw))

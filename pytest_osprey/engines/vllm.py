@@ -24,13 +24,13 @@ from .base import (
 )
 from .booted import BootedServer
 from .httpstream import (
-    BODY_MOST,
     ClientPool,
     TokenClock,
     bearer,
     bounded,
     guarded,
     read_json,
+    read_most,
     stream_json,
 )
 from .process import engine_python
@@ -316,11 +316,9 @@ class OpenAIClient:
             with self.pool.sync() as client, client.stream("GET", path) as r:
                 if r.status_code != 200:
                     return None
-                raw = bytearray()
-                for part in r.iter_bytes():
-                    raw += part
-                    if len(raw) > BODY_MOST:
-                        return None
+                raw = read_most(r)
+                if raw is None:
+                    return None
         except httpx.HTTPError:
             return None
         return raw.decode("utf-8", "replace")
