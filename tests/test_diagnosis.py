@@ -298,3 +298,20 @@ def test_a_fairness_failure_names_what_differs() -> None:
     assert reason.name == "fair comparison" and diff in reason.text
     (verdict,) = verdicts(pilot, [unfair])
     assert diff in verdict.reasons[0]
+
+
+def test_a_failed_quality_check_outranks_one_that_could_not_fail() -> None:
+    """A drafter that changes the sampled outputs reads "quality changed" even where another
+    quality gate (correctness) could not have failed; that one is still named."""
+    from pytest_osprey.judgement.verdict.diagnosis import Diagnosis
+    from pytest_osprey.judgement.verdict.unchecked import Unchecked
+
+    d = Diagnosis("cand", "DROP", None, 2.67, "changed", [], unchecked=[
+        Unchecked("correctness", "correctness", "not evaluable", judged=True),
+        Unchecked("sampling params", "sampling_params", "not run")])
+    line = headline(d)
+    check_headline(line)
+    assert "quality changed; correctness not evaluable; unchecked: sampling params" in line
+    assert "unproven" not in line
+    same = replace(d, quality="identical")
+    assert "quality unproven: correctness not evaluable" in headline(same)

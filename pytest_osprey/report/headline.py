@@ -34,20 +34,22 @@ def quality_text(d: Diagnosis) -> str:
     evaluable`` when a quality gate ran but could not have failed."""
     if not d.unchecked:
         return f"quality {d.quality}"
+    if d.quality in ("changed", "worse"):  # a failed check outranks one that could not fail
+        return f"quality {d.quality}; {unchecked_text(d, lead=False)}"
     if any(u.judged for u in d.unchecked):
         return unchecked_text(d)
     checked = "greedy output identical" if d.quality == "identical" else f"quality {d.quality}"
     return f"{checked}; {unchecked_text(d)}"
 
 
-def unchecked_text(d: Diagnosis, short: bool = False) -> str:
+def unchecked_text(d: Diagnosis, short: bool = False, lead: bool = True) -> str:
     """The quality checks that did not run: ``quality unproven: correctness not evaluable``
     (``unproven: correctness`` when ``short``) for those whose gate could not have failed,
     ``unchecked: ...`` for those switched off."""
     unproven = [u.check for u in d.unchecked if u.judged]
     off = [u.check for u in d.unchecked if not u.judged]
     said = (f"unproven: {', '.join(unproven)}" if short
-            else f"quality unproven: {', '.join(unproven)} not evaluable")
+            else f"{'quality unproven: ' if lead else ''}{', '.join(unproven)} not evaluable")
     parts = [said] if unproven else []
     parts += [f"unchecked: {', '.join(off)}"] if off else []
     return "; ".join(parts)
