@@ -83,7 +83,9 @@ class TemperatureEngine:
         e2e = PREFILL_S + n * tpt
         await asyncio.sleep(e2e)
         ttft = PREFILL_S + tpt
-        steps = max(1, round(n / speedup)) if self.drafter else None
+        # At least one token per verify step: a slower drafter is slower per step, never
+        # fewer tokens than steps (no server reports that).
+        steps = max(1, min(n, round(n / speedup))) if self.drafter else None
         return GenerationResult(
             ok=True, ttft_s=ttft, e2e_s=e2e,
             itl_s=[(e2e - ttft) / max(1, n - 1)] * (n - 1), prompt_tokens=8, output_ids=ids,
