@@ -216,3 +216,13 @@ def judge_as_the_plugin_does(project: Path, results: Path) -> None:
     assert preflight is not None
     judgement = judge(pilot, plan_gates(pilot, list(pilot.conditions)), data, preflight)
     write_reports(results, judgement, data, pilot)
+
+
+def judged_campaign(root: Path, folder: str = "results") -> Path:
+    """The recorded campaign, written under ``root``, measured and judged as the plugin does:
+    its results folder (summary.json and the reports in it)."""
+    project = write_project(root)
+    results = root / folder
+    record_campaign(project, results)
+    judge_as_the_plugin_does(project, results)
+    return results

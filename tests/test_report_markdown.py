@@ -12,16 +12,12 @@ import pytest
 
 from pytest_osprey.report.markdown import GITHUB_LIMIT, markdown
 from pytest_osprey.results.folder import load_campaign
-from testkit.recorded_campaign import judge_as_the_plugin_does, record_campaign, write_project
+from testkit.recorded_campaign import judged_campaign
 
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any, str]:
-    root = tmp_path_factory.mktemp("md")
-    project = write_project(root)
-    results = root / "results-folder"
-    record_campaign(project, results)
-    judge_as_the_plugin_does(project, results)
+    results = judged_campaign(tmp_path_factory.mktemp("md"), "results-folder")
     summary = json.loads((results / "summary.json").read_text("utf-8"))
     return summary, load_campaign(results).meta, (results / "report.md").read_text("utf-8")
 

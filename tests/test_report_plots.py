@@ -21,12 +21,7 @@ from pytest_osprey.report.plots_analyses import (
 )
 from pytest_osprey.results.folder import SavedCampaign, load_campaign
 from testkit.factories import make_record, saved_campaign
-from testkit.recorded_campaign import (
-    CONDITIONS,
-    judge_as_the_plugin_does,
-    record_campaign,
-    write_project,
-)
+from testkit.recorded_campaign import CONDITIONS, judged_campaign
 
 
 @dataclass(frozen=True)
@@ -37,11 +32,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    root = tmp_path_factory.mktemp("plots")
-    project = write_project(root)
-    results = root / "results"
-    record_campaign(project, results)
-    judge_as_the_plugin_does(project, results)
+    results = judged_campaign(tmp_path_factory.mktemp("plots"))
     summary = json.loads((results / "summary.json").read_text("utf-8"))
     return Run(load_campaign(results), summary)
 

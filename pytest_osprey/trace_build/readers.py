@@ -337,12 +337,18 @@ def _json_array(path: Path, text: str) -> Iterator[tuple[int, Any]]:
 def _csv_rows(path: Path, text: str, fields: Fields) -> Iterator[tuple[int, Any]]:
     dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
     reader = csv.reader(text.splitlines(keepends=True), dialect)
-    try:
-        header = next(reader)
-    except StopIteration:
+
+    def next_row() -> list[str] | None:
+        try:
+            return next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as exc:
+            raise SourceError(f"{path}:{max(reader.line_num, 1)}: invalid CSV: {exc}") from None
+
+    header = next_row()
+    if header is None:
         return
-    except csv.Error as exc:
-        raise SourceError(f"{path}:1: invalid CSV: {exc}") from None
     names = [h.strip() for h in header]
     for flag, col in (("--text-field", fields.text), ("--domain-field", fields.domain),
                       ("--completion-field", fields.completion),
@@ -350,13 +356,7 @@ def _csv_rows(path: Path, text: str, fields: Fields) -> Iterator[tuple[int, Any]
         if col is not None and col not in names:
             raise SourceError(f"{path}:1: no column {col!r} ({flag}); the columns are "
                               f"{', '.join(repr(n) for n in names)}")
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise SourceError(f"{path}:{reader.line_num}: invalid CSV: {exc}") from None
+    while (row := next_row()) is not None:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(names):
