@@ -152,6 +152,27 @@ def test_an_osprey_draft_that_fits_the_target_passes_every_shape_check(
         assert "module sglang.srt.models.qwen3_eagle3" in said
 
 
+OSPREY = MODELS / "tiny-osprey"
+shipped_osprey = pytest.mark.skipif(not (OSPREY / "config.json").is_file(),
+                                    reason=f"no tiny-osprey under {MODELS}")
+
+
+@shipped_osprey
+def test_the_shipped_osprey_style_draft_passes_every_shape_check() -> None:
+    """The trained tiny-osprey (2 layers, 128 wide, its own embedding, swap_h_and_emb) reads
+    the 256-wide tiny target: every check of its shape passes, and its layout asks for the
+    drafter's SGLang patch."""
+    report = check_condition(pilot(OSPREY), "osprey")
+    assert report.ok, report.summary()
+    assert detail(report, "draft layers") == "2 decoder layer(s), all in the weights"
+    assert detail(report, "embed_tokens") == ("embed_tokens.weight [8192, 128]: its own "
+                                              "embedding over the target's vocabulary")
+    assert detail(report, "hidden size").startswith("drafter expects target hidden size 256")
+    layout = draft_layout(json.loads((OSPREY / "config.json").read_text()))
+    assert layout is not None and layout.needs_patch and layout.owns_embedding
+    assert layout.describe() == "2-layer Osprey draft (LlamaForCausalLMEagle3)"
+
+
 def test_a_multi_layer_eagle3_draft_without_osprey_marks_needs_no_own_embedding(
         tmp_path: Path) -> None:  # fmt: skip
     report = check_condition(pilot(draft(tmp_path / "d", layers=3, osprey=False)), "osprey")
@@ -407,10 +428,10 @@ def test_real_stock_sglang_refuses_osprey_drafts_and_serves_a_single_layer_eagle
                    "speculation": {"algorithm": "EAGLE3", "num_steps": 5, "eagle_topk": 1,
                                    "num_draft_tokens": 6}}
             for name, folder in (("qwen", qwen), ("llama", llama),
-                                 ("eagle3", MODELS / "tiny-eagle3"))}},
+                                 ("eagle3", MODELS / "tiny-eagle3"), ("trained", OSPREY))}},
         target={"engine": "sglang", "model": str(TARGET), "python": REAL},
     )  # fmt: skip
-    reports = check_all(p, ["base", "qwen", "llama", "eagle3"])
+    reports = check_all(p, ["base", "qwen", "llama", "eagle3", "trained"])
     assert reports["eagle3"].ok, reports["eagle3"].summary()
     assert set(failed(reports["qwen"])) == {"serving engine"}
     assert failed(reports["qwen"])["serving engine"].startswith(
@@ -422,6 +443,14 @@ def test_real_stock_sglang_refuses_osprey_drafts_and_serves_a_single_layer_eagle
         "target's embedding, its input layer ignoring swap_h_and_emb: apply the drafter's "
         f"SGLang patch (written for SGLang 0.5.9) to the SGLang at {REAL} or serve it with an "
         "SGLang it was applied to (target.python, or PYTHONPATH in the condition's env)")}
+    # The trained Osprey-style draft (tiny-osprey) is refused too. It is 128 wide against the
+    # target's 256, and SGLang shares the target's embedding only across equal widths, so its
+    # own embedding is kept: what stock SGLang gets wrong for it is the input order alone.
+    assert set(failed(reports["trained"])) == {"serving engine"}
+    assert failed(reports["trained"])["serving engine"].startswith(
+        "stock SGLang 0.5.23 runs this 2-layer Osprey draft (LlamaForCausalLMEagle3), its input "
+        "layer ignoring swap_h_and_emb: apply the drafter's SGLang patch (written for SGLang "
+        "0.5.9)")
     from pytest_osprey.engines.sglang_check import serving_check
 
     single = draft_layout(json.loads((MODELS / "tiny-eagle3" / "config.json").read_text()))

@@ -123,10 +123,12 @@ def test_right_align_moves_left_padding_to_the_end() -> None:
     assert valid.tolist() == [[True, True, True, False, False], [True] * 5]
 
 
-def small_eagle3(seed: int = 0) -> eagle3.Eagle3Draft:
+def small_eagle3(seed: int = 0, **osprey: object) -> eagle3.Eagle3Draft:
+    """A small EAGLE-3 draft; ``osprey`` sets Osprey's shape (layers, target_hidden,
+    swap_h_and_emb)."""
     torch.manual_seed(seed)
     shape = eagle3.Eagle3Shape(hidden=16, heads=2, mlp=24, vocab=40, draft_vocab=24,
-                               layer_ids=(0, 1, 2))
+                               layer_ids=(0, 1, 2), **osprey)  # type: ignore[arg-type]
     draft = eagle3.Eagle3Draft(shape, torch.randn(40, 16))
     for p in draft.parameters():
         p.data.normal_(0, 0.3)
@@ -145,13 +147,19 @@ def test_draft_vocabulary_maps_back_to_the_kept_target_ids() -> None:
     assert (d2t >= 0).all()
 
 
-def test_eagle3_training_unroll_is_what_sequential_drafting_computes() -> None:
+OSPREY_SHAPE = {"layers": 2, "target_hidden": 12, "swap_h_and_emb": True}
+
+
+@pytest.mark.parametrize("osprey", [{}, OSPREY_SHAPE], ids=["eagle3", "osprey"])
+def test_eagle3_training_unroll_is_what_sequential_drafting_computes(
+        osprey: dict[str, object]) -> None:  # fmt: skip
     """Step j of the chain anchored at t, computed for all anchors at once as in training,
-    equals the j-th token of drafting one token at a time with a growing cache."""
-    draft = small_eagle3()
+    equals the j-th token of drafting one token at a time with a growing cache: for one layer
+    and for Osprey's shape (two layers, each with its own keys; a narrower target)."""
+    draft = small_eagle3(**osprey)
     n, k = 9, 4
     prefix = torch.randint(0, 40, (n + 1,))
-    aux = torch.randn(n + k, 48)
+    aux = torch.randn(n + k, 3 * draft.shape.target_width)
     drafts = draft.draft_chain(prefix, aux[:n], k)
     seq = torch.cat([prefix, torch.tensor(drafts)])[None]
     outs = draft.unrolled(seq, aux[None, : seq.shape[1]], k)
@@ -178,6 +186,48 @@ def test_eagle3_checkpoint_has_sglangs_names_and_shapes(tmp_path: Path) -> None:
     assert shapes["lm_head.weight"] == (24, 16)
     assert shapes["d2t"] == (24,) and shapes["t2d"] == (40,)
     assert torch.equal(d2t, draft.d2t)
+
+
+def test_osprey_checkpoint_has_its_layers_embedding_and_swap(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    draft = small_eagle3(**OSPREY_SHAPE)
+    eagle3.save(draft, tmp_path, bos=1, eos=2, pad=0, license_text="test")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2 and cfg["swap_h_and_emb"] is True
+    assert (cfg["hidden_size"], cfg["target_hidden_size"]) == (16, 12)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    assert shapes["fc.weight"] == (16, 36)  # three target layers, 12 wide
+    assert shapes["layers.0.self_attn.q_proj.weight"] == (16, 32)  # [hidden, embedding]
+    assert shapes["layers.1.self_attn.q_proj.weight"] == (16, 16)  # a plain layer
+    assert "layers.0.hidden_norm.weight" in shapes and "layers.1.hidden_norm.weight" not in shapes
+    assert shapes["embed_tokens.weight"] == (40, 16)
+    assert not any(k.startswith("midlayer.") for k in shapes)
+
+
+def test_osprey_draft_keeps_its_backbone_on_the_embedding_half() -> None:
+    """The pretrained backbone's weights read the embedding (the second half with
+    swap_h_and_emb); only what reads the target's features is new; the head keeps the
+    backbone's rows of the draft vocabulary."""
+    torch.manual_seed(0)
+    backbone = lm.llama(40, 16, 2, 24, 2, tied=True)
+    shape = eagle3.Eagle3Shape(hidden=16, heads=2, mlp=24, vocab=40, draft_vocab=24,
+                               layer_ids=(0, 1, 2), **OSPREY_SHAPE)  # type: ignore[arg-type]
+    draft = eagle3.osprey_from_backbone(backbone, shape, torch.Generator().manual_seed(0))
+    d2t, t2d = eagle3.draft_vocabulary(torch.arange(40).float(), 24)
+    draft.d2t.copy_(d2t)
+    draft.t2d.copy_(t2d)
+    eagle3.head_rows(draft, backbone)
+    first, second = draft.layers
+    theirs = backbone.model.layers
+    assert torch.equal(first.q_proj.weight[:, 16:], theirs[0].self_attn.q_proj.weight)
+    assert not torch.equal(first.q_proj.weight[:, :16], theirs[0].self_attn.q_proj.weight)
+    assert torch.equal(second.v_proj.weight, theirs[1].self_attn.v_proj.weight)
+    assert torch.equal(draft.embed_tokens, backbone.model.embed_tokens.weight)
+    assert draft.embed_tokens.requires_grad  # its own, trained with it
+    kept = torch.arange(24) + d2t
+    assert torch.equal(draft.lm_head.weight, backbone.lm_head.weight[kept])
 
 
 def test_accept_counting_of_the_eagle3_simulation() -> None:
@@ -253,6 +303,14 @@ def test_shipped_models_match_their_manifest_and_budget() -> None:
     # The EAGLE-3 head reads the target's hidden states: the unusual slice drafts worse.
     eagle = figures["tiny-eagle3"]["accept_sglang_counting"]["steps_3"]
     assert eagle["by_slice"]["unusual"] < eagle["by_domain"]["code"], eagle
+    # The Osprey-style draft against the matched EAGLE-3: its own shape, the same data and
+    # steps, measured by the same chain on the same trace (which one wins is a figure).
+    osprey = figures["tiny-osprey"]
+    assert (osprey["layers"], osprey["own_embedding"], figures["tiny-eagle3"]["layers"]) == (
+        2, True, 1)
+    assert osprey["steps"] == figures["tiny-eagle3"]["steps"]
+    assert osprey["backbone"]["loss_last20"] < osprey["backbone"]["loss_first"]
+    assert osprey["accept_sglang_counting"]["steps_3"]["pooled"] >= 1.3  # it drafts
     assert manifest["build"]["wall_seconds"] <= 20 * 60, manifest["build"]
 
 
