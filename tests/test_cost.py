@@ -46,6 +46,19 @@ BASE = [rec("baseline", 0, 0, 2), rec("baseline", 0, 2, 2),
 CAND = [rec("cand", 0, 0, 1), rec("cand", 0, 1, 1), rec("cand", 1, 100, 1), rec("cand", 1, 101, 1)]
 
 
+def test_adaptation_in_device_hours_is_priced_once_per_device_hour() -> None:
+    """24 device-hours of adaptation at 3.6 a device-hour is 86.4, whatever devices a
+    server holds (idle hours are whole servers: 5 h x 3.6 x 2 = 36)."""
+    pilot = make_pilot(
+        conditions={"baseline": {"role": "baseline"}, "cand": {"role": "candidate",
+                                                               "drafter": "d1"}},
+        cost={"device_hour_price": 3.6, "devices_per_server": 2,
+              "setup": {"cand": {"adaptation": 1, "adaptation_device_hours": 24,
+                                 "idle_device_hours": 5}}},
+    )  # fmt: skip
+    assert setup_cost(pilot, "cand") == pytest.approx(1 + 86.4 + 36.0)
+
+
 def test_cost_per_request_exact() -> None:
     pilot = cost_pilot()
     table = {(c.condition, c.load): c for c in cost_table(pilot, saved_campaign(BASE + CAND))}

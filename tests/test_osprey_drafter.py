@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from pytest_osprey.judgement import GateResult, GateSpec
+from pytest_osprey.judgement.cost.pricing import setup_cost
 from pytest_osprey.judgement.figures.measured import Figures
 from pytest_osprey.judgement.verdict.diagnosis import diagnose
 from pytest_osprey.judgement.verdict.verdicts import verdicts
@@ -407,9 +408,11 @@ def test_the_osprey_example_is_the_papers_serving_config_against_the_current_eag
         assert (spec.num_steps, spec.eagle_topk, spec.num_draft_tokens) == (5, 1, 6)
     assert p.decision.gate_unusual_slice  # speed against EAGLE-3 on the unusual slice decides
     assert p.limits.cost.max_break_even_days is not None
-    setup = p.cost.setup["osprey"]
-    assert setup.adaptation > 0 and p.cost.device_hour_price > 0
+    assert setup_cost(p, "osprey") == 24 * p.cost.device_hour_price  # device-hours x price
+    assert setup_cost(p, "eagle3") == 0  # it serves today
     assert p.cost.expected_requests_per_day
+    # Timed at a serving temperature, so the distribution check runs by default.
+    assert p.sampling.serving.temperature > 0 and p.sampling.sampled.enabled
 
 
 real = pytest.mark.skipif(not REAL, reason="set OSPREY_SGLANG_PYTHON (a real SGLang 0.5.23)")

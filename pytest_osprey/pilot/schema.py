@@ -327,6 +327,9 @@ class SetupCosts(Strict):
     """Pretraining cost (currency)."""
     adaptation: Amount = 0.0
     """Target-adaptation cost (currency)."""
+    adaptation_device_hours: Amount = 0.0
+    """Device-hours the adaptation to this target took, priced at `device_hour_price` (added
+    to `adaptation`): the card's result sheet states adaptation cost as device-hours x price."""
     idle_device_hours: Amount = 0.0
     """Idle device-hours charged to the drafter."""
 

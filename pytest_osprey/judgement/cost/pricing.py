@@ -9,6 +9,7 @@ Pure arithmetic over the records (greedy pass only, as the speed gates):
   the server too;
 * cost per successful request = hourly cost / successful requests per hour (None: no success);
 * setup cost of a condition = pretraining + adaptation
+  + adaptation_device_hours * device_hour_price
   + idle_device_hours * device_hour_price * devices_per_server;
 * break-even requests = candidate setup / (cost_ref - cost_cand) when that saving is > 0; if
   savings are zero or negative there is no cost break-even (the pilot card's rule);
@@ -54,7 +55,8 @@ class ConditionCost(Sheet):
     """`hourly_cost / requests_per_hour` (currency per successful request); null when none
     succeeded."""
     setup_cost: float
-    """Pretraining + adaptation + idle device hours priced (currency)."""
+    """Pretraining + adaptation (its device-hours priced) + idle device hours priced
+    (currency)."""
     currency: str
     """Currency code of the amounts."""
     load_label: str = ""
@@ -127,7 +129,11 @@ def setup_cost(pilot: Pilot, condition: str) -> float:
     setup = pilot.cost.setup.get(condition)
     if setup is None:
         return 0.0
-    return setup.pretraining + setup.adaptation + setup.idle_device_hours * hourly_cost(pilot)
+    # Adaptation is counted in device-hours of training (each priced once); idle hours are
+    # whole servers held (devices_per_server of them).
+    adapting = setup.adaptation_device_hours * pilot.cost.device_hour_price
+    return (setup.pretraining + setup.adaptation + adapting
+            + setup.idle_device_hours * hourly_cost(pilot))
 
 
 def busy_seconds(records: Sequence[RequestRecord]) -> float | None:
