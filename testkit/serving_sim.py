@@ -24,6 +24,9 @@ from pytest_osprey.engines.base import GenerationRequest, GenerationResult
 
 TOKEN_S = 0.0015  # the baseline's time per output token
 PREFILL_S = 0.001
+# The wave's origin is one clock for every engine: noise shared in time is the same for all
+# conditions at the same moment (an engine's own origin would put each in its own phase).
+ORIGIN = time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,6 @@ class TemperatureEngine:
     condition: str
     drafter: bool
     planted: Planted = field(default_factory=Planted)
-    t0: float = field(default_factory=time.perf_counter)
     seen: list[GenerationRequest] = field(default_factory=list)
 
     def start(self) -> None: ...
@@ -75,7 +77,7 @@ class TemperatureEngine:
         ids = [int(_unit("tok", key, i) * 1000) for i in range(n)]
         speedup = self.planted.speedup(request.temperature) if self.drafter else 1.0
         # Noise: per request (its own draw) and a wave over wall time both sides meet.
-        wave = 1.0 + 0.25 * math.sin(2 * math.pi * (time.perf_counter() - self.t0) / 0.7)
+        wave = 1.0 + 0.25 * math.sin(2 * math.pi * (time.perf_counter() - ORIGIN) / 0.7)
         jitter = math.exp(0.08 * (_unit("noise", self.condition, key, len(self.seen)) - 0.5))
         tpt = TOKEN_S / speedup * wave * jitter
         # The request takes its time (the runner's clocks and in-flight load are real) and
