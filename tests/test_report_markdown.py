@@ -276,3 +276,23 @@ def test_the_key_tables_flag_where_a_candidate_is_worse_than_the_baseline() -> N
     assert rows["base"][3] == "31/62"
     plain = {r[0]: r for r in table_rows(figs, Columns(baseline="base"))}
     assert plain["cand"][3] == "42/84"
+
+
+def test_a_quality_check_that_did_not_run_is_named(
+        judged: tuple[dict[str, Any], Any, str]) -> None:  # fmt: skip
+    """summary.json's `unchecked` (here: the sampled pass off under a sampled service) is a
+    bullet under its verdict, the headline's own words kept; nothing implies it passed."""
+    summary, meta, _ = judged
+    changed = copy.deepcopy(summary)
+    v = changed["verdicts"][0]
+    v["headline"] = (f"KEEP {v['candidate']}: greedy output identical; unchecked: sampled "
+                     "distribution")
+    v["unchecked"] = [{"check": "sampled distribution", "kind": "distribution",
+                       "why": "the sampled pass is off (sampling.sampled.enabled: false)"}]
+    text = markdown(changed, meta, "t", "results")
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if "unchecked: sampled distribution" in line)
+    assert "**KEEP** cand: greedy output identical" in lines[head]
+    assert "- *unchecked sampled distribution:* the sampled pass is off " \
+        "(sampling.sampled.enabled: false)" in lines[head + 1:]
+    assert "quality identical" not in text

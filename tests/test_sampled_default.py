@@ -40,6 +40,14 @@ def test_a_sampled_service_is_checked_at_its_own_sampling() -> None:
     assert again.sampling.sampled == s
 
 
+def test_a_sampled_service_is_checked_with_its_top_k_and_min_p_too() -> None:
+    s = pilot(serving={"temperature": 0.7, "top_k": 50, "min_p": 0.05}).sampling.sampled
+    assert (s.temperature, s.top_k, s.min_p) == (0.7, 50, 0.05)
+    named = pilot(serving={"temperature": 0.7, "top_k": 50}, sampled={"top_k": 20})
+    assert named.sampling.sampled.top_k == 20
+    assert pilot(sampled={"enabled": True}).sampling.sampled.top_k is None  # greedy service
+
+
 @pytest.mark.parametrize(("given", "expect"), [
     ({"enabled": False}, (False, 0.7, 0.9)),
     ({"temperature": 1.0}, (True, 1.0, 0.9)),

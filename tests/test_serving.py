@@ -112,6 +112,10 @@ def test_timed_at_serving_temperature_the_planted_drafter_is_dropped(
     assert all(r.load == "c1" and r.temperature == 0.0 and r.seed is None
                and not r.ignore_eos and r.top2_margin for r in greedy)
     assert data.timed_mode == "serving"
+    # The distribution check's pass samples as the service does, top-k and min-p included.
+    sampled = [r for r in data.records if r.mode == "sampled"]
+    assert sampled and all((r.temperature, r.top_p, r.top_k, r.min_p) == (0.8, 0.95, 50, 0.02)
+                           for r in sampled)
 
 
 def test_timed_greedy_the_same_drafter_is_kept(

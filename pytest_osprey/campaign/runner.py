@@ -486,6 +486,8 @@ class Campaign:
                 ),
                 temperature=0.0 if greedy else sampled.temperature,
                 top_p=1.0 if greedy else sampled.top_p,
+                top_k=None if greedy else sampled.top_k,
+                min_p=0.0 if greedy else sampled.min_p,
                 seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, prompt.id,
                                                       index),
                 # Logprobs only where a gate reads them: greedy identity takes the margins of

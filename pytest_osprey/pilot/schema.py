@@ -206,6 +206,12 @@ class SampledPass(Strict):
     """Sampling temperature; unset while the service samples: ``sampling.serving``'s."""
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     """Nucleus sampling threshold; unset while the service samples: ``sampling.serving``'s."""
+    top_k: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """Keep only the k most likely tokens (None: off); unset while the service samples:
+    ``sampling.serving``'s."""
+    min_p: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    """Drop tokens below this share of the most likely one's probability (0: off); unset
+    while the service samples: ``sampling.serving``'s."""
     samples_per_prompt: Annotated[int, Field(ge=1, le=10_000)] = SAMPLES_PER_PROMPT
     """Samples per prompt and condition (independent draws per condition). With the default
     8 prompts, output collapsed to 3 or 5 distinct sequences per prompt (as drafts verified
@@ -273,8 +279,8 @@ class Sampling(Strict):
         if self.sampled.enabled is None:  # naming a key of the pass asks for it
             update["enabled"] = serving.sampled or bool(given - {"enabled"})
         if serving.sampled:
-            update |= {k: getattr(serving, k) for k in ("temperature", "top_p")
-                       if k not in given}
+            update |= {k: getattr(serving, k) for k in ("temperature", "top_p", "top_k",
+                                                          "min_p") if k not in given}
         if not update:
             return self
         sampled = SampledPass.model_validate({**self.sampled.model_dump(exclude_unset=True),
