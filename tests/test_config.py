@@ -324,9 +324,13 @@ def test_list_given_as_a_string(tmp_path: Path) -> None:
     ],
 )
 def test_out_of_range_numbers(tmp_path: Path, key: str, value: str, dotted: str, says: str) -> None:
-    # The sampled pass and the serving sampling share key names: the first and second.
-    nth = {"sampling.sampled": 0, "sampling.serving": 1}.get(dotted.rpartition(".")[0])
-    text = set_value(key, value, nth=nth)
+    section = dotted.rpartition(".")[0]
+    if section == "sampling.sampled":  # the shipped pilot leaves these to the service
+        head = "sampled: {enabled: true,"
+        assert head in PILOT_TEXT
+        text = PILOT_TEXT.replace(head, f"sampled: {{enabled: true, {key}: {value},")
+    else:  # the serving sampling's keys come first
+        text = set_value(key, value, nth=0 if section == "sampling.serving" else None)
     assert_error(text, tmp_path, line_of(text, f"{key}: {value}"), dotted, says)
 
 
