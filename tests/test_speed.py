@@ -357,6 +357,24 @@ def test_a_look_without_degrees_of_freedom_decides_nothing() -> None:
     assert decide(z, plan, 1, np.full(3, 7.0)).tolist() == [1, 2, 0]
 
 
+def test_futility_reads_the_trend_on_the_t_scale() -> None:
+    """A t of 0.86 on one df has z = 0.60, under the first look's stop (|t| < 0.68 for 4
+    looks): read from z the campaign stopped, read from t it continues; with many df t and z
+    agree and it stops. ``t_from_z`` inverts the p-value mapping of the deciding t-test."""
+    from pytest_osprey.judgement.speed.sequential import t_from_z, z_from_p
+    from pytest_osprey.judgement.speed.speedup import p_value
+
+    plan = sequential_plan(4)
+    t = np.array([0.86, -0.86, 0.5])
+    z = z_from_p(p_value(t, np.ones(3)))
+    assert z[0] < plan.stop[0] < t[0]
+    assert t_from_z(z, np.ones(3)) == pytest.approx(t, abs=1e-9)
+    assert t_from_z(z, None) is z
+    assert decide(z, plan, 1).tolist() == [1, 1, 1]  # z alone: all under the stop
+    assert decide(z, plan, 1, np.ones(3)).tolist() == [-1, -1, 1]
+    assert decide(np.array([0.6]), plan, 1, np.array([200.0])).tolist() == [1]
+
+
 def test_records_of_a_cycled_x32_campaign_give_a_usable_interval() -> None:
     """Records laid out as the runner writes them from the plan (x32 on 50 prompts, 4 passes:
     two blocks of 32 a pass, repeats included), judged from the records: the copies become

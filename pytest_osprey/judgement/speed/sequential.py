@@ -13,8 +13,13 @@ the normal scale (``z = Phi^-1(1 - p)``, so small-sample t-tests keep their leve
 * **inconclusive, stop** (interim looks only): even if the rest of the campaign went the way
   the data so far point (the current trend), the chance that the last look keeps, or drops,
   is below ``futility_power`` (stochastic curtailment): finishing would most likely end
-  inconclusive too. Its cost is measured, not bounded: the power lost at a given true
-  speedup (benchmarks/stats_calibration.py prints it);
+  inconclusive too. The trend is read from the look's t statistic (the estimate in units of
+  its standard error), not from z: z carries the penalty for estimating the variance with the
+  look's few df (a t of 3 on one df is z = 1.28), a penalty the last look, with more time
+  units, mostly sheds, so a trend read from z runs low wherever early looks have few df (one
+  or three at x32 on 50 prompts) and stopped campaigns the full test would keep. Its cost is
+  measured, not bounded: the power lost at a given true speedup
+  (benchmarks/stats_calibration.py, benchmarks/sequential_looks.py print it);
 * otherwise **continue**; at the last look, **inconclusive**.
 
 All three boundaries are non-binding (each computed as if the others did not exist): a look
@@ -149,9 +154,10 @@ def _plan(
         raise SpeedError(f"rho must be positive, got {rho}")
     keep = spending_bounds(info, [power_spending(t, alpha, rho) for t in info])
     drop = spending_bounds(info, [power_spending(t, drop_rate, rho) for t in info])
-    # Conditional power under the current trend (drift z_k / sqrt(t_k)) of crossing the last
-    # keep boundary: Phi((z_k / sqrt(t_k) - keep_L) / sqrt(1 - t_k)); below futility_power
-    # when z_k < sqrt(t_k) * (keep_L + sqrt(1 - t_k) * Phi^-1(futility_power)). Same for drop.
+    # Conditional power under the current trend (drift s_k / sqrt(t_k), s_k the look's
+    # statistic on the t scale, see decide) of crossing the last keep boundary:
+    # Phi((s_k / sqrt(t_k) - keep_L) / sqrt(1 - t_k)); below futility_power when
+    # s_k < sqrt(t_k) * (keep_L + sqrt(1 - t_k) * Phi^-1(futility_power)). Same for drop.
     stop = [0.0] * looks
     if futility_power > 0:
         from scipy import special
@@ -177,21 +183,36 @@ def decide(
     """Vectorised decision codes at ``look`` (1-based) from z against the threshold:
     2 keep, 0 drop, 1 inconclusive (a stop at an interim look, or the last look), -1 continue.
 
-    With ``df`` (the deciding test's degrees of freedom), a look whose test has none - one
-    time unit so far, e.g. the first pass of a level whose block holds the whole trace -
-    decides nothing: it continues (inconclusive at the last look), never stops for futility.
+    With ``df`` (the deciding test's degrees of freedom), the futility stop judges the trend
+    on the t scale: the t statistic with z's p-value on ``df`` (|t| >= |z|, equal as df
+    grows), so a look with few df does not stop campaigns whose estimate is on course; and a
+    look whose test has no df - one time unit so far, e.g. the first pass of a level whose
+    block holds the whole trace - decides nothing: it continues (inconclusive at the last
+    look), never stops for futility.
     """
     k = look - 1
     out = np.full(z.shape, -1, dtype=np.int64)
     if look == plan.looks:
         out[:] = 1
     else:
-        out[np.abs(z) < plan.stop[k]] = 1
+        out[np.abs(t_from_z(z, df)) < plan.stop[k]] = 1
     out[z <= -plan.drop[k]] = 0
     out[z >= plan.keep[k]] = 2
     if df is not None:
         out[np.broadcast_to(df < 1, out.shape)] = 1 if look == plan.looks else -1
     return out
+
+
+def t_from_z(z: FloatArray, df: FloatArray | None) -> FloatArray:
+    """The t statistic on ``df`` degrees of freedom with the same one-sided p-value as z
+    (the inverse of ``z_from_p`` applied to a t-test's p); z itself where ``df`` is None."""
+    if df is None:
+        return z
+    from scipy import special
+
+    d = np.broadcast_to(np.asarray(df, dtype=np.float64), z.shape)
+    t = special.stdtrit(np.maximum(d, 1e-9), special.ndtr(z))
+    return np.asarray(np.where(d >= 1, t, z), dtype=np.float64)
 
 
 _NAMES: dict[int, Decision] = {2: "keep", 0: "drop", 1: "inconclusive", -1: "continue"}
@@ -219,7 +240,8 @@ class Look:
                 f"(z={self.z:.2f}; keep at z >= {self.keep_boundary:.2f}, drop at z <= "
                 f"{-self.drop_boundary:.2f}")
         if self.look < self.looks and self.stop_boundary > 0:
-            text += f", stop inconclusive at |z| < {self.stop_boundary:.2f}"
+            text += (f", stop inconclusive at |t| < {self.stop_boundary:.2f}, "
+                     f"t={self.result.gating.t:.2f} on {self.result.gating.df:.0f} df")
         return text + ")"
 
 
