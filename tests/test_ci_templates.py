@@ -69,15 +69,34 @@ def test_the_gitlab_pipeline_passes_the_gitlab_ci_schema(tmp_path: Path) -> None
     assert _schema_check("vendor.gitlab-ci", tmp_path / ".gitlab-ci.yml").returncode != 0
 
 
-def test_workflows_pass_actionlint() -> None:
-    beside = Path(sys.executable).parent / "actionlint"  # a venv's, though not on PATH
-    actionlint = str(beside) if beside.is_file() else shutil.which("actionlint")
-    if actionlint is None:
-        pytest.skip("actionlint not installed (the test extra installs it on x86-64 Linux)")
+def _tool(name: str) -> str:
+    beside = Path(sys.executable).parent / name  # a venv's, though not on PATH
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} not installed (the test extra installs it on x86-64 Linux)")
+    return found
+
+
+def _actionlint(*workflows: Path) -> subprocess.CompletedProcess[str]:
+    """actionlint with shellcheck over the `run:` scripts (named, so none is skipped)."""
     config = TEMPLATES / "actionlint.yaml"  # the GPU runners' label
-    done = subprocess.run([actionlint, "-config-file", str(config), *map(str, WORKFLOWS)],
+    return subprocess.run([_tool("actionlint"), f"-shellcheck={_tool('shellcheck')}",
+                           "-config-file", str(config), *map(str, workflows)],
                           capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_workflows_pass_actionlint() -> None:
+    done = _actionlint(*WORKFLOWS)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint_checks_the_run_scripts(tmp_path: Path) -> None:
+    """A planted unquoted variable in a `run:` script is found: shellcheck really runs."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text("name: bad\non: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n"
+                   "    steps:\n      - run: cd $RESULTS_DIR\n")
+    done = _actionlint(bad)
+    assert done.returncode == 1 and "SC2086" in done.stdout, done.stdout + done.stderr
 
 
 # ---------------------------------------------------------------- what the templates call

@@ -90,6 +90,25 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
     embedded_al = embedded_accept_length(ids)
     summary = json.loads((res / "summary.json").read_text())
     verdicts = {v["candidate"]: v["verdict"] for v in summary["verdicts"]}
+    # Served at temperature 0.8, so the distribution check runs on every candidate (vLLM
+    # verifies drafts by rejection sampling on CPU too: lossless, nothing to catch) ...
+    gates = {(g["kind"], g["id"]): g for g in summary["gates"]}
+    for cand in ("tiny-drafter", "tiny-drafter-weak"):
+        dist = gates[("distribution", f"{cand}-vs-baseline")]
+        assert dist["outcome"] != "skip" and dist["evidence"] != "not_evaluable", dist
+    for v in summary["verdicts"]:
+        assert "sampled distribution" not in [u["check"] for u in v["unchecked"]], v
+    # ... and the speculation each condition ran is the one the pilot pinned, its acceptance
+    # counts agreeing with vLLM's own counters in every stretch.
+    fairness = [g for (kind, _), g in gates.items() if kind == "fairness"]
+    assert fairness
+    for g in fairness:
+        details = g["details"]
+        spec = details["speculation"]
+        assert spec and all(s["ran"] is not None for s in spec.values()), spec
+        assert not any("speculation" in d for d in details["differences"]), details
+        rec = details["reconciliation"]
+        assert rec and not [r for r in rec if r["mismatch"]], rec
     boots = {n: round(c["boot_s"], 1) for n, c in conditions.items()}
     print(f"\nvLLM CPU pilot: boots {boots}; accept length vLLM {vllm_al:.3f} vs embedded "
           f"{embedded_al:.3f}; verdicts {verdicts}")
