@@ -1,6 +1,7 @@
 """The Ray launcher on a local cluster of simulated nodes (ray.cluster_utils.Cluster), one
-shard per node, the fake SGLang server as the engine: shards stop together once the looks
-across them decide, and a node killed mid-run is named in a partial merge."""
+shard per node, the fake SGLang server (and the embedded engine) as the engine: shards stop
+together once the looks across them decide, and a node killed mid-run is named in a partial
+merge."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from pytest_osprey.__main__ import main
 from pytest_osprey.pilot import load_pilot
-from testkit.factories import write_pilot
+from testkit.factories import dump_pilot, pilot_variant, write_pilot
 from testkit.pilot_run import MARK, fake_sglang, kill_marked
 
 ray = pytest.importorskip("ray")
@@ -73,15 +74,25 @@ def test_shards_run_as_tasks_and_stop_together(cluster: Any, tmp_path: Path) -> 
                              _summary(tmp_path / "out")["verdicts"]) else 1)
 
 
-def test_a_node_killed_mid_run_is_named_and_no_verdict_claimed(cluster: Any,
-                                                               tmp_path: Path) -> None:
-    pilot = _pilot(tmp_path, early_stop=False, delay_s="0.15")
+def _embedded(folder: Path) -> Path:
+    """The shipped embedded pilot cut down (3 prompts, 2 passes, 8 tokens), run to the end."""
+    data = pilot_variant("cpu", "interleaved", 3, 2, 8)
+    data["decision"] = {**data.get("decision", {}), "early_stop": False}
+    return dump_pilot(folder / "pilot.yaml", data)
+
+
+@pytest.mark.parametrize("engine", ["fake-sglang", "embedded"])
+def test_a_node_killed_mid_run_is_named_and_no_verdict_claimed(cluster: Any, tmp_path: Path,
+                                                               engine: str) -> None:
+    # The embedded engine runs inside the shard's Ray worker: the node takes it down with it.
+    pilot = (_pilot(tmp_path, early_stop=False, delay_s="0.15") if engine == "fake-sglang"
+             else _embedded(tmp_path))
     started = time.time()
     node = cluster.list_all_nodes()[-1]
     killed: list[bool] = []
 
     def kill_when_measuring() -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # the embedded engine loads its models first
         while time.monotonic() < deadline:
             for f in Path("/tmp").glob("osprey-shard-*/shard-*/records.jsonl"):
                 if f.stat().st_mtime >= started and f.stat().st_size > 0:
