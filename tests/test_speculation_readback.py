@@ -38,6 +38,7 @@ from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.results.campaign_file import ScheduleEntry
+from pytest_osprey.results.records import RequestRecord
 from testkit.endpoint_pilot import sglang_routes, write_endpoint_pilot
 from testkit.factories import make_pilot, make_record, saved_campaign
 from testkit.fake_engine import sglang_events
@@ -193,6 +194,32 @@ def test_the_recorded_sglang_counters_reconcile_with_its_responses() -> None:
     assert {r.counter: (r.records, r.engine) for r in found} == {
         "verify_steps": (20, 20.0), "output_tokens": (64, 64.0)}
     assert not any(r.mismatch for r in found)
+
+
+def test_fillers_count_and_cancelled_ones_leave_the_engine_a_bound() -> None:
+    """A completed filler's steps are in the engine's count and in the sum; a filler cancelled
+    once the measured requests ended took steps no record reports, so there the engine may
+    exceed the records but never fall short; a failed measured request leaves its stretch
+    out."""
+    def rec(stretch: int, steps: int | None, *, filler: bool = False,
+            ok: bool = True) -> RequestRecord:  # fmt: skip
+        return make_record("cand", f"p{stretch}-{steps}-{filler}", stretch=stretch, ok=ok,
+                           filler=filler, spec_verify_ct=steps,
+                           output_ids=list(range(steps or 0)) if ok else None)
+
+    records = [rec(0, 5), rec(0, 7, filler=True),                   # all completed: 12
+               rec(1, 5), rec(1, None, filler=True, ok=False),      # a filler cancelled
+               rec(2, 5), rec(2, None, filler=True, ok=False),
+               rec(3, 5), rec(3, None, ok=False)]                   # a measured one failed
+    schedule = [entry(0, {"verify_steps": 0.0}, {"verify_steps": 12.0}),
+                entry(1, {"verify_steps": 12.0}, {"verify_steps": 20.0}),  # 8: 3 by the cancel
+                entry(2, {"verify_steps": 20.0}, {"verify_steps": 24.0}),  # 4 < 5: impossible
+                entry(3, {"verify_steps": 24.0}, {"verify_steps": 40.0})]
+    found = {r.stretch: r for r in reconcile(schedule, records) if r.counter == "verify_steps"}
+    assert set(found) == {0, 1, 2}
+    assert (found[0].records, found[0].exact, found[0].mismatch) == (12, True, False)
+    assert (found[1].records, found[1].exact, found[1].mismatch) == (5, False, False)
+    assert found[2].mismatch and "at least, with cancelled fillers" in found[2].text()
 
 
 def test_older_meta_info_names_give_the_per_position_counts() -> None:

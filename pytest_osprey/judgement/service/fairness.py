@@ -237,7 +237,8 @@ def judge_fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateRes
         res.differences += speculation_differences(name, facts, allowed)
         res.differences += depth_differences(name, facts, depths, allowed)
     res.ok = not res.differences
-    reconciled = reconcile(schedule, records)
+    # Every request sent, fillers included: the engine's counters count them as well.
+    reconciled = reconcile(schedule, [r for r in data.sent if r.condition in involved])
     # A count that disagrees with the engine's own says the records' acceptance figures are
     # not the engine's: flagged for the reader, not a difference between the conditions.
     res.flags += [f"acceptance not reconciled: {r.text()}" for r in reconciled if r.mismatch]
