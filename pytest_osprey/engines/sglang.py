@@ -254,6 +254,10 @@ class SGLangClient:
         top2 = top2_ids_of(tops) if margins is not None else None
         accepted = acceptance_from_histogram(
             meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram")))
+        # The totals beside the histogram (0.5.23 names; older ones where those are absent):
+        # the accepted count where no histogram came, checked against it where one did.
+        correct = meta.get("spec_num_correct_drafts", meta.get("spec_accepted_drafts"))
+        proposed = meta.get("spec_num_proposed_drafts", meta.get("spec_proposed_drafts"))
         prompt_tokens = meta.get("prompt_tokens")
         return GenerationResult(
             ok=True,
@@ -269,6 +273,8 @@ class SGLangClient:
             accept_length=accept,
             spec_drafts=accepted[0] if accepted else None,
             spec_accepted_per_position=accepted[1] if accepted else None,
+            spec_accepted=reported(correct),  # type: ignore[arg-type]  # records.checked
+            spec_proposed=reported(proposed),  # type: ignore[arg-type]
             finish_reason=finish_reason_of(finish),
         )
 

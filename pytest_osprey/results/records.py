@@ -48,6 +48,13 @@ class Measurement:
     spec_accepted_per_position: list[int] | None = None
     """Per draft position j: how many of those steps accepted the j-th drafted token, where
     the engine tells (j-th rate = accepted[j] / spec_drafts)."""
+    spec_accepted: int | None = None
+    """Accepted drafts in all, as the engine counts them beside its histogram (SGLang's
+    ``spec_num_correct_drafts``): the accepted count where no histogram came, checked against
+    the histogram's sum where one did (docs/acceptance.md)."""
+    spec_proposed: int | None = None
+    """Drafts proposed in all, as the engine counts them (SGLang's
+    ``spec_num_proposed_drafts``)."""
     finish_reason: str | None = None
 
     @classmethod
@@ -78,8 +85,9 @@ def _finite(value: Any) -> bool:
     return _number(value) and (isinstance(value, int) or math.isfinite(value))
 
 
+# Integers (a token id counts as one).
 _COUNTS = frozenset({"prompt_tokens", "spec_verify_ct", "spec_drafts", "output_ids",
-                     "spec_accepted_per_position"})  # integers (a token id counts as one)
+                     "spec_accepted_per_position", "spec_accepted", "spec_proposed"})
 
 
 def impossible_value(m: Measurement, max_new_tokens: int | None,
@@ -91,7 +99,7 @@ def impossible_value(m: Measurement, max_new_tokens: int | None,
     """
     # Non-finite or negative numbers first: every bound below compares numbers.
     for name in ("ttft_s", "e2e_s", "prompt_tokens", "spec_verify_ct", "accept_length",
-                 "spec_drafts"):
+                 "spec_drafts", "spec_accepted", "spec_proposed"):
         value = getattr(m, name)
         if value is None:
             continue
@@ -131,6 +139,10 @@ def impossible_value(m: Measurement, max_new_tokens: int | None,
         if drafts is not None and accepted > drafts:
             return impossible(f"spec_accepted_per_position[{k}]", accepted,
                               f"more than the {drafts} drafting steps")
+    if m.spec_accepted is not None and m.spec_proposed is not None \
+            and m.spec_accepted > m.spec_proposed:
+        return impossible("spec_accepted", m.spec_accepted,
+                          f"more than the {m.spec_proposed} drafts proposed")
     if accept_most and len(m.spec_accepted_per_position or ()) > accept_most - 1:
         return impossible("spec_accepted_per_position",
                           f"{len(m.spec_accepted_per_position or ())} positions",
