@@ -299,22 +299,6 @@ def test_endpoint_engine_reads_counters(tmp_path: Path) -> None:
         assert engine.spec_counters() == {"verify_steps": 7.0, "output_tokens": 9.0}
 
 
-def test_accept_length_pooled_and_per_request_from_known_counts() -> None:
-    """Two requests, known truth: 10 steps accepting 20 drafts (τ = 3) and 30 steps accepting
-    15 (τ = 1.5): pooled 1 + 35/40, per-request mean 2.25; a failed one and one without
-    per-position counts are left out."""
-    records = [make_record("cand", "p0", spec_drafts=10, spec_accepted_per_position=[8, 7, 5]),
-               make_record("cand", "p1", spec_drafts=30, spec_accepted_per_position=[10, 5, 0]),
-               make_record("cand", "p2", ok=False, spec_drafts=5,
-                           spec_accepted_per_position=[5, 5, 5]),
-               make_record("cand", "p3", spec_verify_ct=9)]
-    got = accept_length(records)
-    assert got is not None
-    assert (got.pooled, got.per_request_mean, got.requests, got.verify_steps) == (
-        pytest.approx(1 + 35 / 40), pytest.approx(2.25), 2, 40)
-    assert accept_length(records[2:]) is None
-
-
 def test_the_recorded_vllm_config_and_counters_reconcile() -> None:
     """Recorded: a real vLLM CPU 0.32 server, K = 4 drafted by the tiny drafter; two greedy
     requests' per-request stats against the /metrics counters' growth."""
@@ -332,9 +316,12 @@ def test_the_recorded_vllm_config_and_counters_reconcile() -> None:
     found = {r.counter: (r.records, r.engine) for r in reconcile([entry(0, before, after)],
                                                                  records)}
     assert found == {"verify_steps": (18, 18.0), "accepted": (50, 50.0)}
-    # The one definition: 1 + 50/18 pooled; vLLM's own per-request figure is τ_r itself.
+    # The one definition: 64 tokens / 18 steps pooled. vLLM's own per-request figure is
+    # 1 + accepted / steps: the stop cut 3 tokens from each last step, so it reads more.
     got = accept_length(records)
-    assert got is not None and got.pooled == pytest.approx(1 + 50 / 18)
-    assert [1 + sum(r.spec_accepted_per_position or []) / (r.spec_drafts or 1)
-            for r in records] == pytest.approx(
-        [r["accept_length"] for r in json.loads((rec / "results.json").read_text())])
+    assert got is not None and got.pooled == pytest.approx(64 / 18)
+    stated = [r["accept_length"] for r in json.loads((rec / "results.json").read_text())]
+    assert stated == pytest.approx([1 + 27 / 7, 1 + 23 / 11])
+    assert got.per_request_mean == pytest.approx((32 / 7 + 32 / 11) / 2)
+    assert [s - (r.output_tokens or 0) / (r.spec_verify_ct or 1)
+            for s, r in zip(stated, records, strict=True)] == pytest.approx([2 / 7, 2 / 11])

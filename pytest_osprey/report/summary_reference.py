@@ -53,7 +53,12 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "`mean`, `min`, `within` (share within +-5%), `achieved_rate` (requests/s)), "
         "`speculation` (condition -> `asked`, `ran`, `adaptive_allowed`), `depth_per_stretch` "
         "(`condition`, `boot`, `stretch`, `load`, `num_steps`, `num_draft_tokens`: the depths "
-        "seen), `reconciliation` (per stretch and counter: `records`, `engine`, `mismatch`), "
+        "seen; `mean_k`: draft tokens per verify step over the stretch, from vLLM's counters), "
+        "`reconciliation` (per stretch and counter: `records`, `engine`, `mismatch`), "
+        "`records_checked` (record checks made: each record's output tokens against its own "
+        "verify steps and accepted drafts, the engine's accepted total against its histogram), "
+        "`record_mismatches` (those that failed: `condition`, `prompt_id`, `load`, `mode`, "
+        "`boot`, `stretch`, `check`, `value`, `low`, `high`), "
         "`flags` (mismatches, shown without failing the gate)"),
     GateKind.GREEDY_IDENTITY: KindDoc(
         "genuine divergences <= threshold, and the near-tie rate per compared token not above "

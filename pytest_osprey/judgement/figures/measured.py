@@ -16,6 +16,7 @@ from ...pilot.schema import Pilot, level_label
 from ...results.folder import SavedCampaign, level_concurrency
 from ...results.records import RequestRecord
 from ..cost.pricing import busy_seconds, condition_cost
+from ..quality.acceptance import accept_length
 from ..quality.correctness import correctness_by_prompt
 from ..service.load import level_loads
 
@@ -160,20 +161,10 @@ def _p99(values: list[float]) -> float | None:
 
 
 def accept_lengths(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
-    """(pooled, per-request mean) accept length of completed requests: verify steps as
-    counted, or as implied by an engine-reported accept length."""
-    verified: list[tuple[int, float]] = []
-    for r in records:
-        if not r.ok or not r.output_tokens:
-            continue
-        if r.spec_verify_ct:
-            verified.append((r.output_tokens, float(r.spec_verify_ct)))
-        elif r.accept_length:
-            verified.append((r.output_tokens, r.output_tokens / r.accept_length))
-    if not verified:
-        return None, None
-    pooled = sum(t for t, _ in verified) / sum(v for _, v in verified)
-    return pooled, float(np.mean([t / v for t, v in verified]))
+    """(pooled, per-request mean) accept length of the completed requests, tokens per verify
+    step: :func:`judgement.quality.acceptance.accept_length`, the one definition."""
+    got = accept_length(records)
+    return (got.pooled, got.per_request_mean) if got is not None else (None, None)
 
 
 def figures_for(

@@ -17,7 +17,7 @@ variation from being flagged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,33 +76,35 @@ def per_position_acceptance(records: Iterable[RequestRecord]) -> list[float] | N
 
 @dataclass(frozen=True)
 class AcceptLength:
-    """Tokens per verify step, the bonus token included (docs/acceptance.md): ``pooled`` =
-    Σ(steps + accepted) / Σ steps (each step weighs the same), ``per_request_mean`` = the mean
-    of each request's 1 + accepted / steps (each request weighs the same)."""
+    """The reported accept length, tokens per verify step: all of a request's output tokens
+    (the prefill's included) over its verify steps (docs/acceptance.md). ``pooled`` =
+    Σ tokens / Σ steps (each step weighs the same), ``per_request_mean`` = the mean of each
+    request's tokens / steps (each request weighs the same: SGLang's ``spec_accept_length``,
+    the Osprey evaluation's mean(tokens / verify_ct))."""
 
     pooled: float
     per_request_mean: float
     requests: int
-    verify_steps: int
+    verify_steps: float
 
 
 def accept_length(records: Iterable[RequestRecord]) -> AcceptLength | None:
-    """The one definition, from the completed requests that report verify steps and accepted
-    drafts per position; None when none does. The prefill's token is no verify step's: an
-    engine's completion_tokens / verify steps (SGLang's spec_accept_length) may exceed it by
-    1 / steps per request."""
-    steps = accepted = 0
-    per: list[float] = []
+    """The one definition, from the completed requests with output tokens and verify steps
+    (``spec_verify_ct``; where an engine reported only its own accept length, the steps it
+    implies, tokens / accept length); None when none has them."""
+    verified: list[tuple[int, float]] = []
     for r in records:
-        acc = r.spec_accepted_per_position
-        if not r.ok or not r.spec_drafts or acc is None:
+        if not r.ok or not r.output_tokens:
             continue
-        steps += r.spec_drafts
-        accepted += sum(acc)
-        per.append(1 + sum(acc) / r.spec_drafts)
-    if not per:
+        if r.spec_verify_ct:
+            verified.append((r.output_tokens, float(r.spec_verify_ct)))
+        elif r.accept_length:
+            verified.append((r.output_tokens, r.output_tokens / r.accept_length))
+    if not verified:
         return None
-    return AcceptLength(1 + accepted / steps, sum(per) / len(per), len(per), steps)
+    steps = sum(v for _, v in verified)
+    return AcceptLength(sum(t for t, _ in verified) / steps,
+                        sum(t / v for t, v in verified) / len(verified), len(verified), steps)
 
 
 def _upper(k: int, n: int, alpha: float) -> float:
@@ -146,7 +148,7 @@ def _share(r: RequestRecord, counter: str) -> int | None:
     if counter == "output_tokens":
         return r.output_tokens
     acc = r.spec_accepted_per_position
-    return sum(acc) if acc is not None else None
+    return sum(acc) if acc is not None else r.spec_accepted
 
 
 @dataclass(frozen=True)
@@ -207,16 +209,124 @@ def reconcile(schedule: Iterable[Any], records: Iterable[RequestRecord]) -> list
     return out
 
 
+# ------------------------------------------------------------- each record against itself
+
+MAY_PROPOSE_NOTHING = frozenset({"ngram", "suffix"})
+"""Prompt-lookup drafters: a step whose lookup finds nothing drafts nothing, and vLLM counts
+no verify step for it, so a record's tokens have no upper bound from its own counts."""
+
+
+@dataclass(frozen=True)
+class RecordCheck:
+    """One record against itself (docs/acceptance.md): ``output_tokens`` within what its verify
+    steps and accepted drafts allow, or ``accepted`` (the engine's total) equal to its
+    histogram's sum."""
+
+    condition: str
+    prompt_id: str
+    load: str
+    mode: str
+    boot: int
+    stretch: int | None
+    check: str  # output_tokens | accepted
+    value: int
+    low: int
+    high: int | None  # None: no upper bound (MAY_PROPOSE_NOTHING)
+
+    @property
+    def mismatch(self) -> bool:
+        return self.value < self.low or (self.high is not None and self.value > self.high)
+
+    def text(self) -> str:
+        where = f", stretch {self.stretch}" if self.stretch is not None else ""
+        request = (f"{self.condition} request {self.prompt_id} (load {self.load!r}, {self.mode}, "
+                   f"boot {self.boot}{where})")
+        if self.check == "accepted":
+            return (f"{request}: {self.value} accepted drafts by the engine's total, "
+                    f"{self.low} by its histogram")
+        allowed = f"{self.low}-{self.high}" if self.high is not None else f">= {self.low}"
+        return (f"{request}: output_tokens {self.value}, its verify steps and accepted drafts "
+                f"allow {allowed}")
+
+
+def _counts(r: RequestRecord) -> tuple[int, int, int] | None:
+    """(accepted drafts, draft positions, steps those cover) of one record: its histogram, else
+    the engine's totals (positions: proposed per step, rounded up); None where neither."""
+    acc = r.spec_accepted_per_position
+    if acc is not None and r.spec_drafts is not None:
+        return sum(acc), len(acc), r.spec_drafts
+    steps, proposed = r.spec_verify_ct, r.spec_proposed
+    if r.spec_accepted is not None and steps and proposed:
+        return r.spec_accepted, -(-proposed // steps), steps
+    return None
+
+
+def self_checks(records: Iterable[RequestRecord],
+                open_ended: Iterable[str] = ()) -> list[RecordCheck]:
+    """Every completed record checked against itself where it carries the counts
+    (docs/acceptance.md). With s verify steps, A accepted drafts, k draft positions and d of
+    the steps in the histogram, output_tokens = s + A + p - c + u: p (0 or 1) the prefill's
+    token (SGLang and vLLM commit it outside every verify step; the embedded engine's first
+    verify step is its prefill), c (0..k) tokens a stop dropped from the last step, u
+    (0..(s - d) k) drafts accepted in steps the histogram leaves out. ``open_ended``: the
+    conditions whose drafter may propose nothing (MAY_PROPOSE_NOTHING), checked from below
+    only."""
+    unbounded = set(open_ended)
+    out = []
+    for r in records:
+        if not r.ok:
+            continue
+        at = (r.condition, r.prompt_id, r.load, r.mode, r.boot, r.stretch)
+        acc = r.spec_accepted_per_position
+        if acc is not None and r.spec_drafts is not None and r.spec_accepted is not None:
+            out.append(RecordCheck(*at, "accepted", r.spec_accepted, sum(acc), sum(acc)))
+        counts = _counts(r)
+        steps, tokens = r.spec_verify_ct, r.output_tokens
+        if counts is None or not steps or tokens is None or not counts[1]:
+            continue
+        accepted, k, covered = counts
+        high = None if r.condition in unbounded else \
+            steps + accepted + 1 + max(0, steps - covered) * k
+        out.append(RecordCheck(*at, "output_tokens", tokens, steps + accepted - k, high))
+    return out
+
+
+# ------------------------------------------------------------------------ depth per stretch
+
+K_TOLERANCE = 0.1
+"""Draft tokens per verify step a stretch's mean K may stray from the pilot's: a fixed K
+drafts exactly K per step, less only where the engine trims drafts (its token budget, the
+context's end); a K that varies with the batch size moves it by whole tokens."""
+
+
+def mean_k(before: Mapping[str, float] | None, after: Mapping[str, float]) -> float | None:
+    """Draft tokens per verify step between two snapshots (vLLM's ``draft_tokens`` and
+    ``verify_steps`` counters: K, the root not included); None where the engine does not
+    count draft tokens or nothing was verified."""
+    start = before or {}
+    if "draft_tokens" not in after or "verify_steps" not in after:
+        return None
+    steps = after["verify_steps"] - start.get("verify_steps", 0.0)
+    if steps <= 0:
+        return None
+    return (after["draft_tokens"] - start.get("draft_tokens", 0.0)) / steps
+
+
 def depth_per_stretch(schedule: Iterable[Any]) -> list[dict[str, Any]]:
-    """The active depth (SGLang's num_steps / num_draft_tokens gauges) at the start and end of
-    each stretch, where the engine exports it: K per stretch, for adaptive servers."""
+    """K per stretch, where the engine exports it: the active depth at the start and end of
+    each stretch (SGLang's num_steps / num_draft_tokens gauges), and the mean K over it from
+    the draft-token and verify-step counters (vLLM: ``mean_k``)."""
     out = []
     for entry in schedule:
         ends = [c for c in (entry.spec_counters, entry.spec_counters_end) if c]
         seen = {k: sorted({c[k] for c in ends if k in c}) for k in ("num_steps",
                                                                       "num_draft_tokens")}
-        if any(seen.values()):
+        row: dict[str, Any] = {k: v for k, v in seen.items() if v}
+        if entry.spec_counters_end and entry.stretch is not None:
+            k = mean_k(entry.spec_counters, entry.spec_counters_end)
+            if k is not None:
+                row["mean_k"] = k
+        if row:
             out.append({"condition": entry.condition, "boot": entry.boot,
-                        "stretch": entry.stretch, "load": entry.load,
-                        **{k: v for k, v in seen.items() if v}})
+                        "stretch": entry.stretch, "load": entry.load, **row})
     return out

@@ -18,7 +18,13 @@ from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
 from ..gates.result import GateResult
 from ..gates.spec import GateSpec
-from ..quality.acceptance import depth_per_stretch, reconcile
+from ..quality.acceptance import (
+    MAY_PROPOSE_NOTHING,
+    RecordCheck,
+    depth_per_stretch,
+    reconcile,
+    self_checks,
+)
 from .load import LevelLoad, drained, level_loads
 from .speculation import depth_differences, speculation_differences
 
@@ -215,6 +221,18 @@ def _prompt_sets(records: Sequence[RequestRecord], names: Sequence[str]) -> list
     return out
 
 
+RECORDS_NAMED = 5
+"""Records that disagree with themselves named in the flags; the rest are counted."""
+
+
+def _record_flags(wrong: Sequence[RecordCheck]) -> list[str]:
+    flags = [f"acceptance not reconciled: {c.text()}" for c in wrong[:RECORDS_NAMED]]
+    if len(wrong) > RECORDS_NAMED:
+        flags.append(f"acceptance not reconciled: {len(wrong) - RECORDS_NAMED} more record(s) "
+                     "disagree with their own counts (record_mismatches)")
+    return flags
+
+
 def judge_fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     """The fairness gate: the candidate and its references, compared as they ran."""
     involved = {spec.condition, *pilot.references(spec.condition)}
@@ -242,10 +260,17 @@ def judge_fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateRes
     # A count that disagrees with the engine's own says the records' acceptance figures are
     # not the engine's: flagged for the reader, not a difference between the conditions.
     res.flags += [f"acceptance not reconciled: {r.text()}" for r in reconciled if r.mismatch]
+    open_ended = [n for n, f in speculation.items()
+                  if str((f.get("ran") or {}).get("algorithm", "")).lower() in MAY_PROPOSE_NOTHING]
+    checks = self_checks(records, open_ended)
+    wrong = [c for c in checks if c.mismatch]
+    res.flags += _record_flags(wrong)
     return GateResult(spec, "pass" if res.ok else "fail", res.summary,
                       details={"differences": res.differences, "compared": res.compared,
                                "in_flight": [lv.as_dict() for lv in loads],
                                "speculation": speculation, "depth_per_stretch": depths,
                                "reconciliation": [asdict(r) | {"mismatch": r.mismatch}
                                                   for r in reconciled],
+                               "records_checked": len(checks),
+                               "record_mismatches": [asdict(c) for c in wrong],
                                "flags": res.flags})

@@ -7,13 +7,16 @@ terms), ``ran`` (what the server resolved, read back from it after the boot: SGL
 depth gauges (SGLang's ``sglang:spec_num_steps`` / ``spec_num_draft_tokens``) give the depth
 that ran per stretch. A setting that differs, or a depth that adapts without the pilot's
 ``speculation.adaptive: true``, is a fairness difference, named; with it, the depth is
-reported per stretch.
+reported per stretch. Where the engine counts draft tokens (vLLM), the mean K per stretch,
+draft tokens over verify steps, is compared with the pilot's num_draft_tokens the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from ..quality.acceptance import K_TOLERANCE
 
 SETTINGS = ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens")
 """The settings compared (a pilot that leaves one unset names no value to compare)."""
@@ -65,4 +68,9 @@ def depth_differences(condition: str, facts: Mapping[str, Any],
                 shown = "/".join(f"{v:g}" for v in seen)
                 out.append(f"{condition}: engine ran {name} {shown} in stretch {d['stretch']} "
                            f"(load {d.get('load')!r}), pilot says {want}")
+        k, want = d.get("mean_k"), asked.get("num_draft_tokens")
+        if isinstance(k, int | float) and want is not None and abs(k - want) > K_TOLERANCE:
+            out.append(f"{condition}: engine drafted {k:.2f} tokens per verify step in stretch "
+                       f"{d['stretch']} (load {d.get('load')!r}), pilot says "
+                       f"num_draft_tokens {want}")
     return out
