@@ -55,8 +55,8 @@ def sglang_parsed(meta: dict[str, Any]) -> RequestRecord:
         res = asyncio.run(SGLangClient(srv.url, "cand").generate(
             GenerationRequest("p", "hi", len(ids), want_margins=False)))
     assert res.ok, res.error
-    fields = {k: v for k, v in vars(res).items() if k not in ("ok",)}
-    return make_record("cand", meta["id"] if "id" in meta else "p0", stretch=0,
+    fields = {k: v for k, v in vars(res).items() if k != "ok"}
+    return make_record("cand", meta.get("id", "p0"), stretch=0,
                        output_tokens=len(res.output_ids), **fields)
 
 

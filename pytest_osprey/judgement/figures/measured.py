@@ -68,11 +68,12 @@ class Figures(BaseModel):
     """Median per-request throughput, output tokens / completion latency (tokens per
     second)."""
     accept_length_pooled: float | None
-    """Pooled accept length: all output tokens / all verify steps (tokens per step); null
-    without speculation (always for the baseline, whose steps each yield one token)."""
+    """Pooled accept length: all output tokens (the prefill's included) / all verify steps
+    (tokens per step; docs/acceptance.md); null without speculation (always for the baseline,
+    whose steps each yield one token)."""
     accept_length_mean: float | None
-    """Per-request accept length, tokens / verify steps, averaged over requests (tokens per
-    step); null as `accept_length_pooled`."""
+    """Per-request accept length, tokens / verify steps (SGLang's `spec_accept_length`),
+    averaged over requests (tokens per step); null as `accept_length_pooled`."""
     peak_memory_mb: float | None
     """The condition's memory figure over the whole campaign, not per level (MiB), what
     `memory_kind` says it holds (`conditions.NAME.peak_memory_mb`)."""

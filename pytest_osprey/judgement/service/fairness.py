@@ -256,13 +256,14 @@ def judge_fairness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateRes
         res.differences += depth_differences(name, facts, depths, allowed)
     res.ok = not res.differences
     # Every request sent, fillers included: the engine's counters count them as well.
-    reconciled = reconcile(schedule, [r for r in data.sent if r.condition in involved])
+    sent = [r for r in data.sent if r.condition in involved]
+    reconciled = reconcile(schedule, sent)
     # A count that disagrees with the engine's own says the records' acceptance figures are
     # not the engine's: flagged for the reader, not a difference between the conditions.
     res.flags += [f"acceptance not reconciled: {r.text()}" for r in reconciled if r.mismatch]
     open_ended = [n for n, f in speculation.items()
                   if str((f.get("ran") or {}).get("algorithm", "")).lower() in MAY_PROPOSE_NOTHING]
-    checks = self_checks(records, open_ended)
+    checks = self_checks(sent, open_ended)  # fillers that completed are records too
     wrong = [c for c in checks if c.mismatch]
     res.flags += _record_flags(wrong)
     return GateResult(spec, "pass" if res.ok else "fail", res.summary,
