@@ -169,11 +169,16 @@ def test_a_partial_merge_is_labelled_and_claims_no_verdict(shards: Path, tmp_pat
     assert "shard 2 of 2 missing" in (summary["partial"] or "")
     assert [s["status"] for s in summary["shards"]] == ["complete", "missing"]
     assert all(v["verdict"] == "INCONCLUSIVE" for v in summary["verdicts"])
-    assert merged.exit_code == 1
+    assert merged.exit_code == 2  # a partial campaign's code, as `report` gives it
     assert "shard 2" in (tmp_path / "m" / "report.md").read_text()
 
 
 def test_heterogeneous_shards_merge_when_allowed_and_say_so(shards: Path, tmp_path: Path) -> None:
+def test_a_partial_merge_exits_as_its_report_does(shards: Path, tmp_path: Path) -> None:
+    assert main(["merge", "--partial", str(tmp_path / "m"), str(shards / "s1")]) == 2
+    assert main(["report", str(tmp_path / "m")]) == 2
+
+
     other = _copy(shards / "s2", tmp_path / "hw", host__cpus=64)
     with pytest.raises(MergeError, match=r"host\.cpus"):
         merge_shards(tmp_path / "refused", [shards / "s1", other])
