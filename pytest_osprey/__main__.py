@@ -196,8 +196,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    """Pool shards into one judged folder: exit 0 every verdict KEEP, 1 otherwise (or a
-    partial merge), 4 refused."""
+    """Pool shards into one judged folder: exit 0 every verdict KEEP, 1 otherwise, 2 a
+    partial merge (no verdict), 4 refused."""
     from .merge import MergeError, merge_shards
     from .report.headline import headline
 

@@ -31,7 +31,7 @@ from .pilot.loading import load_pilot_text
 from .results import Preflight, SavedCampaign, read_preflight
 from .results.campaign_file import CampaignFile, ConditionRun, MergedShard, stopped_conditions
 from .results.records import RecordWriter
-from .run import EXIT_GATE_FAILED, EXIT_OK, PilotRun
+from .run import EXIT_GATE_FAILED, EXIT_INTERRUPTED, EXIT_OK, PilotRun
 from .run_folders import FolderError, fresh_results
 from .run_inputs import ReusedCampaign, UsageError, open_saved
 
@@ -58,12 +58,13 @@ class Merged:
 
     @property
     def exit_code(self) -> int:
-        """0 when every verdict is KEEP on complete data, else 1 (a partial merge claims
-        no verdict)."""
+        """0 when every verdict is KEEP on complete data, 2 for a partial merge (it claims
+        no verdict: the code ``report`` gives the same folder), else 1."""
+        if self.partial:
+            return EXIT_INTERRUPTED
         judged = self.run.judged
         keep = judged is not None and all(v.verdict == "KEEP" for v in judged.verdicts)
-        return EXIT_OK if keep and not self.partial and not self.run.write_error \
-            else EXIT_GATE_FAILED
+        return EXIT_OK if keep and not self.run.write_error else EXIT_GATE_FAILED
 
 
 @dataclass(frozen=True)

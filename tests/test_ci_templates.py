@@ -195,7 +195,7 @@ def test_the_shard_step_keeps_a_measured_shard_and_fails_one_that_did_not(
 
 
 @pytest.mark.parametrize("workflow", ["pilot", "rejudge"])
-@pytest.mark.parametrize(("merge_rc", "fails"), [(0, False), (1, True), (4, True)])
+@pytest.mark.parametrize(("merge_rc", "fails"), [(0, False), (1, True), (2, True), (4, True)])
 def test_the_judge_writes_the_summary_and_fails_on_drop_or_refusal(
         tmp_path: Path, workflow: str, merge_rc: int, fails: bool) -> None:
     path = PILOT_WF if workflow == "pilot" else REJUDGE_WF
@@ -214,6 +214,8 @@ def test_the_judge_writes_the_summary_and_fails_on_drop_or_refusal(
     assert rc == str(merge_rc)
     verdict = runner.bash(_step(job, "Verdict")["run"], RC=rc)
     assert (verdict != 0) == fails
+    if merge_rc == 2:  # a partial merge stays a partial campaign's code, as `report` gives it
+        assert verdict == 2
     assert runner.bash(_step(job, "Verdict")["run"], RC="") != 0  # the merge never ran
 
 
@@ -274,7 +276,7 @@ def test_the_gitlab_pipeline_shards_by_node_index_and_judges_without_a_gpu(
         assert got == want
     shards = [c[c.index("--shard") + 1] for c in runner.calls() if "run" in c]
     assert shards == [f"{k}/{shard['parallel']}" for k in (1, 2, 3)]
-    for merge_rc in (0, 1, 4):
+    for merge_rc in (0, 1, 2, 4):
         shutil.rmtree(tmp_path / "merged", ignore_errors=True)
         assert runner.bash("\n".join(judge["script"]), **env,
                            FAKE_MERGE_RC=str(merge_rc)) == merge_rc

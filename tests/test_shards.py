@@ -4,6 +4,7 @@ shard; merging refuses what does not belong together and judges the pooled recor
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -169,8 +170,13 @@ def test_a_partial_merge_is_labelled_and_claims_no_verdict(shards: Path, tmp_pat
     assert "shard 2 of 2 missing" in (summary["partial"] or "")
     assert [s["status"] for s in summary["shards"]] == ["complete", "missing"]
     assert all(v["verdict"] == "INCONCLUSIVE" for v in summary["verdicts"])
-    assert merged.exit_code == 1
+    assert merged.exit_code == 2  # a partial campaign's code, as `report` gives it
     assert "shard 2" in (tmp_path / "m" / "report.md").read_text()
+
+
+def test_a_partial_merge_exits_as_its_report_does(shards: Path, tmp_path: Path) -> None:
+    assert main(["merge", "--partial", str(tmp_path / "m"), str(shards / "s1")]) == 2
+    assert main(["report", str(tmp_path / "m")]) == 2
 
 
 def test_heterogeneous_shards_merge_when_allowed_and_say_so(shards: Path, tmp_path: Path) -> None:
@@ -225,3 +231,45 @@ def test_the_pytest_option_runs_a_shard(tmp_path: Path) -> None:
     assert meta["shard"] == {**meta["shard"], "index": 2, "count": 2, "passes": [1]}
     assert {r["repetition"] for r in _records(tmp_path / "s2") if r["mode"] == "greedy"} == {1}
     assert bad.returncode == 4 and "expected K/N" in bad.stderr
+
+
+def _plant(src: Path, dst: Path, speedup: float, **changes: Any) -> Path:
+    """A copy of a shard whose measured latencies give the candidate ``speedup`` against the
+    baseline: each prompt's own latency, and a pass-to-pass wobble of the ratio (+-5% in log,
+    cancelling over the shard's two passes)."""
+    _copy(src, dst, **changes)
+    rows = _records(dst)
+    passes = sorted({r["repetition"] for r in rows if r["mode"] == "greedy"})
+    for r in rows:
+        if r["mode"] != "greedy" or r["filler"] or r["e2e_s"] is None:
+            continue
+        base = 0.5 + 0.1 * (sum(map(ord, r["prompt_id"])) % 7)  # the prompt's own latency
+        wobble = 0.05 if passes.index(r["repetition"]) % 2 == 0 else -0.05
+        r["e2e_s"] = base if r["condition"] == "baseline" else \
+            base / (speedup * math.exp(wobble))
+    (dst / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dst
+
+
+def test_each_machine_reports_its_own_speedup(shards: Path, tmp_path: Path) -> None:
+    """A machine x drafter interaction: the drafter gains 1.31x on one box and 1.12x on the
+    other; the merged campaign reports each as planted (the gates still pool both)."""
+    s1 = _plant(shards / "s1", tmp_path / "p1", 1.31)
+    s2 = _plant(shards / "s2", tmp_path / "p2", 1.12, host__cpus=64)
+    merge_shards(tmp_path / "m", [s1, s2], heterogeneous=True)
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    got = [s["speedup"] for s in summary["shards"]]
+    assert [set(g) for g in got] == [{"cand"}, {"cand"}]
+    assert got[0]["cand"] == pytest.approx(1.31, rel=1e-6)
+    assert got[1]["cand"] == pytest.approx(1.12, rel=1e-6)
+    report = (tmp_path / "m" / "report.md").read_text()
+    assert "machine speedups: shard 1 1.31x, shard 2 1.12x" in report
+    # Homogeneous shards: the figures are still in summary.json, the line stays short.
+    merge_shards(tmp_path / "same", [s1, _plant(shards / "s2", tmp_path / "q2", 1.12)])
+    same = json.loads((tmp_path / "same" / "summary.json").read_text())
+    assert [s["speedup"]["cand"] for s in same["shards"]] == pytest.approx([1.31, 1.12])
+    assert "machine speedups" not in (tmp_path / "same" / "report.md").read_text()
+    # A missing shard has no pair: null.
+    merge_shards(tmp_path / "part", [s1], partial=True)
+    part = json.loads((tmp_path / "part" / "summary.json").read_text())
+    assert [s["speedup"]["cand"] for s in part["shards"]][1] is None

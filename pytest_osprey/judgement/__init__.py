@@ -33,7 +33,7 @@ from .quality.acceptance import per_position_acceptance
 from .quality.distribution import END, records_to_samples
 from .quality.gates import sampling_budget_problem
 from .service.goodput import GoodputRow, GoodputSection, goodput_section
-from .speed.gate import look_at
+from .speed.gate import look_at, machine_speedups
 from .speed.stability import BlockDrift, BlockLoad, Stability, stability
 from .verdict.diagnosis import Diagnosis, Reason, Speed, diagnose_all
 from .verdict.judge import Judgement, judge
@@ -47,7 +47,7 @@ __all__ = [
     "GoodputSection", "HistoryError", "Judgement", "Outcome", "Previous", "Reason", "Speed",
     "Stability", "Verdict", "all_domain_rows", "all_figures", "compare", "cost_summary",
     "diagnose_all", "evaluate", "goodput_section", "held_out_overlaps", "judge", "look_at",
-    "open_previous",
+    "machine_speedups", "open_previous",
     "per_position_acceptance", "plan_gates", "records_to_samples", "sampling_budget_problem",
     "stability", "withhold",
 ]

@@ -352,4 +352,23 @@ def shards_line(summary: Mapping[str, Any]) -> str | None:
     line = f"Merged from {len(shards)} shards: " + "; ".join(parts)
     if summary.get("merge_note"):
         line += f". {summary['merge_note']} (each machine a stratum of its own passes)"
+        speeds = machine_speeds(shards)
+        if speeds:
+            line += f"; machine speedups: {speeds}"
     return line
+
+
+def machine_speeds(shards: list[Mapping[str, Any]]) -> str | None:
+    """Each shard's own speedup per candidate, in words ("shard 1 1.31x, shard 2 1.12x";
+    the candidate named first when there are several); None when no shard has one."""
+    names = list(dict.fromkeys(c for s in shards for c in (s.get("speedup") or {})))
+    if not names:
+        return None
+
+    def cell(s: Mapping[str, Any], name: str) -> str:
+        value = (s.get("speedup") or {}).get(name)
+        return f"shard {s['index']} " + ("n/a" if value is None else f"{value:.2f}x")
+
+    parts = [(f"{name} " if len(names) > 1 else "")
+             + ", ".join(cell(s, name) for s in shards) for name in names]
+    return "; ".join(parts)

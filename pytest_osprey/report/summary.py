@@ -17,6 +17,7 @@ from ..judgement import (
     diagnose_all,
     goodput_section,
     held_out_overlaps,
+    machine_speedups,
     per_position_acceptance,
     stability,
 )
@@ -49,6 +50,7 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                                     if cell[1] is not None else None})
                if (cell := speedups.get((f.condition, f.load))) is not None else f
                for f in judgement.figures]
+    per_machine = machine_speedups(pilot, data, [v.candidate for v in judgement.verdicts])
     summary = Summary.model_validate({
         "schema": SUMMARY_SCHEMA,
         "run_id": meta.run_id,
@@ -89,8 +91,9 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                                    held_out_overlaps(judgement.results.values())),
         "acceptance_by_position": acceptance,
         "shards": [{"index": m.index, "status": m.status, "node": m.node, "passes": m.passes,
-                    "greedy_requests": m.greedy_requests, "note": m.note}
-                   for m in meta.merged],
+                    "greedy_requests": m.greedy_requests, "note": m.note,
+                    "speedup": per_machine[i] if i < len(per_machine) else {}}
+                   for i, m in enumerate(meta.merged)],
         "merge_note": meta.merge_note,
     })
     return summary.model_dump(by_alias=True)

@@ -367,6 +367,11 @@ class ShardEntry(_Sheet):
     """Measured (greedy) requests it recorded."""
     note: str | None = None
     """Why it is not complete (a dead worker, an interrupt, a folder not given)."""
+    speedup: dict[str, float | None] = Field(default_factory=dict)
+    """Candidate -> its speedup against the baseline at the primary load on this machine
+    alone: the geometric mean over prompts of baseline / candidate latency on the shard's
+    records (ratio; > 1 faster), descriptive, not a gate (the gates pool every shard, each
+    machine a stratum); null where the shard has no pair."""
 
 
 class Rejudged(_Sheet):

@@ -131,6 +131,42 @@ def machines_of(data: SavedCampaign) -> IntArray | None:
     return np.arange(plan.passes, dtype=np.int64) % shards
 
 
+def machine_speedups(pilot: Pilot, data: SavedCampaign,
+                     candidates: list[str]) -> list[dict[str, float | None]]:
+    """A merged campaign's speedup of each candidate against the baseline at the primary
+    load on each machine (shard, in order) alone: the geometric mean over prompts of
+    baseline / candidate latency, each prompt's pairs on that machine pooled by their mean
+    log ratio. Descriptive (how far the machines disagree), not a gate; None where a machine
+    has no pair. ``[]`` for a one-machine campaign."""
+    machines = machines_of(data)
+    if machines is None:
+        return []
+    out: list[dict[str, float | None]] = [{} for _ in data.meta.merged]
+    for cand in candidates:
+        try:
+            pair = paired(data, pilot.baseline, cand, pilot.primary_load)
+        except SpeedError:
+            pair = None
+        for m, row in enumerate(out):
+            row[cand] = _speedup_on(pair, machines, m)
+    return out
+
+
+def _speedup_on(pair: PairedLatencies | None, machines: IntArray, m: int) -> float | None:
+    if pair is None:
+        return None
+    on = machines[: pair.reference.shape[1]] == m
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.log(pair.reference[:, on, :]) - np.log(pair.candidate[:, on, :])
+    ratio = ratio.reshape(-1, ratio.shape[-1])  # (cells, prompts)
+    seen = np.isfinite(ratio)
+    counts = seen.sum(axis=0)
+    if not (counts > 0).any():
+        return None
+    per_prompt = np.where(seen, ratio, 0.0).sum(axis=0)[counts > 0] / counts[counts > 0]
+    return float(np.exp(per_prompt.mean()))
+
+
 def threshold_for(pilot: Pilot, reference: str) -> float:
     return pilot.limits.speedup_min if reference == pilot.baseline else 1.0
 
