@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.transformers import MAX_BATCH, TransformersEngine
 from testkit.tiny_models import drafted_pilot
 
 pytest.importorskip("torch")
@@ -33,6 +33,8 @@ def test_top_k_min_p_and_ignore_eos_are_honoured(tmp_path: Path) -> None:
     try:
         for engine in engines.values():
             engine.start()
+            # Its batch's cap, where the fairness gate reads every engine's running cap.
+            assert engine.fingerprint()["max_running_requests"] == MAX_BATCH
         greedy = gen(engines["baseline"])
         assert len(greedy) == N
         for name, engine in engines.items():

@@ -405,6 +405,9 @@ class TransformersEngine:
             "draft_loop": "engine" if self._drafter is not None else None,
             "batching": "continuous",
             "max_batch": MAX_BATCH,
+            # Read by the fairness gate as SGLang's and vLLM's caps are: above it, requests
+            # wait for a place in the batch, and a level asking more is not what ran.
+            "max_running_requests": MAX_BATCH,
             "load_seconds": self.load_seconds,
             "chat_template": template_digest(self._tokenizer),
             # A KV cache that grows with the batch: no fixed capacity to report.
