@@ -123,7 +123,8 @@ class Load(Strict):
         description="Load level -> prompts per block (default: the level's concurrency, at "
         "least 1; open loop: 8). Within a pass every condition replays each block as one short "
         "stretch, conditions in a counterbalanced order, so that noise shared in time hits "
-        "every condition alike; a block is the statistics' unit of independence",
+        "every condition alike; blocks are re-drawn every pass, and the statistics cluster "
+        "by prompt and by time unit (boot, pass, block)",
     )
     boots_per_condition: Annotated[int, Field(ge=1, le=20)] = 1
     """Boots of each condition; the boots of all conditions alternate in time. With 1, a

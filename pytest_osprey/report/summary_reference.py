@@ -171,7 +171,8 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "upper confidence bound of the percentile <= threshold; fail when the lower bound is "
         "above it",
         "observed percentile of the limit's metric (seconds); CI: [estimate, upper bound], "
-        "the prompt's block as the unit (Korn-Graubard clustered Clopper-Pearson)",
+        "clustered two ways, by prompt and by time unit (boot, pass, block): Korn-Graubard "
+        "clustered Clopper-Pearson",
         "the limit's `max_s` (seconds)",
         "`units` (independent units), `effective_n`, `lower` (lower bound, seconds), `metric` and "
         "`percentile` (the limit's)"),

@@ -89,7 +89,9 @@ class CrossoverEntry(_Sheet):
     tested levels, never extrapolated beyond them; the point is where the weighted monotone
     fit of the levels' estimates crosses the threshold, the interval inverts the test of
     "speedup = threshold" along the interpolated curve, counting the part of neighbouring
-    levels' errors they share (same prompts and boots: 1 - the speed gate's time share)."""
+    levels' errors they share: the stable prompt-to-prompt part and the between-boot part of
+    each level's variance (they replay the same prompts in the same boots); noise shared in
+    time is each level's own (docs/crossover.md)."""
 
     status: Literal["crosses", "pays_everywhere", "pays_nowhere", "not_estimable"]
     """`crosses`: it falls to the threshold within the tested range; `pays_everywhere`: it

@@ -1,4 +1,4 @@
-"""Confidence bounds on a latency percentile with the prompt (or block) as the unit.
+"""Confidence bounds on a latency percentile, clustered by prompt and by time unit.
 
 The population is the trace's kind of prompts, each replayed a few times: the percentile is
 that of a request drawn by first drawing a prompt, then one of its runs. Repetitions of a
