@@ -19,6 +19,17 @@ Measured on the shared 2-core machine (16 prompts x 16 tokens, 2 passes, 514 s; 
 Crossover (threshold 1.2x): "pays_nowhere", monotone fit 1.18, 1.00, 0.98, 0.56, 95% CI of the
 crossing [<= x1, x2.5]: the speedup falls with concurrency, and already at x1 it is not shown
 to clear 1.2x on 16 prompts; verdict DROP.
+
+Again on a quieter machine (191 s; load average 2.9 before, 3.9 after; the futility rule on the
+t scale, the narrowed weak drafter's build):
+
+    c1 1.344 [1.178, 1.533] df 15    in flight 1.00 / 1.00
+    c2 1.001 [0.829, 1.209] df 15    in flight 2.00 / 2.00
+    c4 0.861 [0.615, 1.204] df 7     in flight 4.00 / 3.99
+    c8 0.831 [0.277, 2.492] df 3     in flight 8.00 / 8.00
+
+Crossover: "speculation pays up to about x1.3 [<=1, 2.2] (95% CI of where its speedup falls to
+1.2x)", status crosses; verdict INCONCLUSIVE (at the primary c8 the interval spans 1.2x).
 """
 
 from __future__ import annotations
