@@ -56,6 +56,10 @@ class Measurement:
     """Drafts proposed in all, as the engine counts them (SGLang's
     ``spec_num_proposed_drafts``)."""
     finish_reason: str | None = None
+    spec_step_accepts: list[int] | None = None
+    """Per verify step, in order, how many drafted tokens it accepted, where the engine tells
+    (the embedded engine does). The output's positions follow from it: the first token (the
+    prefill's), then per step its accepted drafts and the one token the step adds (bonus)."""
 
     @classmethod
     def failure(cls, error: str, **kw: Any) -> Measurement:
