@@ -283,6 +283,9 @@ def _trace_build(args: argparse.Namespace) -> int:
     except (BuildError, SourceError, RedactionError) as exc:
         _say(f"error: {exc}", err=True)
         return EXIT_USAGE
+    except MemoryError:
+        _say("error: out of memory reading the sources; split them or give fewer", err=True)
+        return EXIT_USAGE
     for line in summary_lines(built):
         _say(line)
     return 0
@@ -296,7 +299,7 @@ def _share(text: str) -> float:
 
 
 def _trace_arguments(parser: argparse.ArgumentParser) -> None:
-    from .trace_build import FORMATS, PATTERNS
+    from .trace_build import FORMATS, GROUPS
 
     sub = parser.add_subparsers(dest="trace_command", required=True, metavar="COMMAND")
     b = sub.add_parser("build", help="A trace from request logs, conversation dumps, prompt "
@@ -337,8 +340,8 @@ def _trace_arguments(parser: argparse.ArgumentParser) -> None:
                    help="Cap on a budget taken from a completion (default 1024)")
     b.add_argument("--near-duplicate", type=_share, default=0.8, metavar="J",
                    help="Word-set Jaccard from which two prompts count once (default 0.8)")
-    b.add_argument("--redact", default=",".join(PATTERNS), metavar="A,B",
-                   help=f"Built-in patterns to mask ({', '.join(PATTERNS)}; default all; none)")
+    b.add_argument("--redact", default=",".join(GROUPS), metavar="A,B",
+                   help=f"Built-in patterns to mask ({', '.join(GROUPS)}; default all; none)")
     b.add_argument("--redact-hook", metavar="MODULE:FUNCTION",
                    help="A callable str -> str run on every text first")
     b.add_argument("--force", action="store_true", help="Replace an existing trace")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .build import BuildError, BuildOptions, Built, build, summary_lines
 from .readers import FORMATS, Fields, SourceError
-from .redaction import PATTERNS, RedactionError, Redactor, load_hook
+from .redaction import GROUPS, PATTERNS, RedactionError, Redactor, load_hook
 
-__all__ = ["FORMATS", "PATTERNS", "BuildError", "BuildOptions", "Built", "Fields",
+__all__ = ["FORMATS", "GROUPS", "PATTERNS", "BuildError", "BuildOptions", "Built", "Fields",
            "RedactionError", "Redactor", "SourceError", "build", "load_hook", "summary_lines"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import regex
 
 from ..pilot.trace import (
     MAX_NAME_LENGTH,
@@ -43,10 +45,31 @@ CORE = "core"
 QUANTILES = (5, 25, 50, 75, 95)
 #: Dropped records named per reason in the summary.
 SHOWN_DROPS = 5
+#: The longest one --domain-rule or --unusual-rule may take on one prompt: a pattern that
+#: backtracks without end is stopped and named, not waited on.
+RULE_SECONDS = 1.0
 
 
 class BuildError(ValueError):
     """The build cannot go on; the message is one line naming what is wrong."""
+
+
+class Rule:
+    """A user's pattern (``re`` syntax), searched with a time bound per text."""
+
+    def __init__(self, pattern: str, flag: str) -> None:
+        self.pattern, self.flag = pattern, flag
+        try:
+            self.compiled = regex.compile(pattern)
+        except (regex.error, re.error) as exc:
+            raise BuildError(f"{flag} {pattern!r}: does not compile: {exc}") from None
+
+    def search(self, text: str) -> bool:
+        try:
+            return self.compiled.search(text, timeout=RULE_SECONDS) is not None
+        except TimeoutError:
+            raise BuildError(f"{self.flag} {self.pattern!r}: took over {RULE_SECONDS:g} s on "
+                             "one prompt (a pattern that backtracks); simplify it") from None
 
 
 @dataclass
@@ -57,11 +80,11 @@ class BuildOptions:
     seed: int = 0
     fmt: str = "auto"
     fields: Fields = field(default_factory=Fields)
-    domain_rules: list[tuple[str, re.Pattern[str]]] = field(default_factory=list)
+    domain_rules: list[tuple[str, Rule]] = field(default_factory=list)
     """(domain, pattern): the first whose pattern the prompt's text matches names it."""
     default_domain: str = "general"
     unusual_domains: list[str] = field(default_factory=list)
-    unusual_rule: re.Pattern[str] | None = None
+    unusual_rule: Rule | None = None
     unusual_share: float | None = None
     tokenizer: str | None = None
     max_new_tokens_cap: int = 1024
@@ -77,7 +100,7 @@ class Built:
     summary: dict[str, Any]
 
 
-def parse_rule(text: str) -> tuple[str, re.Pattern[str]]:
+def parse_rule(text: str) -> tuple[str, Rule]:
     """``DOMAIN=REGEX`` as given to ``--domain-rule``."""
     domain, sep, pattern = text.partition("=")
     if not sep or not domain.strip() or not pattern:
@@ -85,11 +108,8 @@ def parse_rule(text: str) -> tuple[str, re.Pattern[str]]:
     return domain.strip(), compile_pattern(pattern, "--domain-rule")
 
 
-def compile_pattern(pattern: str, flag: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise BuildError(f"{flag} {pattern!r}: does not compile: {exc}") from None
+def compile_pattern(pattern: str, flag: str) -> Rule:
+    return Rule(pattern, flag)
 
 
 def _counter(tokenizer: str | None) -> Callable[[str], int]:
@@ -120,11 +140,32 @@ def _redact(rec: Record, redact: Redactor) -> None:
         rec.prompt = redact(rec.prompt)
     for m in rec.messages or ():
         m["content"] = redact(m["content"])
+    if rec.domain is not None:  # a domain field may hold an address: it names ids too
+        rec.domain = redact(rec.domain)
+    # A reference masked would make a check no output can pass ("contains <EMAIL>"): it is
+    # dropped, and counted, instead.
     if rec.reference is not None:
-        rec.reference = redact(rec.reference)
+        masked = redact(rec.reference)
+        if masked != rec.reference:
+            rec.reference, rec.expect_redacted = None, True
     if rec.expect is not None:
-        rec.expect = {k: redact(v) if isinstance(v, str) and k != "type" else v
-                      for k, v in rec.expect.items()}
+        masked_expect = {k: redact(v) if isinstance(v, str) and k != "type" else v
+                         for k, v in rec.expect.items()}
+        if masked_expect != rec.expect:
+            rec.expect, rec.expect_redacted = None, True
+
+
+def _check_paths(opts: BuildOptions, summary_path: Path) -> None:
+    """Outputs that are not directories, never an input, and replaced only with force."""
+    sources = {os.path.realpath(p) for p in opts.sources}
+    for path in (opts.out, summary_path):
+        if os.path.realpath(path) in sources:
+            raise BuildError(f"--out {opts.out}: {path} is one of the sources; the trace never "
+                             "replaces its input")
+        if path.exists() and not path.is_file():
+            raise BuildError(f"--out {opts.out}: {path} is not a regular file")
+        if path.exists() and not opts.force:
+            raise BuildError(f"{path}: already exists; give --force to replace it")
 
 
 def _domain(rec: Record, opts: BuildOptions) -> str:
@@ -185,10 +226,10 @@ def build(opts: BuildOptions) -> Built:
         raise BuildError(f"--default-domain {opts.default_domain!r}: a non-empty name without "
                          f"surrounding or repeated whitespace, at most {MAX_NAME_LENGTH} "
                          "characters")
+    if not opts.out.name or opts.out.name in (".", "..") or opts.out.is_dir():
+        raise BuildError(f"--out {opts.out}: is a directory; name the trace file to write")
     summary_path = opts.out.with_name(opts.out.stem + ".summary.json")
-    for path in (opts.out, summary_path):
-        if path.exists() and not opts.force:
-            raise BuildError(f"{path}: already exists; give --force to replace it")
+    _check_paths(opts, summary_path)
     count = _counter(opts.tokenizer)
     records, dropped, formats = read_sources(opts.sources, opts.fmt, opts.fields)
     read = len(records) + len(dropped)
@@ -235,11 +276,19 @@ def build(opts: BuildOptions) -> Built:
         inputs.append(count("\n".join([rec.prompt] if rec.prompt is not None else
                                       [m["content"] for m in rec.messages or ()])))
         # The server's own count (usage) is the target's tokenizer's; the estimate is not.
+        # With n > 1 choices, usage counts them all: the kept choice's own text is counted
+        # instead, or, without its text, the total divided by n (said in the summary).
         usage = rec.completion_tokens if opts.tokenizer is None or not rec.completion else None
+        per_choice = rec.choices > 1 and usage is not None
+        if per_choice and rec.completion:
+            usage = None
+        elif per_choice and usage is not None:
+            usage = max(1, round(usage / rec.choices))
         if rec.completion or usage:
             tokens = usage or count(rec.completion or "")
             line["max_new_tokens"] = min(tokens, opts.max_new_tokens_cap)
             budgets["capped" if tokens > opts.max_new_tokens_cap else
+                    "from usage / n" if usage and per_choice else
                     "from usage" if usage else "from completion"] += 1
         elif rec.max_new_tokens is not None:
             line["max_new_tokens"] = min(rec.max_new_tokens, opts.max_new_tokens_cap)
@@ -252,6 +301,8 @@ def build(opts: BuildOptions) -> Built:
         if expect is not None:
             line["expect"] = expect
             expects["carried" if rec.expect is not None else "from reference"] += 1
+        elif rec.expect_redacted:
+            expects["dropped: redacted"] += 1
         lines.append(json.dumps(line, ensure_ascii=False))
     text = "".join(ln + "\n" for ln in lines)
     total = len(pool)

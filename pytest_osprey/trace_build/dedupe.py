@@ -1,11 +1,23 @@
 """Near-duplicate collapse: prompts whose word sets are nearly the same count once.
 
 Two prompts are near-duplicates when the Jaccard similarity of their sets of words
-(lowercased, punctuation ignored) is at least the threshold: a word changed, added or
-dropped, or the same words in another order (a shuffled copy), all stay above it. Candidate
-pairs come from MinHash signatures banded for locality-sensitive hashing, so a pool of many
-thousand records is not compared pair by pair; every candidate pair is then checked exactly.
-The first record of each group (in source order) is kept.
+(normalised as :func:`inputs.words` does: NFKC, case, invisible characters; punctuation
+ignored) is at least the threshold: a word changed, added or dropped, or the same words in
+another order (a shuffled copy), all stay above it.
+
+Records are taken in source order; each is dropped as a copy of the first *kept* record it
+is within the threshold of, and kept otherwise. So every dropped record is within the
+threshold of the one it is counted with: a chain of small edits (A~B, B~C, A not ~C) keeps A
+and C, never collapses onto its first link.
+
+Candidates come from MinHash signatures (:data:`PERMUTATIONS` independent 64-bit hash
+functions: a stable word hash mixed with a per-function seed by the splitmix64 finaliser)
+split into bands for locality-sensitive hashing; the rows per band are chosen from the
+threshold so that a pair at the threshold is a candidate with probability at least
+:data:`RECALL` (higher above it), while pairs well below it, such as prompts that share a
+long template, rarely meet. Every candidate is then checked exactly, so nothing below the
+threshold is ever collapsed. Time is near-linear in the number of prompts
+(benchmarks/near_duplicates.py).
 """
 
 from __future__ import annotations
@@ -15,28 +27,73 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..preflight.held_out import words
+from .inputs import words
 
-_PRIME = (1 << 61) - 1
-PERMUTATIONS = 64
-BANDS = 32  # 2 rows a band: pairs from Jaccard 0.2 up are nearly always candidates
-
-
-def _word_hashes(tokens: set[str]) -> np.ndarray:
-    # A stable hash (Python's is salted per process).
-    return np.array([int.from_bytes(hashlib.blake2b(t.encode(), digest_size=7).digest(), "big")
-                     for t in tokens], dtype=np.uint64)
+PERMUTATIONS = 256
+#: A pair exactly at the threshold is a candidate at least this often.
+RECALL = 0.999
+#: Word hashes handled per block when signing (memory: block x PERMUTATIONS x 8 bytes).
+_BLOCK = 1 << 16
+_U = np.uint64
 
 
-def _signatures(sets: Sequence[set[str]]) -> np.ndarray:
-    rng = np.random.default_rng(0)  # fixed: a pool collapses alike whatever the sample's seed
-    a = rng.integers(1, 1 << 31, PERMUTATIONS, dtype=np.uint64)
-    b = rng.integers(0, 1 << 31, PERMUTATIONS, dtype=np.uint64)
-    out = np.zeros((len(sets), PERMUTATIONS), dtype=np.uint64)
-    for i, s in enumerate(sets):
-        if s:
-            h = _word_hashes(s)[:, None] % np.uint64(1 << 31)
-            out[i] = ((h * a + b) % np.uint64(_PRIME)).min(axis=0)
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection on 64-bit words whose outputs look independent."""
+    z = z + _U(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U(27))) * _U(0x94D049BB133111EB)
+    out: np.ndarray = z ^ (z >> _U(31))
+    return out
+
+
+def _word_hash(word: str) -> int:
+    # A stable hash (Python's is salted per process): the same pool collapses alike anywhere.
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "big")
+
+
+def bands_for(threshold: float) -> tuple[int, int]:
+    """(bands, rows per band): the most rows (fewest chance candidates) that still make a
+    pair at ``threshold`` a candidate with probability at least :data:`RECALL`."""
+    best = (PERMUTATIONS, 1)
+    for rows in range(1, 33):
+        bands = PERMUTATIONS // rows
+        if 1 - (1 - threshold ** rows) ** bands >= RECALL:
+            best = (bands, rows)
+    return best
+
+
+def signatures(sets: Sequence[set[str]]) -> np.ndarray:
+    """Each set's MinHash signature, (len(sets), PERMUTATIONS) uint64 (zeros for an empty
+    set)."""
+    seeds = _mix(np.arange(1, PERMUTATIONS + 1, dtype=_U) * _U(0xD1B54A32D192ED03))
+    vocab: dict[str, int] = {}
+    ids = [[vocab.setdefault(w, len(vocab)) for w in s] for s in sets]
+    hashes = np.fromiter((_word_hash(w) for w in vocab), dtype=_U, count=len(vocab))
+    out = np.zeros((len(sets), PERMUTATIONS), dtype=_U)
+    start = 0
+    while start < len(sets):
+        stop, total = start, 0
+        while stop < len(sets) and (total == 0 or total + len(ids[stop]) <= _BLOCK):
+            total += len(ids[stop])
+            stop += 1
+        members = [i for i in range(start, stop) if ids[i]]
+        if members:
+            flat = np.fromiter((w for i in members for w in ids[i]), dtype=np.int64, count=total)
+            offsets = np.cumsum([0] + [len(ids[i]) for i in members[:-1]])
+            values = _mix(hashes[flat][:, None] ^ seeds[None, :])
+            out[members] = np.minimum.reduceat(values, offsets, axis=0)
+        start = stop
+    return out
+
+
+def _band_keys(sigs: np.ndarray, bands: int, rows: int) -> list[list[int]]:
+    keys = np.empty((len(sigs), bands), dtype=_U)
+    for b in range(bands):
+        key = np.full(len(sigs), b, dtype=_U)
+        for r in range(b * rows, (b + 1) * rows):
+            key = _mix(key ^ sigs[:, r])
+        keys[:, b] = key
+    out: list[list[int]] = keys.tolist()
     return out
 
 
@@ -47,36 +104,29 @@ def jaccard(a: set[str], b: set[str]) -> float:
 
 
 def near_duplicates(texts: Sequence[str], threshold: float) -> dict[int, int]:
-    """Index of each text that duplicates an earlier one -> the index of the kept one."""
+    """Index of each text that duplicates an earlier kept one -> the index of that one
+    (within ``threshold`` of it)."""
     sets = [set(words(t)) for t in texts]
-    parent = list(range(len(texts)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    sigs = _signatures(sets)
-    rows = PERMUTATIONS // BANDS
-    for band in range(BANDS):
-        buckets: dict[bytes, list[int]] = {}
-        for i in range(len(texts)):
-            if sets[i]:
-                buckets.setdefault(sigs[i, band * rows:(band + 1) * rows].tobytes(), []).append(i)
-        for members in buckets.values():
-            kept: list[int] = []  # a bucket's distinct texts so far
-            for j in members:
-                for k in kept:
-                    if jaccard(sets[k], sets[j]) >= threshold:
-                        rk, rj = root(k), root(j)
-                        parent[max(rk, rj)] = min(rk, rj)
-                        break
-                else:
-                    kept.append(j)
-    # Exact copies of an empty word set (all punctuation) collapse too.
+    bands, rows = bands_for(threshold)
+    keys = _band_keys(signatures(sets), bands, rows)
+    buckets: list[dict[int, list[int]]] = [{} for _ in range(bands)]
+    found: dict[int, int] = {}
     empty: dict[str, int] = {}
-    for i, t in enumerate(texts):
-        if not sets[i]:
-            parent[i] = empty.setdefault(t.strip(), i)
-    return {i: root(i) for i in range(len(texts)) if root(i) != i}
+    for j, s in enumerate(sets):
+        if not s:  # all punctuation: exact copies collapse
+            first = empty.setdefault(texts[j].strip(), j)
+            if first != j:
+                found[j] = first
+            continue
+        candidates: set[int] = set()
+        for band, key in zip(buckets, keys[j], strict=True):
+            members = band.get(key)
+            if members:
+                candidates.update(members)
+        kept = next((k for k in sorted(candidates) if jaccard(sets[k], s) >= threshold), None)
+        if kept is not None:
+            found[j] = kept
+            continue
+        for band, key in zip(buckets, keys[j], strict=True):
+            band.setdefault(key, []).append(j)
+    return found

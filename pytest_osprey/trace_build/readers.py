@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .inputs import InputError, read_text
+
 FORMATS = ("auto", "openai", "sharegpt", "jsonl", "csv")
 
 # ShareGPT speakers -> chat roles.
@@ -25,6 +27,8 @@ _SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "as
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # A source file is read whole (the sample needs every record); a wrong file is caught first.
 MAX_SOURCE_BYTES = 2 * 2**30
+#: Characters one JSON record may hold, as parsed (a bigger one is refused).
+MAX_RECORD_CHARS = 64 * 2**20
 
 
 class SourceError(ValueError):
@@ -51,7 +55,12 @@ class Record:
     messages: list[dict[str, str]] | None = None
     completion: str | None = None
     completion_tokens: int | None = None
-    """The logged ``usage.completion_tokens``: the serving tokenizer's count."""
+    """The logged ``usage.completion_tokens``: the serving tokenizer's count, for all
+    ``choices`` together."""
+    choices: int = 1
+    """Completions the logged request asked for (``n``) or the response holds."""
+    expect_redacted: bool = False
+    """The reference answer or ``expect`` had personal data masked: no check is made."""
     domain: str | None = None
     reference: str | None = None
     expect: dict[str, Any] | None = None
@@ -175,6 +184,14 @@ def _openai(obj: Any, rec: Record, fields: Fields) -> None:
     if logged is None:
         messages, logged = _split_completion(messages)
     rec.messages, rec.completion = messages, logged
+    n = request.get("n")
+    for holder in (obj.get("response"), obj):
+        choices = holder.get("choices") if isinstance(holder, dict) else None
+        if isinstance(choices, list) and choices:
+            rec.choices = len(choices)
+            break
+    if isinstance(n, int) and not isinstance(n, bool) and n > rec.choices:
+        rec.choices = n
     for holder in (obj.get("response"), obj):
         usage = holder.get("usage") if isinstance(holder, dict) else None
         used = usage.get("completion_tokens") if isinstance(usage, dict) else None
@@ -248,21 +265,12 @@ def _common(obj: Any, rec: Record, fields: Fields) -> None:
 
 
 def _read_bytes(path: Path) -> str:
+    """The source as text: a regular file only (a FIFO or device is refused, not waited on),
+    decompressed when its first bytes say so, at most MAX_SOURCE_BYTES."""
     try:
-        if path.stat().st_size > MAX_SOURCE_BYTES:
-            raise SourceError(f"{path}: over {MAX_SOURCE_BYTES // 2**30} GiB; split it")
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise SourceError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise SourceError(f"{path}: is a directory, not a source file") from None
-    except OSError as exc:
-        raise SourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise SourceError(f"{path}:{line}: not valid UTF-8; save the file as UTF-8") from None
+        return read_text(path, MAX_SOURCE_BYTES)
+    except InputError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def detect(path: Path, text: str) -> str:
@@ -300,12 +308,20 @@ def _json_lines(path: Path, text: str) -> Iterator[tuple[int, Any]]:
 
 
 def _json_array(path: Path, text: str) -> Iterator[tuple[int, Any]]:
-    """Each element of a top-level JSON array, with the line it starts on."""
+    """Each element of a top-level JSON array, with the line it starts on (lines counted as
+    the array is walked: linear, a one-line array of a million elements included)."""
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
+    counted, line = 0, 1
+
+    def line_at(at: int) -> int:
+        nonlocal counted, line
+        line += text.count("\n", counted, at)
+        counted = at
+        return line
 
     def fail(at: int, msg: str) -> SourceError:
-        return SourceError(f"{path}:{text.count(chr(10), 0, at) + 1}: invalid JSON: {msg}")
+        return SourceError(f"{path}:{line_at(max(at, counted))}: invalid JSON: {msg}")
 
     def skip(at: int) -> int:
         while at < len(text) and text[at] in " \t\r\n":
@@ -322,7 +338,9 @@ def _json_array(path: Path, text: str) -> Iterator[tuple[int, Any]]:
             raise fail(exc.pos, exc.msg) from None
         except RecursionError:
             raise fail(pos, "nested too deeply") from None
-        yield text.count("\n", 0, pos) + 1, obj
+        if end - pos > MAX_RECORD_CHARS:
+            raise fail(pos, f"an element over {MAX_RECORD_CHARS // 2**20} MiB characters")
+        yield line_at(pos), obj
         pos = skip(end)
         if pos < len(text) and text[pos] == ",":
             pos = skip(pos + 1)
