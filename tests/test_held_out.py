@@ -4,9 +4,12 @@ and the per-domain rows carry them."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
+import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +211,236 @@ def test_the_per_domain_reports_mark_prompts_in_the_adaptation_data() -> None:
     assert "| chat | core | 4 |" in text and "may be inflated" in text
     html = html_domains({"domains": rows}, {})
     assert "(2 in adaptation data: code-02, code-04)" in html and html.count("adaptation") == 2
+
+
+# ----------------------------------------------------------------------- every format
+
+
+def _prompt(rng: random.Random, k: int) -> str:
+    """A multi-line prompt, code-like, with accented words (escaped in JSON with
+    ensure_ascii)."""
+    lines = [f"def step_{k}(x):", "    # " + sentence(rng, 10),
+             "Explique ce code, s'il te plaît, été " + sentence(rng, 12)]
+    return "\n".join(lines)
+
+
+def _copies(rng: random.Random) -> tuple[list[dict[str, Any]], dict[str, str], set[str]]:
+    """20 prompts planted (5 each verbatim, whitespace/case, one word changed, embedded in
+    more text) and 20 unrelated ones: the prompts, the planted texts by id, the planted ids."""
+    prompts = [{"id": f"p{i:02d}", "domain": "code", "prompt": _prompt(rng, i)}
+               for i in range(40)]
+    planted: dict[str, str] = {}
+    for i, p in enumerate(prompts[:20]):
+        text = p["prompt"]
+        kind = i % 4
+        if kind == 1:
+            text = "  ".join(text.upper().split(" ")).replace("\n", "\n\n  ")
+        elif kind == 2:
+            words_ = text.split(" ")
+            words_[len(words_) // 2] = "zzz"
+            text = " ".join(words_)
+        elif kind == 3:
+            text = sentence(rng, 30) + "\n" + text + "\n" + sentence(rng, 30)
+        planted[p["id"]] = text
+    return prompts, planted, set(planted)
+
+
+def _fill(rng: random.Random, n: int) -> list[str]:
+    return [sentence(rng, 30) + "\n" + sentence(rng, 20) for _ in range(n)]
+
+
+def _write_format(path: Path, fmt: str, texts: list[str]) -> Path:
+    if fmt == "txt":
+        path.write_text("\n\n".join(texts) + "\n", encoding="utf-8")
+    elif fmt == "csv":
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["id", "text", "answer"])
+            w.writerows([i, t, "ok"] for i, t in enumerate(texts))
+    elif fmt in ("json-pretty", "json-compact"):
+        rows = [{"text": t, "meta": {"n": i}} for i, t in enumerate(texts)]
+        path.write_text(json.dumps(rows, indent=2 if fmt == "json-pretty" else None),
+                        encoding="utf-8")
+    elif fmt == "sharegpt":
+        rows = [{"conversations": [{"from": "human", "value": t},
+                                   {"from": "gpt", "value": "Voilà."}]} for t in texts]
+        path.write_text(json.dumps(rows, indent=2), encoding="utf-8")  # \u00e9 escapes
+    elif fmt == "openai":
+        path.write_text("".join(json.dumps({
+            "request": {"messages": [{"role": "system", "content": "Be kind."},
+                                     {"role": "user", "content": t}]},
+            "response": {"choices": [{"message": {"role": "assistant", "content": "Sure"}}]}})
+            + "\n" for t in texts), encoding="utf-8")
+    else:
+        path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts),
+                        encoding="utf-8")
+    return path
+
+
+FORMATS = ("txt", "csv", "json-pretty", "json-compact", "sharegpt", "openai", "jsonl")
+SUFFIX = {"txt": ".txt", "csv": ".csv", "json-pretty": ".json", "json-compact": ".json",
+          "sharegpt": ".json", "openai": ".jsonl", "jsonl": ".jsonl"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_finds_every_planted_copy(tmp_path: Path, fmt: str) -> None:
+    """Multi-line prompts copied verbatim, with whitespace and case changed, with one word
+    changed and embedded in more text: 5 of 5 of each found in every format, and none of
+    20 unrelated prompts over the same words."""
+    rng = random.Random(hash(fmt) % 1000)
+    prompts, planted, ids = _copies(rng)
+    texts = _fill(rng, 200)
+    for k, text in enumerate(planted.values()):
+        texts.insert(7 + 9 * k, text)
+    data = _write_format(tmp_path / f"adapt{SUFFIX[fmt]}", fmt, texts)
+    found = scan(((p["id"], p["prompt"]) for p in prompts), data)
+    hits = {m.id for m in found.overlapping(0.5)}
+    assert hits == ids, (sorted(ids - hits), sorted(hits - ids))
+    verbatim = [f"p{i:02d}" for i in range(0, 20, 4)]
+    assert all(found.best[i].containment == 1.0 for i in verbatim)
+    assert all(m.containment < 0.5 for m in found.best.values() if m.id not in ids)
+
+
+def _jsonl_bytes(texts: list[str]) -> bytes:
+    return "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+
+
+@pytest.mark.parametrize("kind", ["gz", "gzip-named", "no-suffix-gz", "xz", "bz2", "zip",
+                                  "utf16-bom"])
+def test_compressed_and_utf16_data_read_by_content(tmp_path: Path, kind: str) -> None:
+    import bz2
+    import lzma
+    import zipfile
+
+    rng = random.Random(3)
+    prompts, planted, ids = _copies(rng)
+    raw = _jsonl_bytes([*_fill(rng, 50), *planted.values()])
+    name, data = {
+        "gz": ("a.jsonl.gz", gzip.compress(raw)), "gzip-named": ("a.gzip", gzip.compress(raw)),
+        "no-suffix-gz": ("a.jsonl", gzip.compress(raw)), "xz": ("a.xz", lzma.compress(raw)),
+        "bz2": ("a.bz2", bz2.compress(raw)), "zip": ("a.zip", b""),
+        "utf16-bom": ("a.jsonl", raw.decode().encode("utf-16"))}[kind]
+    path = tmp_path / name
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("inner.jsonl", raw)
+    else:
+        path.write_bytes(data)
+    found = scan(((p["id"], p["prompt"]) for p in prompts), path)
+    assert {m.id for m in found.overlapping(0.5)} == ids
+
+
+def _unreadable(tmp_path: Path, kind: str) -> Path:
+    rng = random.Random(4)
+    raw = _jsonl_bytes(_fill(rng, 30))
+    path = tmp_path / f"adapt-{kind}"
+    if kind == "truncated-gz":
+        path.write_bytes(gzip.compress(raw)[:-40])
+    elif kind == "zstd":
+        path.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(64)))
+    elif kind == "utf16-no-bom":
+        path.write_bytes(raw.decode().encode("utf-16-le"))
+    elif kind == "latin1":
+        path.write_bytes("Voil\xe0 un texte en latin-1, pas en UTF-8.\n".encode("latin-1"))
+    elif kind == "binary":
+        path.write_bytes(random.Random(5).randbytes(20_000))
+    elif kind == "token-ids":
+        path.write_text("".join(json.dumps({"input_ids": [rng.randrange(32000)
+                                                          for _ in range(60)]}) + "\n"
+                                for _ in range(50)), encoding="utf-8")
+    elif kind == "token-id-lines":
+        path.write_text("".join(" ".join(str(rng.randrange(32000)) for _ in range(60)) + "\n"
+                                for _ in range(50)), encoding="utf-8")
+    elif kind == "fifo":
+        path = tmp_path / "adapt.fifo"
+        os.mkfifo(path)
+    elif kind in ("dev-zero", "dev-urandom"):
+        path = Path("/dev/zero" if kind == "dev-zero" else "/dev/urandom")
+    elif kind == "folder-with-fifo":
+        path = tmp_path / "folder"
+        path.mkdir()
+        (path / "ok.jsonl").write_bytes(raw)
+        os.mkfifo(path / "pipe")
+    return path
+
+
+UNREADABLE = {"truncated-gz": "cannot decompress", "zstd": "zstd-compressed",
+              "utf16-no-bom": "binary data", "latin1": "not valid UTF-8",
+              "binary": "", "token-ids": "token ids", "token-id-lines": "token ids",
+              "fifo": "a FIFO, not a regular file", "dev-zero": "a device",
+              "dev-urandom": "a device", "folder-with-fifo": "pipe: a FIFO"}
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE))
+def test_unreadable_data_fails_the_check_naming_it(tmp_path: Path, kind: str) -> None:
+    """Data the check cannot read as text fails it, in one line naming the file: never
+    "none of N prompts appears"; a FIFO or a device is refused without being read."""
+    import threading
+
+    path = _unreadable(tmp_path, kind)
+    planted = {"trace": write_trace(tmp_path / "trace.jsonl", [
+        {"id": "p00", "domain": "chat", "prompt": sentence(random.Random(1))}]), "data": path}
+    result: list[Any] = []
+    worker = threading.Thread(target=lambda: result.append(
+        held_out_check(pilot_for(planted), "cand")), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert result, f"the check did not return on {kind}"
+    check = result[0]
+    assert check is not None and not check.ok
+    assert check.detail.startswith("adaptation data ") and "\n" not in check.detail
+    assert UNREADABLE[kind] in check.detail and "the trace was not checked" in check.detail
+
+
+def test_lookalike_copies_are_found(tmp_path: Path) -> None:
+    """Full-width letters, soft hyphens, zero-width characters and Cyrillic homoglyphs do not
+    hide a copy: both sides are normalised alike (NFKC, invisibles removed, lookalikes
+    read as Latin)."""
+    rng = random.Random(6)
+    prompts = [{"id": f"p{i}", "domain": "chat", "prompt": sentence(rng, 30)} for i in range(8)]
+    full = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in prompts[0]["prompt"])
+    soft = prompts[1]["prompt"].replace("a", "a\u00ad")
+    zero = prompts[2]["prompt"].replace("e", "e\u200b").replace(" ", " \u2060")
+    homo = prompts[3]["prompt"].translate(str.maketrans("aeopcx", "\u0430\u0435\u043e"
+                                                                  "\u0440\u0441\u0445"))
+    assert homo != prompts[3]["prompt"]
+    data = tmp_path / "adapt.jsonl"
+    data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n"
+                            for t in [*_fill(rng, 40), full, soft, zero, homo]),
+                    encoding="utf-8")
+    found = scan(((p["id"], p["prompt"]) for p in prompts), data)
+    assert {m.id for m in found.overlapping(0.5)} == {"p0", "p1", "p2", "p3"}
+    assert all(found.best[p].containment == 1.0 for p in ("p0", "p1", "p2", "p3"))
+
+
+def test_json_stream_across_chunk_boundaries() -> None:
+    """The streamed JSON reader gives the records and their lines exactly, however the text
+    is cut into chunks: a pretty-printed array, a one-line array, and values one after
+    another."""
+    from pytest_osprey.trace_build.inputs import InputError, json_values
+
+    rows = [{"text": f"r\u00e9cord {i} \"quoted\" \\ back", "n": [i, 1.5e3, None, True]}
+            for i in range(30)]
+    pretty = json.dumps(rows, indent=2)
+    starts = [n + 1 for n, line in enumerate(pretty.split("\n")) if line == "  {"]
+    for size in (1, 3, 7, 64, 10_000):
+        for text, lines_ in ((pretty, starts), (json.dumps(rows), [1] * 30),
+                             ("\n".join(json.dumps(r) for r in rows), list(range(1, 31))),
+                             ("  12 \n\n-3.5e2 [1] \"x\"", [1, 3, 3, 3])):
+            chunks = iter([text[i:i + size] for i in range(0, len(text), size)])
+            got = list(json_values(chunks, Path("d.json")))
+            if text.startswith("  12"):
+                assert [v for _, v in got] == [12, -350.0, [1], "x"]
+            else:
+                assert [v for _, v in got] == rows
+            assert [n for n, _ in got] == lines_
+    for bad, msg in (('[{"a": 1}\n {"b": 2}]', "d.json:2: invalid JSON: expected ','"),
+                     ('[{"a": 1},', "d.json:1: invalid JSON: the array is not closed"),
+                     ("[1] 2", "d.json:1: invalid JSON: extra data after the array"),
+                     ('{"a": tru}', "d.json:1: invalid JSON")):
+        with pytest.raises(InputError, match=re.escape(msg)):
+            list(json_values(iter([bad]), Path("d.json")))
+    with pytest.raises(InputError, match="a record over"):
+        big = "[" + json.dumps("x" * 5000) + "]"
+        list(json_values(iter([big[i:i + 64] for i in range(0, len(big), 64)]),
+                         Path("d.json"), limit=100))

@@ -442,3 +442,283 @@ def test_shipped_trace_rebuilt(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert summary["slices"] == {"core": 40, "unusual": 10}
     assert summary["expect"] == {"carried": 33} and summary["dropped"] == []
     assert summary["redacted"] == {}
+
+
+# ----------------------------------------------------------------------- near-duplicates: recall
+
+
+def _pair(rng: random.Random, vocab: list[str], size: int, changed: int) -> tuple[str, str]:
+    """Two texts of ``size`` distinct words with ``changed`` of them replaced: Jaccard
+    (size - changed) / (size + changed) exactly."""
+    words = rng.sample(vocab, size + changed)
+    a, b = words[:size], words[:size - changed] + words[size:]
+    rng.shuffle(b)
+    return " ".join(a), " ".join(b)
+
+
+def test_near_duplicate_recall_and_no_collapse_below() -> None:
+    """Planted pairs at a threshold of 0.82: at least 99% of pairs at J 0.835 collapse
+    (MinHash recall, then the exact check), none at J 0.786."""
+    from pytest_osprey.trace_build.dedupe import jaccard
+
+    rng = random.Random(12)
+    vocab = [f"w{i}" for i in range(50_000)]
+    texts: list[str] = []
+    close: dict[int, int] = {}
+    far: list[int] = []
+    for k in range(600):
+        a, b = _pair(rng, vocab, 100, 9 if k % 2 == 0 else 12)  # J 91/109, 88/112
+        texts += [a, b]
+        (close.__setitem__(len(texts) - 1, len(texts) - 2) if k % 2 == 0
+         else far.append(len(texts) - 1))
+    found = near_duplicates(texts, 0.82)
+    caught = {j: found[j] for j in close if j in found}
+    assert len(caught) >= 0.99 * len(close) and all(caught[j] == close[j] for j in caught)
+    assert len(close) == 300 and all(j not in found for j in far)
+    sets = [set(t.split()) for t in texts]
+    assert all(jaccard(sets[j], sets[k]) >= 0.82 for j, k in found.items())
+
+
+def test_one_word_edit_collapses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ("Write the {} for the finance team covering revenue, costs, headcount and the "
+            "forecast for next quarter, with a short summary at the top for executives")
+    rows = [{"prompt": base.format("report")}, {"prompt": base.format("monthly")}]
+    rows += [{"prompt": f"Unrelated question {i} about {t}"} for i, t in
+             enumerate(["birds", "cars", "tea", "maps"])]
+    src = jsonl(tmp_path / "src.jsonl", rows)
+    out = tmp_path / "t.jsonl"
+    code, _, err = build(capsys, src, "--out", out)
+    assert code == 0, err
+    assert len(load_trace([out]).prompts) == 5
+    assert summary_of(out)["dropped"][0]["first"] == [f"{src}:2 (of {src}:1)"]
+
+
+def test_chains_do_not_collapse_transitively() -> None:
+    """A chain of one-word edits: each record is dropped only as a copy of a kept record it
+    is within the threshold of, so links far from the first are kept."""
+    from pytest_osprey.trace_build.dedupe import jaccard
+
+    rng = random.Random(4)
+    words = [f"v{i}" for i in range(40)]
+    chain = [" ".join(words)]
+    for step in range(12):
+        words = list(words)
+        words[step] = f"edit{step}"
+        chain.append(" ".join(words))
+    found = near_duplicates(chain, 0.8)
+    sets = [set(t.split()) for t in chain]
+    assert found and all(jaccard(sets[j], sets[k]) >= 0.8 for j, k in found.items())
+    kept = [i for i in range(len(chain)) if i not in found]
+    assert len(kept) >= 3  # a transitive grouping would keep one
+    # Every record is either kept or within the threshold of a kept, earlier one.
+    assert all(found[j] in kept and found[j] < j for j in found)
+    rng.shuffle(chain)
+
+
+def test_templated_traffic_is_not_compared_pairwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 prompts sharing a 21-word instruction (J about 0.45 to each other): exact
+    comparisons stay near the number of prompts, not its square, and none collapses."""
+    from pytest_osprey.trace_build import dedupe
+
+    calls = [0]
+    exact = dedupe.jaccard
+
+    def counted(a: set[str], b: set[str]) -> float:
+        calls[0] += 1
+        return exact(a, b)
+
+    monkeypatch.setattr(dedupe, "jaccard", counted)
+    rng = random.Random(8)
+    vocab = [f"term{i}" for i in range(20_000)]
+    template = ("You are a support assistant for our company; answer the customer's "
+                "question below politely, briefly and only from the documents provided:")
+    texts = [template + " " + " ".join(rng.sample(vocab, 14)) for _ in range(3000)]
+    texts.append(texts[10] + " thanks")  # one real near-duplicate
+    found = dedupe.near_duplicates(texts, 0.8)
+    assert found == {3000: 10}
+    assert calls[0] < 3 * len(texts)
+
+
+# ----------------------------------------------------------------------- budgets, n > 1
+
+
+def test_budgets_from_the_chosen_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An n=2 log's usage counts both choices: the budget is the first choice's own length,
+    or, without its text, the total divided by n (said in the summary)."""
+    first = "word " * 100
+    src = jsonl(tmp_path / "logs.jsonl", [
+        {"request": {"n": 2, "messages": [{"role": "user", "content": "Write a poem."}]},
+         "response": {"choices": [{"message": {"role": "assistant", "content": first}},
+                                  {"message": {"role": "assistant", "content": first * 2}}],
+                      "usage": {"completion_tokens": 300}}},
+        {"request": {"n": 2, "messages": [{"role": "user", "content": "Write a story."}]},
+         "response": {"choices": [{"message": {"role": "assistant", "content": None}},
+                                  {"message": {"role": "assistant", "content": None}}],
+                      "usage": {"completion_tokens": 500}}},
+        {"request": {"messages": [{"role": "user", "content": "Write a song."}]},
+         "response": {"choices": [{"message": {"role": "assistant", "content": None}}],
+                      "usage": {"completion_tokens": 120}}}])
+    out = tmp_path / "t.jsonl"
+    code, stdout, err = build(capsys, src, "--out", out)
+    assert code == 0, err
+    budgets = {p.messages[-1]["content"]: p.max_new_tokens for p in load_trace([out]).prompts
+               if p.messages}
+    assert budgets == {"Write a poem.": estimate(first), "Write a story.": 250,
+                       "Write a song.": 120}
+    assert summary_of(out)["budgets"] == {"from completion": 1, "from usage / n": 1,
+                                          "from usage": 1}
+    assert "1 from usage / n" in stdout
+
+
+# ----------------------------------------------------------------------- privacy: planted secrets
+
+
+SECRETS = {
+    "card": ["4111 1111 1111 1111", "5555-5555-5555-4444", "378282246310005"],
+    "phone": ["070-123 45 67", "020 7946 0958", "06 12 34 56 78", "0701234567", "5551234567",
+              "+46 70 123 45 67", "(555) 123-4567"],
+    "api_key": ["sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc", "glpat-" + "xY9z2AbCdEfGhIjKlMnO",
+                "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+                "AKIAIOSFODNN7EXAMPLE"],
+    "email": ["jörg@müller.de", "anna@café.example.fr", "ops@example.com"],
+}
+KEPT = ["4111 1111 1111 1112", "1767225600", "2026-03-15", "4,200,000", "12:30",
+        "da39a3ee5e6b4b0d3255bfef95601890afd80709", "v2.14.0", "order 12345678"]
+
+
+def test_planted_secrets_are_masked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"prompt": f"Record {i}: please handle {value} today.", "topic": "support"}
+            for i, value in enumerate(v for vs in SECRETS.values() for v in vs)]
+    rows += [{"prompt": f"Keep {value} as it is, case {i}.", "topic": "support"}
+             for i, value in enumerate(KEPT)]
+    rows.append({"prompt": "Who owns this ticket?", "topic": "owner@example.com"})
+    src = jsonl(tmp_path / "src.jsonl", rows)
+    out = tmp_path / "t.jsonl"
+    code, _, err = build(capsys, src, "--out", out, "--size", "100", "--domain-field", "topic",
+                         "--near-duplicate", "1")
+    assert code == 0, err
+    text = out.read_text()
+    for values in SECRETS.values():
+        for value in values:
+            assert value not in text, value
+    for value in KEPT:
+        assert value in text, value
+    assert "owner@example.com" not in text
+    redacted = summary_of(out)["redacted"]
+    assert redacted == {"api_key": 5, "email": 4, "card": 3, "phone": 7}
+
+
+def test_checks_touched_by_redaction_are_dropped(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    src = jsonl(tmp_path / "src.jsonl", [
+        {"prompt": "Where should I send the invoice?", "answer": "Send it to ops@example.com"},
+        {"prompt": "What is 6 times 7?", "answer": "42"},
+        {"prompt": "Which number do I call?",
+         "expect": {"type": "contains", "value": "020 7946 0958"}}])
+    out = tmp_path / "t.jsonl"
+    code, stdout, err = build(capsys, src, "--out", out, "--reference-field", "answer")
+    assert code == 0, err
+    checks = {p.prompt: p.expect for p in load_trace([out]).prompts}
+    assert checks == {"Where should I send the invoice?": None,
+                      "What is 6 times 7?": {"type": "number", "value": 42, "tolerance": 0},
+                      "Which number do I call?": None}
+    assert summary_of(out)["expect"] == {"from reference": 1, "dropped: redacted": 2}
+    assert "2 dropped: redacted" in stdout
+
+
+# ----------------------------------------------------------------------- inputs and outputs
+
+
+def test_outputs_never_replace_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = jsonl(tmp_path / "logs.jsonl", [{"prompt": "Hello there."}])
+    before = src.read_text()
+    for out, msg in ((src, "is one of the sources"), (tmp_path / "." / "logs.jsonl",
+                                                      "is one of the sources"),
+                     (Path("."), "is a directory"), (Path("/"), "is a directory"),
+                     (tmp_path, "is a directory")):
+        code, stdout, err = build(capsys, src, "--out", out, "--force")
+        assert code == 4 and msg in err and err.count("\n") == 1, err
+        assert stdout == ""
+    assert src.read_text() == before
+    assert not list(tmp_path.glob("*.summary.json")) and not Path("logs.summary.json").exists()
+    # The summary beside the trace may not be a source either.
+    side = jsonl(tmp_path / "t.summary.json", [{"prompt": "Hi."}])
+    code, _, err = build(capsys, side, "--out", tmp_path / "t.jsonl", "--force")
+    assert code == 4 and "is one of the sources" in err
+    assert side.read_text() == '{"prompt": "Hi."}\n'
+
+
+SPECIAL = {"fifo": "a FIFO, not a regular file", "/dev/zero": "a device",
+           "/dev/urandom": "a device", "truncated.gz": "cannot decompress",
+           "data.zst": "zstd-compressed", "utf16.jsonl": "binary data"}
+
+
+@pytest.mark.parametrize("kind", sorted(SPECIAL))
+def test_special_sources_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 kind: str) -> None:
+    import gzip
+    import os
+    import threading
+
+    line = json.dumps({"prompt": "Hello there, how are you?"}) + "\n"
+    if kind == "fifo":
+        src = tmp_path / "logs.fifo"
+        os.mkfifo(src)
+    elif kind.startswith("/dev/"):
+        src = Path(kind)
+    else:
+        src = tmp_path / kind
+        src.write_bytes(gzip.compress(line.encode() * 50)[:-30] if kind == "truncated.gz" else
+                        b"\x28\xb5\x2f\xfd" + bytes(40) if kind == "data.zst" else
+                        line.encode("utf-16-le"))
+    result: list[tuple[int, str, str]] = []
+    worker = threading.Thread(target=lambda: result.append(
+        build(capsys, src, "--out", tmp_path / "t.jsonl")), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert result, f"trace build did not return on {kind}"
+    code, _, err = result[0]
+    assert code == 4 and err.startswith(f"error: {src}") and SPECIAL[kind] in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "t.jsonl").exists()
+
+
+def test_compressed_sources_read_by_content(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+    import lzma
+
+    rows = "".join(json.dumps({"prompt": f"Question {i}: {w}"}) + "\n" for i, w in
+                   enumerate(["tides", "moss", "reefs", "lava"]))
+    (tmp_path / "a.jsonl").write_bytes(gzip.compress(rows.encode()))  # gzip, not named so
+    (tmp_path / "b.xz").write_bytes(lzma.compress(rows.replace("Question", "Ask").encode()))
+    out = tmp_path / "t.jsonl"
+    code, _, err = build(capsys, tmp_path / "a.jsonl", tmp_path / "b.xz", "--out", out,
+                         "--format", "jsonl")
+    assert code == 0, err
+    assert len(load_trace([out]).prompts) == 8
+
+
+def test_catastrophic_rule_is_stopped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = jsonl(tmp_path / "p.jsonl", [{"prompt": "a" * 40 + "!"}])
+    code, _, err = build(capsys, src, "--out", tmp_path / "t.jsonl",
+                         "--domain-rule", "x=(a|aa)+$")
+    assert code == 4 and err.startswith("error: --domain-rule '(a|aa)+$': took over 1 s")
+    assert err.count("\n") == 1
+
+
+def test_one_line_json_array(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ShareGPT array on one line: every element read, each named by its line (1)."""
+    conv = [{"conversations": [{"from": "human", "value": f"Question {i} about {t} here."},
+                               {"from": "gpt", "value": "An answer."}]}
+            for i, t in enumerate(["sails", "ropes", "knots"] * 400)]
+    conv.append({"conversations": [{"from": "gpt", "value": "No question."}]})
+    src = tmp_path / "share.json"
+    src.write_text(json.dumps(conv), encoding="utf-8")
+    out = tmp_path / "t.jsonl"
+    code, _, err = build(capsys, src, "--out", out, "--size", "10")
+    assert code == 0, err
+    summary = summary_of(out)
+    assert summary["records"]["read"] == 1201
+    assert summary["dropped"][-1] == {"reason": "no user turn", "count": 1,
+                                      "first": [f"{src}:1"]}

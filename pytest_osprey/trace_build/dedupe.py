@@ -12,26 +12,31 @@ and C, never collapses onto its first link.
 
 Candidates come from MinHash signatures (:data:`PERMUTATIONS` independent 64-bit hash
 functions: a stable word hash mixed with a per-function seed by the splitmix64 finaliser)
-split into bands for locality-sensitive hashing; the rows per band are chosen from the
-threshold so that a pair at the threshold is a candidate with probability at least
-:data:`RECALL` (higher above it), while pairs well below it, such as prompts that share a
-long template, rarely meet. Every candidate is then checked exactly, so nothing below the
-threshold is ever collapsed. Time is near-linear in the number of prompts
-(benchmarks/near_duplicates.py).
+split into bands for locality-sensitive hashing: a pair is a candidate when several bands
+agree. The layout (bands, rows, bands to agree) is chosen from the threshold
+(:func:`bands_for`) so that a pair 0.02 above it is a candidate with probability at least
+:data:`RECALL` (for the default 0.8: 42 bands of 6 rows, 6 to agree: 0.995 at J 0.82,
+0.99995 at 0.86), while pairs well below it, such as prompts that share a long template,
+rarely meet (3e-6 at J 0.46). Every candidate is then checked exactly, so nothing below
+the threshold is ever collapsed. Time is near-linear in the number of prompts on templated
+traffic too (benchmarks/near_duplicates.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.stats import binom
 
 from .inputs import words
 
 PERMUTATIONS = 256
-#: A pair exactly at the threshold is a candidate at least this often.
-RECALL = 0.999
+#: A pair MARGIN above the threshold is a candidate at least this often.
+RECALL = 0.995
+MARGIN = 0.02
 #: Word hashes handled per block when signing (memory: block x PERMUTATIONS x 8 bytes).
 _BLOCK = 1 << 16
 _U = np.uint64
@@ -51,15 +56,23 @@ def _word_hash(word: str) -> int:
     return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "big")
 
 
-def bands_for(threshold: float) -> tuple[int, int]:
-    """(bands, rows per band): the most rows (fewest chance candidates) that still make a
-    pair at ``threshold`` a candidate with probability at least :data:`RECALL`."""
-    best = (PERMUTATIONS, 1)
-    for rows in range(1, 33):
+def bands_for(threshold: float) -> tuple[int, int, int]:
+    """(bands, rows per band, bands that must agree): of the layouts that make a pair
+    :data:`MARGIN` above ``threshold`` a candidate with probability at least :data:`RECALL`,
+    the one that makes a pair at 0.6 of it (prompts sharing a long template, say) a
+    candidate least often. Requiring several agreeing bands, not one, is what keeps
+    templated traffic from turning into every pair compared."""
+    high, low = min(1.0, threshold + MARGIN), 0.6 * threshold
+    best: tuple[float, int, int, int] | None = None
+    for rows in range(1, 17):
         bands = PERMUTATIONS // rows
-        if 1 - (1 - threshold ** rows) ** bands >= RECALL:
-            best = (bands, rows)
-    return best
+        for hits in range(1, 7):
+            if binom.sf(hits - 1, bands, high ** rows) < RECALL:
+                continue
+            chance = float(binom.sf(hits - 1, bands, low ** rows))
+            if best is None or chance < best[0]:
+                best = (chance, bands, rows, hits)
+    return (PERMUTATIONS, 1, 1) if best is None else best[1:]
 
 
 def signatures(sets: Sequence[set[str]]) -> np.ndarray:
@@ -107,7 +120,7 @@ def near_duplicates(texts: Sequence[str], threshold: float) -> dict[int, int]:
     """Index of each text that duplicates an earlier kept one -> the index of that one
     (within ``threshold`` of it)."""
     sets = [set(words(t)) for t in texts]
-    bands, rows = bands_for(threshold)
+    bands, rows, agree = bands_for(threshold)
     keys = _band_keys(signatures(sets), bands, rows)
     buckets: list[dict[int, list[int]]] = [{} for _ in range(bands)]
     found: dict[int, int] = {}
@@ -118,12 +131,13 @@ def near_duplicates(texts: Sequence[str], threshold: float) -> dict[int, int]:
             if first != j:
                 found[j] = first
             continue
-        candidates: set[int] = set()
+        met: Counter[int] = Counter()
         for band, key in zip(buckets, keys[j], strict=True):
             members = band.get(key)
             if members:
-                candidates.update(members)
-        kept = next((k for k in sorted(candidates) if jaccard(sets[k], s) >= threshold), None)
+                met.update(members)
+        candidates = sorted(k for k, n in met.items() if n >= agree)
+        kept = next((k for k in candidates if jaccard(sets[k], s) >= threshold), None)
         if kept is not None:
             found[j] = kept
             continue

@@ -240,6 +240,7 @@ def pieces(chunks: Iterator[str]) -> Iterator[tuple[int, str]]:
 
 
 _SPACE = re.compile(r"[ \t\r\n]*")
+_DELIMITER = re.compile(r"[ \t\r\n,\]}]")
 
 
 def json_values(chunks: Iterator[str], path: Path, limit: int = MAX_RECORD_CHARS
@@ -299,7 +300,7 @@ def json_values(chunks: Iterator[str], path: Path, limit: int = MAX_RECORD_CHARS
                 raise fail(f"{exc.msg}") from None
             except RecursionError:
                 raise fail("nested too deeply") from None
-            if end == len(buf) and buf[pos] not in "[{\"" and more():
+            if buf[pos] not in "[{\"" and not _DELIMITER.search(buf, end) and more():
                 continue  # a number or literal may go on in the next chunk
             line += buf.count("\n", pos, end)
             pos = end

@@ -68,7 +68,7 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str, Callable[[re.Match[str]], bool] 
     "phone": (re.compile(
         r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?!\w)"
         r"|(?<![\w-])\(?\d{3}\)?[ .-]\d{3}[ .-]\d{4}(?![\w-])"
-        r"|(?<![\w.,-])(?:0\d{9}|[2-9]\d{2}[2-9]\d{6})(?![\w.,-])"), "<PHONE>", None),
+        r"|(?<![\w.,-])(?:0\d{9}|[2-9]\d{9})(?![\w.,-])"), "<PHONE>", None),
     "national_phone": (re.compile(
         r"(?<![\w+.,/:-])\(?0\d{1,4}\)?(?:[ .-]\d{2,4}){2,4}(?![\w.,/:-]|-\d)"), "<PHONE>",
         _national),
