@@ -6,11 +6,14 @@
    ``prompts/pilot.jsonl`` against it: wall time, lines per second, peak RSS (the process's
    high-water mark, generation included) and the load average, and whether the planted
    prompts were found.
-2. Simulates a source whose order correlates with difficulty (difficulty rising along the
+2. Writes a one-line JSON array of ``--array-mib`` MiB (ShareGPT conversations) and, in a
+   fresh process each, runs the held-out check and ``trace build`` on it: wall time and peak
+   RSS (the check streams one element at a time).
+3. Simulates a source whose order correlates with difficulty (difficulty rising along the
    file, as in evaluation sets sorted easy to hard), and prints the mean difficulty of its
    first N, of the builder's sample (mean and spread over seeds) and the truth.
 
-    python benchmarks/held_out.py [--lines 1000000]
+    python benchmarks/held_out.py [--lines 1000000] [--array-mib 57]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import os
 import random
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,6 +79,53 @@ def held_out(lines: int) -> None:
     print(f"  planted {', '.join(PLANTED)}; found {', '.join(hits) or 'none'}")
 
 
+_CHILD = """
+import resource, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+start = time.perf_counter()
+if {what!r} == "scan":
+    from pytest_osprey.preflight.held_out import scan
+    found = scan([("q", "Question 123456 about sails and ropes and knots here please")],
+                 Path({path!r}))
+    best = found.best.get("q")
+    result = f"{{found.lines:,}} records, best containment {{best and best.containment}}"
+else:
+    from pytest_osprey.__main__ import main
+    result = "exit " + str(main(["trace", "build", {path!r}, "--out", {out!r}]))
+took = time.perf_counter() - start
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(f"{{result}}: {{took:.1f}} s, peak RSS {{rss:.0f}} MiB")
+"""
+
+
+def one_line_array(mib: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "share.json"
+        rng = random.Random(3)
+        words = ["sails", "ropes", "knots", "tides", "reefs", "gulls", "masts", "decks"]
+        with path.open("w", encoding="utf-8") as fh:
+            fh.write("[")
+            i = 0
+            while fh.tell() < mib * 2**20:
+                text = f"Question {i} about " + " ".join(rng.choices(words, k=12))
+                fh.write(("," if i else "") + json.dumps({"conversations": [
+                    {"from": "human", "value": text}, {"from": "gpt", "value": "An answer."}]}))
+                i += 1
+            fh.write("]")
+        size = path.stat().st_size / 2**20
+        for what in ("scan", "build"):
+            code = _CHILD.format(root=str(ROOT), what=what, path=str(path),
+                                 out=str(Path(tmp) / "t.jsonl"))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=False)
+            load = os.getloadavg()
+            last = (out.stdout.strip().splitlines() or [out.stderr.strip()])[-1]
+            print(f"one-line JSON array, {size:.0f} MiB, {i:,} elements: "
+                  f"{'held-out check' if what == 'scan' else 'trace build'}: {last}; "
+                  f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
 def bias(n: int = 5000, size: int = 50, seeds: int = 200) -> None:
     rng = random.Random(1)
     # Difficulty rises along the file (easy first), with noise; two domains interleaved.
@@ -97,8 +148,10 @@ def bias(n: int = 5000, size: int = 50, seeds: int = 200) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--array-mib", type=int, default=57)
     args = parser.parse_args()
     bias()
+    one_line_array(args.array_mib)
     held_out(args.lines)
 
 

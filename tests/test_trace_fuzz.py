@@ -72,3 +72,36 @@ def test_mutated_shipped_prompt(tmp_path_factory: Any, index: int, key: str, val
 def test_raw_text(tmp_path_factory: Any, text: str) -> None:
     tmp = tmp_path_factory.mktemp("t")
     _check(tmp, text)
+
+
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=400) | st.text(max_size=300).map(lambda t: t.encode("utf-8",
+                                                                                "surrogatepass")))
+def test_held_out_scan_on_any_bytes(tmp_path_factory: Any, data: bytes) -> None:
+    """Whatever the adaptation data holds, the scan returns or raises an InputError that
+    names the file; never another exception."""
+    from pytest_osprey.preflight.held_out import InputError, scan
+
+    path = tmp_path_factory.mktemp("h") / "adapt.json"
+    path.write_bytes(data)
+    try:
+        found = scan([("q", "alpha bravo charlie delta echo foxtrot")], path)
+    except InputError as exc:
+        assert str(exc).startswith(str(path)) and "\n" not in str(exc), str(exc)
+        return
+    assert found.files == 1
+
+
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(values, st.integers(min_value=1, max_value=9), st.booleans())
+def test_streamed_json_matches_json_loads(value: Any, size: int, pretty: bool) -> None:
+    """The streamed JSON reader, cut into chunks of any size, gives what json.loads gives:
+    an array's elements, or the one value."""
+    from pytest_osprey.trace_build.inputs import json_values
+
+    text = json.dumps(value, indent=2 if pretty else None)
+    chunks = iter([text[i:i + size] for i in range(0, len(text), size)])
+    got = [v for _, v in json_values(chunks, Path("x.json"))]
+    assert got == (value if isinstance(value, list) else [value])
