@@ -6,9 +6,9 @@
    ``prompts/pilot.jsonl`` against it: wall time, lines per second, peak RSS (the process's
    high-water mark, generation included) and the load average, and whether the planted
    prompts were found.
-2. Writes a one-line JSON array of ``--array-mib`` MiB (ShareGPT conversations) and, in a
-   fresh process each, runs the held-out check and ``trace build`` on it: wall time and peak
-   RSS (the check streams one element at a time).
+2. Writes a one-line JSON array of ShareGPT conversations and, in a fresh process each,
+   runs the held-out check (``--array-mib``, 57) and ``trace build`` (``--build-array-mib``,
+   8: the build keeps every record) on it: wall time and peak RSS.
 3. Simulates a source whose order correlates with difficulty (difficulty rising along the
    file, as in evaluation sets sorted easy to hard), and prints the mean difficulty of its
    first N, of the builder's sample (mean and spread over seeds) and the truth.
@@ -99,7 +99,7 @@ print(f"{{result}}: {{took:.1f}} s, peak RSS {{rss:.0f}} MiB")
 """
 
 
-def one_line_array(mib: int) -> None:
+def one_line_array(mib: int, what: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "share.json"
         rng = random.Random(3)
@@ -114,7 +114,7 @@ def one_line_array(mib: int) -> None:
                 i += 1
             fh.write("]")
         size = path.stat().st_size / 2**20
-        for what in ("scan", "build"):
+        if True:
             code = _CHILD.format(root=str(ROOT), what=what, path=str(path),
                                  out=str(Path(tmp) / "t.jsonl"))
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -148,10 +148,12 @@ def bias(n: int = 5000, size: int = 50, seeds: int = 200) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
-    parser.add_argument("--array-mib", type=int, default=57)
+    parser.add_argument("--array-mib", type=int, default=57, help="for the held-out check")
+    parser.add_argument("--build-array-mib", type=int, default=8, help="for trace build")
     args = parser.parse_args()
     bias()
-    one_line_array(args.array_mib)
+    one_line_array(args.array_mib, "scan")
+    one_line_array(args.build_array_mib, "build")
     held_out(args.lines)
 
 

@@ -83,24 +83,26 @@ def templated(n: int) -> None:
         return exact(a, b)
 
     dedupe.jaccard = counted  # type: ignore[assignment]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     found = dedupe.near_duplicates(texts, 0.8)
-    took = time.perf_counter() - start
+    took, cpu = time.perf_counter() - start, time.process_time() - cpu
     dedupe.jaccard = exact  # type: ignore[assignment]
     hit = sum(1 for j, k in planted.items() if found.get(j) == k)
     print(f"templated traffic: {len(texts):,} prompts sharing a 21-word instruction: "
-          f"near_duplicates in {took:.1f} s, {calls[0]:,} exact comparisons "
+          f"near_duplicates in {took:.1f} s wall ({cpu:.1f} s CPU), {calls[0]:,} exact "
+          f"comparisons "
           f"({calls[0] / len(texts):.2f} a prompt), planted {hit}/{len(planted)} collapsed, "
           f"{len(found) - hit} other collapses; {load()}")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "logs.jsonl"
         src.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts),
                        encoding="utf-8")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         code = cli(["trace", "build", str(src), "--out", str(Path(tmp) / "t.jsonl")])
-        took = time.perf_counter() - start
+        took, cpu = time.perf_counter() - start, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"trace build on them: exit {code} in {took:.1f} s wall, peak RSS {rss:.0f} MiB; "
+    print(f"trace build on them: exit {code} in {took:.1f} s wall ({cpu:.1f} s CPU), peak RSS "
+          f"{rss:.0f} MiB; "
           f"{load()}")
 
 
@@ -109,7 +111,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--templated", type=int, default=20_000)
     args = parser.parse_args()
-    recall(args.pairs)
+    if args.pairs:
+        recall(args.pairs)
     templated(args.templated)
 
 

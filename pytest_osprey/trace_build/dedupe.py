@@ -38,7 +38,7 @@ PERMUTATIONS = 256
 RECALL = 0.995
 MARGIN = 0.02
 #: Word hashes handled per block when signing (memory: block x PERMUTATIONS x 8 bytes).
-_BLOCK = 1 << 16
+_BLOCK = 1 << 14
 _U = np.uint64
 
 
