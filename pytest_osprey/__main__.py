@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .report.console import Line as Line
 
-EXIT_INTERRUPTED = 2
-EXIT_INTERNAL = 3
-EXIT_USAGE = 4
+from .exit_codes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
+
 _INTERRUPTED: list[bool] = []  # set when a run was interrupted (cli() then exits at once)
 
 DESCRIPTION = """Keep or drop a speculative-decoding drafter, decided with evidence.
@@ -190,14 +189,12 @@ def _report(args: argparse.Namespace) -> int:
         _say(headline(d))
         for line in bullet_lines(d):
             _say(line)
-    if run.incomplete:
-        return EXIT_INTERRUPTED
-    return 0 if all(v.verdict == "KEEP" for v in judgement.verdicts) else 1
+    return run.exit_code()
 
 
 def _merge(args: argparse.Namespace) -> int:
-    """Pool shards into one judged folder: exit 0 every verdict KEEP, 1 otherwise, 2 a
-    partial merge (no verdict), 4 refused."""
+    """Pool shards into one judged folder: the run's exit status (0 no gating gate failed, 1
+    one did, 2 a partial merge: no verdict), 4 refused."""
     from .merge import MergeError, merge_shards
     from .report.headline import headline
 

@@ -25,13 +25,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .exit_codes import EXIT_INTERRUPTED
 from .judgement import Diagnosis, diagnose_all
 from .pilot import ConfigError
 from .pilot.loading import load_pilot_text
 from .results import Preflight, SavedCampaign, read_preflight
 from .results.campaign_file import CampaignFile, ConditionRun, MergedShard, stopped_conditions
 from .results.records import RecordWriter
-from .run import EXIT_GATE_FAILED, EXIT_INTERRUPTED, EXIT_OK, PilotRun
+from .run import PilotRun
 from .run_folders import FolderError, fresh_results
 from .run_inputs import ReusedCampaign, UsageError, open_saved
 
@@ -58,13 +59,11 @@ class Merged:
 
     @property
     def exit_code(self) -> int:
-        """0 when every verdict is KEEP on complete data, 2 for a partial merge (it claims
-        no verdict: the code ``report`` gives the same folder), else 1."""
+        """The run's status as every entry point gives it (:mod:`pytest_osprey.exit_codes`);
+        a partial merge claims no verdict (2, the code ``report`` gives the same folder)."""
         if self.partial:
             return EXIT_INTERRUPTED
-        judged = self.run.judged
-        keep = judged is not None and all(v.verdict == "KEEP" for v in judged.verdicts)
-        return EXIT_OK if keep and not self.run.write_error else EXIT_GATE_FAILED
+        return self.run.exit_code()
 
 
 @dataclass(frozen=True)

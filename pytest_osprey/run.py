@@ -30,6 +30,7 @@ from .campaign import Campaign, ProgressEvent, StopLook, StopRule
 from .campaign.requests import stop_reason
 from .campaign.shards import Shard, ShardCampaign, ShardError
 from .campaign.size import CampaignSize, campaign_size, size_problem
+from .exit_codes import exit_code, gate_fails
 from .judgement import (
     PREFLIGHT,
     Comparison,
@@ -72,16 +73,10 @@ from .run_inputs import (
 )
 from .signals import sigterm_interrupts
 
-EXIT_OK = 0
-EXIT_GATE_FAILED = 1
-EXIT_INTERRUPTED = 2  # pytest's ExitCode.INTERRUPTED; also: a saved campaign that is partial
-EXIT_USAGE = 4  # pytest's ExitCode.USAGE_ERROR
-
 Progress = Callable[[ProgressEvent], None]
 
-__all__ = ["EXIT_GATE_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "CampaignError",
-           "PilotRun", "ReusedCampaign", "RunOptions", "RunOutcome", "UsageError",
-           "sigterm_interrupts", "stop_servers"]
+__all__ = ["CampaignError", "PilotRun", "ReusedCampaign", "RunOptions", "RunOutcome",
+           "UsageError", "sigterm_interrupts", "stop_servers"]
 
 
 class CampaignError(RuntimeError):
@@ -454,12 +449,16 @@ class PilotRun:
         return self.judgement().result(spec)
 
     def fails(self, result: GateResult) -> bool:
-        """Whether this gate fails the run: a gating fail, or a gating INCONCLUSIVE when the
-        pilot says so (``decision.inconclusive: fail``)."""
-        if not result.spec.gating:
-            return False
-        return result.outcome == "fail" or (
-            result.outcome == "inconclusive" and self.pilot.decision.inconclusive == "fail")
+        """Whether this gate fails the run (:func:`pytest_osprey.exit_codes.gate_fails`)."""
+        return gate_fails(result, self.pilot.decision.inconclusive)
+
+    def exit_code(self, results: Sequence[GateResult] | None = None) -> int:
+        """The run's status (:mod:`pytest_osprey.exit_codes`), from ``results`` or, by default,
+        every planned gate judged (a judged run boots nothing for this)."""
+        judged = [self.gate_result(s) for s in self.gates] if results is None else results
+        return exit_code(judged, self.pilot.decision.inconclusive,
+                         incomplete=self.incomplete and not self.campaign_error,
+                         failed_outside_gates=self.failed_outside_gates)
 
     @property
     def failed_outside_gates(self) -> bool:
@@ -481,11 +480,7 @@ class PilotRun:
                            else self.gate_result(s) for s in self.gates]
             except CampaignError:
                 results = [self.gate_result(s) for s in self.gates if s.kind in PREFLIGHT]
-        code = EXIT_OK
-        if self.incomplete and not self.campaign_error:
-            code = EXIT_INTERRUPTED
-        elif self.failed_outside_gates or any(self.fails(r) for r in results):
-            code = EXIT_GATE_FAILED
+        code = self.exit_code(results)
         return RunOutcome(preflight, judgement, self.comparison, self.reports, results,
                           code, self.campaign_error, self.notes, self.partial)
 

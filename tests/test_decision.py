@@ -156,3 +156,20 @@ def test_memory_gate_limits() -> None:
     assert gate.outcome == "fail" and "max_increase_pct" in gate.summary
     data.meta.conditions["cand"].peak_memory_mb = None
     assert outcomes(pilot, data)[("memory", "cand-vs-base")] == "fail"
+
+
+def test_an_inconclusive_gate_fails_the_run_only_as_the_pilot_says() -> None:
+    from pytest_osprey.exit_codes import EXIT_GATE_FAILED, EXIT_INTERRUPTED, EXIT_OK, exit_code
+
+    pilot = decision_pilot(limits={"speedup_min": 1.05})
+    judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(1.05, prompts=6,
+                                                                       passes=1), Preflight())
+    results = list(judged.results.values())
+    assert "inconclusive" in {r.outcome for r in results if r.spec.gating}
+    assert "fail" not in {r.outcome for r in results if r.spec.gating}
+    assert exit_code(results, "pass") == exit_code(results, "skip") == EXIT_OK
+    assert exit_code(results, "fail") == EXIT_GATE_FAILED
+    assert exit_code(results, "pass", incomplete=True) == EXIT_INTERRUPTED
+    assert exit_code(results, "pass", failed_outside_gates=True) == EXIT_GATE_FAILED
+    slow = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(0.5), Preflight())
+    assert exit_code(list(slow.results.values()), "pass") == EXIT_GATE_FAILED

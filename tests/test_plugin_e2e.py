@@ -94,9 +94,11 @@ def _summary(pytester: pytest.Pytester) -> dict:  # type: ignore[type-arg]
 
 @pytest.mark.slow
 def test_small_pilot_keeps_good_drafter_then_rejudges(pytester: pytest.Pytester) -> None:
-    # A lenient minimum: the test is that the pipeline runs and keeps a working drafter.
-    # Both passes run (no early stop): the records and series below count them.
-    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter", speedup_min=0.6, prompts=8,
+    # A minimum far below any speedup a working drafter shows, even on a loaded machine (at
+    # load 6-10, 1.04x [0.55, 1.97] was measured): the test is that the pipeline runs and
+    # keeps a working drafter, not how fast this machine is. Both passes run (no early stop):
+    # the records and series below count them.
+    pytester.makefile(".yaml", pilot=pilot_yaml("tiny-drafter", speedup_min=0.3, prompts=8,
                                                 early_stop=False))
     result = pytester.runpytest_subprocess(
         "--osprey-config=pilot.yaml", "--osprey-results=res", "-p", "no:cacheprovider",

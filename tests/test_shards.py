@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_osprey.__main__ import main
 from pytest_osprey.campaign.schedule import plan_replay
@@ -177,6 +178,26 @@ def test_a_partial_merge_is_labelled_and_claims_no_verdict(shards: Path, tmp_pat
 def test_a_partial_merge_exits_as_its_report_does(shards: Path, tmp_path: Path) -> None:
     assert main(["merge", "--partial", str(tmp_path / "m"), str(shards / "s1")]) == 2
     assert main(["report", str(tmp_path / "m")]) == 2
+
+
+@pytest.mark.parametrize("policy", ["pass", "fail"])
+def test_every_reader_gives_one_folder_one_exit_code(shards: Path, tmp_path: Path,
+                                                     policy: str) -> None:
+    """merge, report, a re-judging run: one status, from the gates under the pilot's policy."""
+    merged = main(["merge", str(tmp_path / "m"), str(shards / "s1"), str(shards / "s2")])
+    assert main(["report", str(tmp_path / "m")]) == merged
+    meta = json.loads((shards / "s1" / "campaign.json").read_text())
+    data = yaml.safe_load(meta["pilot_text"])
+    data.setdefault("decision", {})["inconclusive"] = policy
+    config = shards / f"pilot-{policy}.yaml"  # beside the pilot, whose relative paths it keeps
+    config.write_text(yaml.safe_dump(data))
+    reported = main(["report", str(tmp_path / "m"), "--config", str(config)])
+    rejudged = PilotRun(config, RunOptions(reuse=tmp_path / "m",
+                                           results=tmp_path / "again")).run().exit_code
+    summary = json.loads((tmp_path / "again" / "summary.json").read_text())
+    gating = [g["outcome"] for g in summary["gates"] if g["gating"]]
+    expected = int("fail" in gating or (policy == "fail" and "inconclusive" in gating))
+    assert reported == rejudged == expected, (gating, policy)
 
 
 def test_heterogeneous_shards_merge_when_allowed_and_say_so(shards: Path, tmp_path: Path) -> None:

@@ -1,0 +1,47 @@
+"""The exit status every entry point gives a judged run: ``run``, pytest's own status for a
+pilot run, ``report``, ``merge`` and the Ray launcher all answer with :func:`exit_code`, so a
+folder judged one way exits the same way whichever reads it.
+
+0 every gating gate passed (an INCONCLUSIVE one too, unless ``decision.inconclusive: fail``),
+1 a gating gate failed (or the campaign could not run, or its results were lost),
+2 interrupted, or a saved campaign that is partial (no verdict is claimed),
+3 an internal error, 4 a usage error (pilot, options, folders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from .judgement.gates.result import GateResult
+
+EXIT_OK = 0
+EXIT_GATE_FAILED = 1
+EXIT_INTERRUPTED = 2  # pytest's ExitCode.INTERRUPTED; also: a saved campaign that is partial
+EXIT_INTERNAL = 3
+EXIT_USAGE = 4  # pytest's ExitCode.USAGE_ERROR
+
+Inconclusive = Literal["pass", "fail", "skip"]
+
+
+def gate_fails(result: GateResult, inconclusive: Inconclusive | str) -> bool:
+    """Whether this gate fails the run: a gating FAIL, or a gating INCONCLUSIVE when the pilot
+    says so (``decision.inconclusive: fail``). A reported-only gate never does."""
+    if not result.spec.gating:
+        return False
+    return result.outcome == "fail" or (result.outcome == "inconclusive"
+                                        and inconclusive == "fail")
+
+
+def exit_code(results: Iterable[GateResult], inconclusive: Inconclusive | str, *,
+              incomplete: bool = False, failed_outside_gates: bool = False) -> int:
+    """The run's status from its gates' results under the pilot's ``decision.inconclusive``.
+
+    ``incomplete``: the campaign is partial (2, whatever the gates say: no verdict is
+    claimed); ``failed_outside_gates``: no campaign, or results that could not be written (1).
+    """
+    if incomplete:
+        return EXIT_INTERRUPTED
+    if failed_outside_gates or any(gate_fails(r, inconclusive) for r in results):
+        return EXIT_GATE_FAILED
+    return EXIT_OK
