@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import GenerationRequest
 from .kv_rows import KVRows
+from .planted_faults import PlantedFault
 
 if TYPE_CHECKING:
     import torch
@@ -94,8 +95,10 @@ class Batcher:
                  executor: concurrent.futures.ThreadPoolExecutor, stopping: threading.Event,
                  max_batch: int = MAX_BATCH,
                  on_busy: Callable[[], None] | None = None,
-                 on_idle: Callable[[], None] | None = None) -> None:
+                 on_idle: Callable[[], None] | None = None,
+                 fault: PlantedFault | None = None) -> None:
         self.target, self.drafter, self.k = target, drafter, k
+        self.fault = fault  # a planted verification fault (calibration only), or None
         self.eos = eos
         self.stop_hit = stop_hit  # whether these output ids' text contains a stop string
         self.executor = executor
@@ -269,6 +272,15 @@ class Batcher:
                 scores = p(ids, scores)
         return scores[0]
 
+    def _faulty(self, f: Flight, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """A drafted position's scores as the planted fault verifies it (sampled requests)."""
+        import torch
+
+        assert self.fault is not None
+        ids = torch.tensor([f.prompt + generated], dtype=torch.long, device=logits.device)
+        return self.fault.scores(ids, logits.float()[None], f.processors, f.warpers,
+                                 f.generator)[0]
+
     def _verify(self, f: Flight, d: Drafts, raw: torch.Tensor) -> tuple[int, int]:
         """(drafts accepted, the target's own next token) from the target's logits at the
         position before each draft and after the last."""
@@ -276,11 +288,13 @@ class Batcher:
 
         for j, drafted in enumerate(d.tokens):
             scores = self._scores(f, f.ids + d.tokens[:j], raw[j])
-            if f.generator is None:
+            if f.generator is None or (self.fault is not None and self.fault.greedy):
                 best = int(scores.argmax())
                 if best != drafted:
                     return j, best
                 continue
+            if self.fault is not None:
+                scores = self._faulty(f, f.ids + d.tokens[:j], raw[j])
             p = torch.softmax(scores, dim=-1)
             q = d.probs[j]
             u = float(torch.rand((), generator=f.generator, device=f.generator.device))

@@ -27,6 +27,7 @@ from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, un
 from .batching import MAX_BATCH, Batcher, Flight, Processor
 from .chat_template import template_digest
 from .generation_hooks import LogitBias, OpenAIPenalties, sampling_warpers, token_times
+from .planted_faults import PlantedFault, PlantedFaultError, planted_fault
 from .quantize import round_weights
 from .speculation import fixed_k_facts
 
@@ -117,6 +118,7 @@ class TransformersEngine:
         self.log_path = boot.log_dir / f"{condition}.log"
         self._served = self._failed = 0
         self._stopping = threading.Event()  # stop(): every request in flight ends at once
+        self._fault: PlantedFault | None = None  # OSPREY_PLANTED_FAULT (calibration only)
         self.validate(pilot, condition)
 
     @staticmethod
@@ -163,6 +165,12 @@ class TransformersEngine:
                  + (f", drafter {self.cond.drafter} drafting "
                     f"{spec.num_draft_tokens if spec else 4} tokens per step"
                     if self.cond.drafter else ", speculation off"))
+        try:
+            self._fault = planted_fault()
+        except PlantedFaultError as exc:
+            raise EngineError(f"{self.condition}: {exc}") from None
+        if self._fault is not None and self.cond.drafter is not None:
+            self.log(f"{self.condition}: {self._fault.describe()}")
         if target.threads:
             torch.set_num_threads(target.threads)
         dtype = _dtype(self.dtype_name)
@@ -195,7 +203,7 @@ class TransformersEngine:
             self._model, self._drafter, self._draft_tokens() if self._drafter is not None else 0,
             self._eos(), self._stop_hit, _torch_thread(), self._stopping,
             on_busy=self._work_started if track else None,
-            on_idle=self._work_ended if track else None)
+            on_idle=self._work_ended if track else None, fault=self._fault)
         self.load_seconds = time.perf_counter() - t0
         self.log(f"ready after {self.load_seconds:.1f} s: torch {torch.__version__}, "
                  f"{torch.get_num_threads()} thread(s); serves requests in one continuous "
