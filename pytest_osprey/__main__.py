@@ -26,7 +26,7 @@ _INTERRUPTED: list[bool] = []  # set when a run was interrupted (cli() then exit
 DESCRIPTION = """Keep or drop a speculative-decoding drafter, decided with evidence.
 `run PILOT` does what `pytest --osprey-config=PILOT` does, without pytest: preflight, campaign,
 judgement, reports, the same results folder and exit codes (0 every gate passed, 1 a gate
-failed, 2 interrupted or a partial campaign, 4 usage error)."""
+failed, 2 interrupted or a partial campaign, 3 internal error, 4 usage error)."""
 
 
 def _say(text: str, err: bool = False) -> None:

@@ -62,7 +62,7 @@ from .results.campaign_file import (
     stopped_note,
 )
 from .results.records import RequestRecord
-from .run_folders import FolderError, default_results, fresh_results, one_line, writable
+from .run_folders import FolderError, default_results, fresh_results, one_line, release, writable
 from .run_inputs import (
     ReusedCampaign,
     UsageError,
@@ -281,6 +281,10 @@ class PilotRun:
                              else default_results(self.cwd, self.pilot.name))
         return self._results
 
+    def release(self) -> None:
+        if self._results is not None:  # the run is over: its folder's lock goes
+            release(self._results)
+
     @property
     def dry_run(self) -> bool:
         return self.options.dry_run
@@ -481,6 +485,7 @@ class PilotRun:
             except CampaignError:
                 results = [self.gate_result(s) for s in self.gates if s.kind in PREFLIGHT]
         code = self.exit_code(results)
+        self.release()
         return RunOutcome(preflight, judgement, self.comparison, self.reports, results,
                           code, self.campaign_error, self.notes, self.partial)
 

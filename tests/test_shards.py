@@ -96,6 +96,7 @@ def test_each_shard_is_an_ordinary_folder_naming_its_share(shards: Path) -> None
                          if r["mode"] == "greedy" and not r["filler"])
         assert greedy == {(c, p): 5 for c in ("baseline", "cand") for p in passes}
         assert (shards / f"s{k}" / "summary.json").is_file()
+        assert not (shards / f"s{k}" / "run.lock").exists()  # the finished run let go
 
 
 def test_merge_pools_the_shards_into_one_judged_folder(shards: Path, tmp_path: Path) -> None:

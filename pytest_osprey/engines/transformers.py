@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
-from .batching import MAX_BATCH, Batcher, Flight, Processor
+from .batching import CANCELLED_BY_CLIENT, MAX_BATCH, Batcher, Flight, Processor
 from .chat_template import template_digest
 from .generation_hooks import LogitBias, OpenAIPenalties, sampling_warpers, token_times
 from .planted_faults import PlantedFault, PlantedFaultError, planted_fault
@@ -116,7 +116,7 @@ class TransformersEngine:
         self._work_bytes = 0  # most allocated on the GPU during one of its requests
         self._gpu_basis: str | None = None  # NVML's basis ("process"/"device") or "allocator"
         self.log_path = boot.log_dir / f"{condition}.log"
-        self._served = self._failed = 0
+        self._served = self._failed = self._cancelled = 0
         self._stopping = threading.Event()  # stop(): every request in flight ends at once
         self._fault: PlantedFault | None = None  # OSPREY_PLANTED_FAULT (calibration only)
         self.validate(pilot, condition)
@@ -233,8 +233,10 @@ class TransformersEngine:
         self._stopping.set()
         if self._model is not None:
             largest = self._batcher.largest if self._batcher is not None else 0
-            self.log(f"stopped: served {self._served} request(s), {self._failed} failed; "
-                     f"at most {largest} decoded together")
+            ended = (f", {self._cancelled} ended early by the client (load fillers its "
+                     "stretch no longer needed)" if self._cancelled else "")
+            self.log(f"stopped: served {self._served} request(s), {self._failed} failed"
+                     f"{ended}; at most {largest} decoded together")
         self._batcher = None
         self._model = self._drafter = self._tokenizer = None
         if self._cuda:
@@ -278,7 +280,9 @@ class TransformersEngine:
             raise
 
     def _counted(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
-        if not result.ok:
+        if result.error == CANCELLED_BY_CLIENT:
+            self._cancelled += 1  # a filler its stretch no longer needed: not a failure
+        elif not result.ok:
             self._failed += 1
             self.log(f"request {request.prompt_id} failed: {result.error}")
         return result
