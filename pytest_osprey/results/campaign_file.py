@@ -149,7 +149,8 @@ class DrawFacts(_Facts):
 
 
 class SizeFacts(_Facts):
-    """The campaign's size as planned before it ran (campaign/size.py), per condition."""
+    """The campaign's size as planned before it ran (campaign/size.py), per condition; a
+    shard records the whole plan's (an early stop runs fewer)."""
 
     conditions: int
     timed: int
