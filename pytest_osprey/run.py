@@ -49,7 +49,8 @@ from .judgement import (
     withhold,
 )
 from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
-from .pilot.selection import selected_trace
+from .pilot.draw import Draw
+from .pilot.selection import select_trace
 from .preflight import run_preflight
 from .report.summary import write_reports
 from .results import Preflight, SavedCampaign, load_campaign
@@ -151,6 +152,7 @@ class PilotRun:
     (:meth:`from_saved`); then each step on demand."""
 
     size: CampaignSize | None  # what the pilot asks for (a measured run; None re-judged)
+    trace_draw: Draw | None  # trace.limit's seeded draw, where the pilot sets a limit
 
     def __init__(
         self,
@@ -168,7 +170,7 @@ class PilotRun:
             # for a GPU deployment): their absence is the artifact check's finding.
             pilot = load_pilot(path, absent_drafters=options.dry_run)
             pilot_text = path.read_text("utf-8-sig")
-            trace = selected_trace(pilot, path)
+            trace, trace_draw = select_trace(pilot, path)
         except (ConfigError, TraceError) as exc:
             raise UsageError(str(exc)) from None
         except (OSError, ValueError) as exc:
@@ -205,6 +207,7 @@ class PilotRun:
                     notes=[warning] if warning else [], reuse=reuse, results=results,
                     previous=_previous(options.compare, here, results, trace.sha256))
         self.size = size
+        self.trace_draw = trace_draw
 
     @classmethod
     def from_saved(cls, saved: ReusedCampaign, pilot: Pilot,
@@ -242,6 +245,7 @@ class PilotRun:
         self.pilot = pilot
         self.pilot_text = pilot_text
         self.trace = trace  # None: built from a saved campaign, the run never measures
+        self.trace_draw = None
         self.conditions = conditions
         self.notes = notes
         self.reuse = reuse.directory if reuse is not None else None
@@ -333,7 +337,7 @@ class PilotRun:
             campaign = (Campaign if shard is None else partial(ShardCampaign, shard=shard))(
                 self.pilot, trace, self.results_dir, self.conditions, preflight.failed(),
                 progress=self.progress, config_text=self.pilot_text,
-                stop_rule=self._stop_rule())
+                stop_rule=self._stop_rule(), trace_draw=self.trace_draw)
         except ShardError as exc:
             self.campaign_error = str(exc)
             raise CampaignError(self.campaign_error) from None

@@ -139,6 +139,9 @@ def test_dry_run_lists_its_checks_and_leaves_no_folder(outputs: dict[str, Any],
     # Before anything runs, both adapters say what it will cost.
     assert re.search(r"campaign size: [\d,]+ requests .*judge memory about [\d,]+ MiB; at most "
                      r"[\d.,]+ (min|h) if every request ran to its timeout", res.stdout), res.stdout
+    # With the greedy timed passes the only quality requests are the parameter probes
+    # (off here): the quality passes' share is said, and is 0.
+    assert re.search(r"; quality passes: 0 of ([\d,]+) requests, 0%;", res.stdout), res.stdout
     assert not (outputs["dir"] / "osprey-results").exists()
 
 

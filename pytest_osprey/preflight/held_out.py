@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..pilot.schema import Pilot
+from ..pilot.selection import drawn_trace, trace_draw
 from ..pilot.trace import Prompt, TraceError, load_trace
 from ..results.preflight_file import CheckEntry
 from ..trace_build.inputs import (
@@ -314,9 +315,10 @@ NAME = "held out"
 
 def _trace_prompts(pilot: Pilot) -> list[Prompt]:
     spec = pilot.trace
-    trace = load_trace([os.fspath(f) for f in spec.files])
-    return list(trace.subset(ids=spec.ids, slices=spec.slices,
-                             limit_per_slice=spec.limit_per_slice, limit=spec.limit).prompts)
+    trace = load_trace([os.fspath(f) for f in spec.files]).subset(ids=spec.ids,
+                                                                  slices=spec.slices)
+    # The same seeded draw as the campaign's (trace.limit), so the check sees its prompts.
+    return list(drawn_trace(trace, trace_draw(pilot, trace)).prompts)
 
 
 def held_out_check(pilot: Pilot, name: str) -> CheckEntry | None:
