@@ -238,20 +238,18 @@ class PilotRun:
                results: Path | None, previous: Previous | None) -> None:
         """Every attribute of a run, however it was built; no step has run yet."""
         self.options = options
-        self.size = None
+        self.size, self.trace_draw = None, None
         self.cwd = cwd
         self.progress = progress
         self.pilot_path = pilot_path
         self.pilot = pilot
         self.pilot_text = pilot_text
         self.trace = trace  # None: built from a saved campaign, the run never measures
-        self.trace_draw = None
         self.conditions = conditions
         self.notes = notes
         self.reuse = reuse.directory if reuse is not None else None
         self.saved = reuse.data if reuse is not None else None
-        # Why the campaign (or a condition) is incomplete; ``incomplete``: the campaign itself
-        # (interrupted, killed or still running).
+        # Why the campaign (or a condition) is incomplete; ``incomplete``: the campaign itself.
         self.partial = reuse.partial if reuse is not None else None
         self.incomplete = self.partial is not None
         self.rejudged: dict[str, Any] | None = None
@@ -461,8 +459,7 @@ class PilotRun:
         return gate_fails(result, self.pilot.decision.inconclusive)
 
     def exit_code(self, results: Sequence[GateResult] | None = None) -> int:
-        """The run's status (:mod:`pytest_osprey.exit_codes`), from ``results`` or, by default,
-        every planned gate judged (a judged run boots nothing for this)."""
+        """The run's status (:mod:`..exit_codes`); by default every planned gate judged."""
         judged = [self.gate_result(s) for s in self.gates] if results is None else results
         return exit_code(judged, self.pilot.decision.inconclusive,
                          incomplete=self.incomplete and not self.campaign_error,
@@ -488,10 +485,9 @@ class PilotRun:
                            else self.gate_result(s) for s in self.gates]
             except CampaignError:
                 results = [self.gate_result(s) for s in self.gates if s.kind in PREFLIGHT]
-        code = self.exit_code(results)
         self.release()
         return RunOutcome(preflight, judgement, self.comparison, self.reports, results,
-                          code, self.campaign_error, self.notes, self.partial)
+                          self.exit_code(results), self.campaign_error, self.notes, self.partial)
 
 
 def stop_servers(grace_s: float | None = None) -> None:
