@@ -84,7 +84,7 @@ SKIP_WIDTH = 160
 columns), so each stays under 200; the whole summary is in report.md."""
 
 
-def _reason(prefix: str, first: str) -> str:
+def skip_reason(prefix: str, first: str) -> str:
     """``prefix: first``, without a repeated "not evaluable", cut to SKIP_WIDTH columns."""
     for said in ("not evaluable: ", "INCONCLUSIVE "):
         if said.strip(" (:") in prefix and first.lower().startswith(said.lower()):
@@ -101,14 +101,14 @@ def assert_gate(result: GateResult, pilot: Pilot) -> None:
     # A skip's reason is one line: pytest's short summary (-rs) lists it beside the others.
     first = text.splitlines()[0] if text else ""
     if result.outcome == "skip":
-        pytest.skip(_reason("could not have failed (not evaluable)", first))
+        pytest.skip(skip_reason("could not have failed (not evaluable)", first))
     if not result.spec.gating and result.outcome != "pass":
         # Reported beside the verdict (other load levels, the unusual slice), never deciding it.
-        pytest.skip(_reason(f"reported only (not gating), {result.outcome.upper()}", first))
+        pytest.skip(skip_reason(f"reported only (not gating), {result.outcome.upper()}", first))
     if result.outcome == "inconclusive":
         policy = pilot.decision.inconclusive
         if policy == "skip":
-            pytest.skip(_reason("INCONCLUSIVE", first))
+            pytest.skip(skip_reason("INCONCLUSIVE", first))
         if policy == "fail":
             pytest.fail("INCONCLUSIVE " + text, pytrace=False)
         return
@@ -116,8 +116,8 @@ def assert_gate(result: GateResult, pilot: Pilot) -> None:
         pytest.fail(text, pytrace=False)
     if result.evidence != "tested":
         # Passed, but could hardly (or not at all) have failed: never a plain green pass.
-        pytest.skip(_reason("could not have failed (not evaluable)", first)
-                    if result.evidence == "not_evaluable" else _reason(
+        pytest.skip(skip_reason("could not have failed (not evaluable)", first)
+                    if result.evidence == "not_evaluable" else skip_reason(
                         f"passed without the evidence to fail ({result.evidence})", first))
 
 

@@ -26,7 +26,7 @@ from pytest_osprey.pilot.draw import (
 )
 from pytest_osprey.pilot.selection import pass_draws, select_trace
 from pytest_osprey.pilot.trace import Prompt, load_trace
-from pytest_osprey.preflight.held_out import _trace_prompts
+from pytest_osprey.preflight.held_out import trace_prompts
 from pytest_osprey.results.campaign_file import read_campaign_file
 from testkit.factories import make_pilot
 from testkit.serving_sim import Planted, TemperatureEngine
@@ -193,11 +193,11 @@ def test_the_pilot_and_the_held_out_check_see_the_same_drawn_prompts(tmp_path: P
     assert draw is not None and chosen.ids == draw.ids and len(chosen.ids) == 9
     assert chosen.ids != [p.id for p in _prompts()][:9]  # not the head
     assert {p.domain for p in chosen.prompts} == {d for _, d in LAYOUT}
-    assert [p.id for p in _trace_prompts(pilot)] == chosen.ids
+    assert [p.id for p in trace_prompts(pilot)] == chosen.ids
     # Another seed, another draw, for both.
     other = make_pilot(trace={"files": [str(trace)], "limit": 9}, sampling={"seed": 4})
     assert select_trace(other, path)[0].ids != chosen.ids
-    assert [p.id for p in _trace_prompts(other)] == select_trace(other, path)[0].ids
+    assert [p.id for p in trace_prompts(other)] == select_trace(other, path)[0].ids
     # Without a limit nothing is drawn.
     plain = make_pilot(trace={"files": [str(trace)]})
     assert select_trace(plain, path)[1] is None

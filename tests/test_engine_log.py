@@ -80,4 +80,4 @@ def test_a_request_its_client_ends_is_not_a_failure(tmp_path: Path) -> None:
         torch.set_num_threads(threads)
     log = (tmp_path / "logs" / "baseline.log").read_text("utf-8")
     assert "failed: cancelled" not in log and "interrupted" not in log
-    assert "served 1 request(s), 0 failed, 1 ended early by the client" in log
+    assert "served 1 request(s), 0 failed, 1 ended early by the client;" in log

@@ -313,7 +313,7 @@ def scan(prompts: Iterable[tuple[str, str]], data: Path, ngram: int = 5) -> Over
 NAME = "held out"
 
 
-def _trace_prompts(pilot: Pilot) -> list[Prompt]:
+def trace_prompts(pilot: Pilot) -> list[Prompt]:
     spec = pilot.trace
     trace = load_trace([os.fspath(f) for f in spec.files]).subset(ids=spec.ids,
                                                                   slices=spec.slices)
@@ -338,7 +338,7 @@ def held_out_check(pilot: Pilot, name: str) -> CheckEntry | None:
         return check(False, f"adaptation data {data}: not found on this machine, so the trace "
                      "was not checked against it")
     try:
-        prompts = _trace_prompts(pilot)
+        prompts = trace_prompts(pilot)
         found = scan(((p.id, prompt_text(p)) for p in prompts), data, spec.ngram)
     except TraceError as exc:
         return check(False, f"trace not readable: {exc}")
