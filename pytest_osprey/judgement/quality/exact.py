@@ -72,6 +72,11 @@ BoolArray = npt.NDArray[np.bool_]
 T_MAX = 20.0  # the temperature fit's hot end: a fit above it reads inf
 BETA_MAX = 1000.0  # its cold end, as 1/T: below T = 0.001 reads 0 (greedy)
 TRUNCATIONS = ("temperature 0", "top-k", "top-p", "min-p")
+# Wording thresholds (they choose words, never the outcome): a best single temperature
+# rejected at this level reads "no single temperature"; draws whose log-likelihood gains this
+# much without the served penalties read "penalties ignored?" (the chi2(1) 95% point / 2).
+CLASS_SINGLE_LEVEL = 0.001
+PENALTY_LLR = 1.92
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,10 @@ class ClassResult:
     temperature_ci: tuple[float, float]  # at ``confidence``; inf above the fit's range, 0 below
     inverse_temperature: float  # 1/T, the fitted parameter (< 0: least likely tokens favoured)
     inverse_temperature_ci: tuple[float, float]
+    single_temperature_p: float  # the draws against the best single temperature (score and
+    # top-1, Bonferroni): small when no one temperature describes them (a mixture)
+    penalty_llr: float  # log-likelihood of the draws without the served penalties minus with
+    # them (> 0: the draws fit better without; nan: no penalties served)
     p_value: float  # the class's combined p (Bonferroni over its statistics)
     outcome: StatOutcome
 
@@ -185,7 +194,8 @@ class Positions:
     ``drawn_logit``: its raw log-probability plus offset; ``tail``: the raw mass beyond the
     top-K; ``floor``: the K-th raw log-probability (every tail token lies at or below it);
     ``tail_tokens``: how many tokens the tail holds (0: unknown); ``klass``: index into
-    POSITION_CLASSES; ``tail_down``/``tail_up``: offsets may lower / raise tail tokens."""
+    POSITION_CLASSES; ``tail_down``/``tail_up``: offsets may lower / raise tail tokens;
+    ``offsets``: the offsets ``logits`` include (to judge whether penalties were applied)."""
 
     logits: FloatArray
     drawn: IntArray
@@ -196,6 +206,7 @@ class Positions:
     klass: IntArray
     tail_down: BoolArray
     tail_up: BoolArray
+    offsets: FloatArray  # (n, K) the offsets included in ``logits`` (penalties)
 
 
 # --------------------------------------------------------------------------- input
@@ -298,18 +309,19 @@ def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int |
     logits = raw + off
     order = np.argsort(-logits, axis=1, kind="stable")
     logits = np.take_along_axis(logits, order, axis=1)
+    off = np.take_along_axis(off, order, axis=1)
     ids = np.take_along_axis(ids, order, axis=1)
     hit = ids == token[:, None]
     drawn = np.where(hit.any(axis=1), hit.argmax(axis=1), -1).astype(np.int64)
     known = drawn >= 0
     drawn_logit[known] = logits[known, drawn[known]]
     klass = np.array([POSITION_CLASSES.index(t.klass) for t in rows], dtype=np.int64)
-    offsets = off[np.isfinite(raw)]
+    offsets = off[np.isfinite(logits)]
     down = bool(penalised or served.repetition_penalty != 1 or (offsets < 0).any())
     up = bool(served.frequency_penalty < 0 or served.presence_penalty < 0 or (offsets > 0).any()
               or any(t.logit_offset > 0 for t in rows))
     return Positions(logits, drawn, drawn_logit, tail, floor, tail_tokens, klass,
-                     np.full(n, down), np.full(n, up))
+                     np.full(n, down), np.full(n, up), np.where(np.isfinite(logits), off, 0.0))
 
 
 # --------------------------------------------------------------------------- served q
@@ -317,9 +329,9 @@ def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int |
 
 @dataclass(frozen=True)
 class Support:
-    """Per row (:func:`served_support`): the served weights of the top-K (relative to the top one), which of them and
-    whether the tail the served support keeps, the tail's weight bounds, and each draw's
-    status."""
+    """Per row (:func:`served_support`): the served weights of the top-K (relative to the
+    top one), which of them and whether the tail the served support keeps, the tail's weight
+    bounds, and each draw's status."""
 
     w: FloatArray  # tempered weights exp((l - l_max) / T), 0 outside the support
     keep: BoolArray
@@ -465,9 +477,42 @@ def _temperature(beta: float) -> float:
     return 1.0 / beta
 
 
+@dataclass(frozen=True)
+class _Stats:
+    score_z: float
+    score_p: float
+    pit_p: float
+    top1_observed: int
+    top1_expected: float
+    top1_z: float
+    top1_p: float
+
+
+def _statistics(q: FloatArray, x: IntArray, v: FloatArray) -> _Stats:
+    """Score, randomised PIT and top-1 of draws ``x`` from rows of ``q`` (most likely first;
+    ``v``: the PIT's uniforms)."""
+    at = np.arange(x.size)
+    with np.errstate(divide="ignore"):
+        logq = np.where(q > 0, np.log(np.where(q > 0, q, 1.0)), 0.0)
+    h = -(q * logq).sum(axis=1)
+    var = (q * logq**2).sum(axis=1) - h**2
+    score_z = _z(float((logq[at, x] + h).sum()), 0.0, float(np.clip(var, 0, None).sum()))
+    before = np.cumsum(q, axis=1)[at, x] - q[at, x]
+    pit_p = float(stats.kstest(before + v * q[at, x], "uniform").pvalue)
+    top1_obs = int((x == 0).sum())
+    top1_exp = float(q[:, 0].sum())
+    top1_z = _z(top1_obs, top1_exp, float((q[:, 0] * (1 - q[:, 0])).sum()))
+    return _Stats(score_z, _two_sided(score_z), pit_p, top1_obs, top1_exp, top1_z,
+                  _two_sided(top1_z))
+
+
+def _normalised(w: FloatArray) -> FloatArray:
+    return np.asarray(w / w.sum(axis=1, keepdims=True), dtype=np.float64)
+
+
 def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntArray,
                   level: float, confidence: float, rng: np.random.Generator,
-                  fit: bool) -> ClassResult:
+                  fit: bool, served: Served) -> ClassResult:
     drawn = pos.drawn[rows]
     out = sv.out[rows]
     outside = int((out >= 0).sum())
@@ -478,33 +523,35 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
     inside = (out < 0) & ~sv.boundary[rows]
     sel = rows[inside & known]
     ps: list[float] = []
-    score_z = top1_z = math.nan
-    score_p = pit_p = top1_p = tail_p = 1.0
-    top1_obs, top1_exp = 0, 0.0
+    st = _Stats(math.nan, 1.0, 1.0, 0, 0.0, math.nan, 1.0)
+    tail_p = single_p = 1.0
+    penalty_llr = math.nan
     beta, beta_ci = math.nan, (math.nan, math.nan)
     if sel.size:
-        w = sv.w[sel]
-        q = w / w.sum(axis=1, keepdims=True)
+        q = _normalised(sv.w[sel])
         x = pos.drawn[sel]
+        v = rng.random(sel.size)
+        st = _statistics(q, x, v)
+        ps += [st.score_p, st.pit_p, st.top1_p]
         at = np.arange(sel.size)
-        with np.errstate(divide="ignore"):
-            logq = np.where(q > 0, np.log(np.where(q > 0, q, 1.0)), 0.0)
-        h = -(q * logq).sum(axis=1)
-        var = (q * logq**2).sum(axis=1) - h**2
-        score_z = _z(float((logq[at, x] + h).sum()), 0.0, float(np.clip(var, 0, None).sum()))
-        score_p = _two_sided(score_z)
-        before = np.cumsum(q, axis=1)[at, x] - q[at, x]
-        u = before + rng.random(sel.size) * q[at, x]
-        pit_p = float(stats.kstest(u, "uniform").pvalue)
-        top1_obs = int((x == 0).sum())
-        top1_exp = float(q[:, 0].sum())
-        top1_z = _z(top1_obs, top1_exp, float((q[:, 0] * (1 - q[:, 0])).sum()))
-        top1_p = _two_sided(top1_z)
-        ps += [score_p, pit_p, top1_p]
+        if served.temperature > 0 and (pos.offsets[sel] != 0).any():
+            d0 = pos.logits[sel] - pos.offsets[sel]
+            d0 = np.where(sv.keep[sel], d0 - d0.max(axis=1, keepdims=True), -np.inf)
+            q0 = _normalised(np.exp(d0 / served.temperature))
+            with np.errstate(divide="ignore"):
+                penalty_llr = float(np.log(q0[at, x]).sum() - np.log(q[at, x]).sum())
         if fit:
             d = np.where(sv.keep[sel], pos.logits[sel] - pos.logits[sel, :1], -np.inf)
             multi = sv.keep[sel].sum(axis=1) >= 2  # a one-token support says nothing of T
             beta, beta_ci = _fit_temperature(d[multi], d[multi, x[multi]], confidence)
+            if multi.any():
+                # Does the best single temperature describe the draws? (Fitted on the same
+                # draws, so it errs towards yes.)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    bd = np.where(np.isfinite(d[multi]), beta * d[multi], -np.inf)
+                    w = np.exp(bd - bd.max(axis=1, keepdims=True))
+                fitted = _statistics(_normalised(w), x[multi], v[multi])
+                single_p = min(1.0, 2 * min(fitted.score_p, fitted.top1_p))
     # Tail rate: every row whose served support holds the tail (the event is read before
     # conditioning on anything).
     tr = rows[sv.tail_kept[rows] & (sv.out[rows] < 0)]
@@ -530,12 +577,14 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
     t_ci = (_temperature(hi) if hi > 1 / T_MAX else math.inf,
             _temperature(lo) if lo > 1 / T_MAX else math.inf)
     return ClassResult(
-        klass=klass, n=int(rows.size), scored=int(sel.size), score_z=score_z, score_p=score_p,
-        pit_p=pit_p, top1_observed=top1_obs, top1_expected=top1_exp, top1_z=top1_z,
-        top1_p=top1_p, tail_observed=tail_obs, tail_expected=tail_bounds, tail_p=tail_p,
+        klass=klass, n=int(rows.size), scored=int(sel.size), score_z=st.score_z,
+        score_p=st.score_p, pit_p=st.pit_p, top1_observed=st.top1_observed,
+        top1_expected=st.top1_expected, top1_z=st.top1_z, top1_p=st.top1_p,
+        tail_observed=tail_obs, tail_expected=tail_bounds, tail_p=tail_p,
         outside_support=outside, outside_by=by, boundary=boundary,
         temperature=_temperature(beta), temperature_ci=t_ci, inverse_temperature=beta,
-        inverse_temperature_ci=beta_ci, p_value=p, outcome="fail" if p < level else "pass")
+        inverse_temperature_ci=beta_ci, single_temperature_p=single_p,
+        penalty_llr=penalty_llr, p_value=p, outcome="fail" if p < level else "pass")
 
 
 # --------------------------------------------------------------------------- wording
@@ -561,7 +610,18 @@ def describe(c: ClassResult, served: Served) -> str:
     served_beta = 1 / served.temperature if served.temperature > 0 else BETA_MAX
     ci = f"CI {_t(c.temperature_ci[0])}-{_t(c.temperature_ci[1])}"
     where = f"served {served.temperature:g}"
-    if not math.isnan(c.inverse_temperature) and not beta_lo <= served_beta <= beta_hi:
+    penalties = (c.penalty_llr > PENALTY_LLR
+                 and (served.frequency_penalty > 0 or served.presence_penalty > 0))
+    if penalties:
+        return (f"{name} fit better without the served penalties (log-likelihood +"
+                f"{c.penalty_llr:.1f} without them: penalties ignored?)")
+    fitted = not math.isnan(c.inverse_temperature)
+    if fitted and not beta_lo <= served_beta <= beta_hi:
+        if c.single_temperature_p < CLASS_SINGLE_LEVEL:
+            return (f"{name} not sampled at the served temperature nor at any single one "
+                    f"(best fit {_t(c.temperature)}, {ci}; {where}; score z "
+                    f"{c.score_z:+.1f}, top-1 drawn {c.top1_observed} times for "
+                    f"{c.top1_expected:.1f} expected)")
         if beta_hi < 0:
             return (f"{name} drawn against the target's ranking (effective temperature "
                     f"{c.temperature:.2f}: the least likely tokens favoured; {where})")
@@ -578,13 +638,9 @@ def describe(c: ClassResult, served: Served) -> str:
     if c.tail_p < 1:
         lo, hi = c.tail_expected
         parts.append(f"{c.tail_observed} draws beyond the top-K for {lo:.1f}-{hi:.1f} expected")
-    fitted = ("" if math.isnan(c.inverse_temperature) else
-              f"; effective temperature {_t(c.temperature)} ({ci}) consistent with the "
-              f"served {served.temperature:g}")
-    penal = (" (penalties ignored?)" if served.frequency_penalty or served.presence_penalty
-             or served.repetition_penalty != 1 else "")
-    return f"{name} not drawn from the served distribution{penal}: " \
-           f"{', '.join(parts)}{fitted}"
+    consistent = (f"; effective temperature {_t(c.temperature)} ({ci}) consistent with the "
+                  f"served {served.temperature:g}" if fitted else "")
+    return f"{name} not drawn from the served distribution: {', '.join(parts)}{consistent}"
 
 
 # --------------------------------------------------------------------------- the test
@@ -603,7 +659,7 @@ def judge_positions(pos: Positions, served: Served, alpha: float, seed: int = 0,
     # Each class is judged at its Bonferroni share of alpha.
     classes: dict[str, ClassResult] = {
         k: _class_result(k, pos, sv, rows, alpha / len(present), confidence, rng,
-                         fit_temperature) for k, rows in present}
+                         fit_temperature, served) for k, rows in present}
     p = min(1.0, len(classes) * min(c.p_value for c in classes.values()))
     outcome: StatOutcome = "fail" if p < alpha else "pass"
     clauses = [describe(c, served) for c in classes.values()]

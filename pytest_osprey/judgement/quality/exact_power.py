@@ -211,9 +211,11 @@ def to_positions(draws: Draws, served: Served, rows: IntArray | None = None) -> 
     k = draws.top_ids.shape[2]
     raw = draws.top_logprobs[sel].reshape(-1, k)
     ids = draws.top_ids[sel].reshape(-1, k)
-    logits = raw + draws.top_offsets[sel].reshape(-1, k)
+    off = draws.top_offsets[sel].reshape(-1, k)
+    logits = raw + off
     order = np.argsort(-logits, axis=1, kind="stable")
     logits = np.take_along_axis(logits, order, axis=1)
+    off = np.take_along_axis(off, order, axis=1)
     ids = np.take_along_axis(ids, order, axis=1)
     token = draws.tokens[sel].reshape(-1)
     hit = ids == token[:, None]
@@ -227,7 +229,7 @@ def to_positions(draws: Draws, served: Served, rows: IntArray | None = None) -> 
     up = served.frequency_penalty < 0 or served.presence_penalty < 0
     return Positions(logits, drawn, drawn_logit, tail, raw.min(axis=1),
                      np.full(n, draws.vocab - k, dtype=np.int64),
-                     draws.klass[sel].reshape(-1), np.full(n, penalised), np.full(n, up))
+                     draws.klass[sel].reshape(-1), np.full(n, penalised), np.full(n, up), off)
 
 
 def _fault_served(fault: str, served: Served) -> Served:
