@@ -72,11 +72,9 @@ BoolArray = npt.NDArray[np.bool_]
 T_MAX = 20.0  # the temperature fit's hot end: a fit above it reads inf
 BETA_MAX = 1000.0  # its cold end, as 1/T: below T = 0.001 reads 0 (greedy)
 TRUNCATIONS = ("temperature 0", "top-k", "top-p", "min-p")
-# Wording thresholds (they choose words, never the outcome): a best single temperature
-# rejected at this level reads "no single temperature"; draws whose log-likelihood gains this
-# much without the served penalties read "penalties ignored?" (the chi2(1) 95% point / 2).
+# A wording threshold (it chooses words, never the outcome): a best single temperature
+# rejected at this level reads "no single temperature".
 CLASS_SINGLE_LEVEL = 0.001
-PENALTY_LLR = 1.92
 
 
 @dataclass(frozen=True)
@@ -166,6 +164,9 @@ class ClassResult:
     # top-1, Bonferroni): small when no one temperature describes them (a mixture)
     penalty_llr: float  # log-likelihood of the draws without the served penalties minus with
     # them (> 0: the draws fit better without; nan: no penalties served)
+    penalty_p: float  # one-sided test of that ratio against its H0 mean (1.0: not run)
+    decisive: str  # the statistic with the smallest p: score, PIT, top-1, tail, support,
+    # penalties
     p_value: float  # the class's combined p (Bonferroni over its statistics)
     outcome: StatOutcome
 
@@ -522,24 +523,32 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
     known = drawn >= 0
     inside = (out < 0) & ~sv.boundary[rows]
     sel = rows[inside & known]
-    ps: list[float] = []
     st = _Stats(math.nan, 1.0, 1.0, 0, 0.0, math.nan, 1.0)
-    tail_p = single_p = 1.0
+    tail_p = single_p = penalty_p = 1.0
     penalty_llr = math.nan
+    named: dict[str, float] = {}
     beta, beta_ci = math.nan, (math.nan, math.nan)
     if sel.size:
         q = _normalised(sv.w[sel])
         x = pos.drawn[sel]
         v = rng.random(sel.size)
         st = _statistics(q, x, v)
-        ps += [st.score_p, st.pit_p, st.top1_p]
+        named |= {"score": st.score_p, "PIT": st.pit_p, "top-1": st.top1_p}
         at = np.arange(sel.size)
         if served.temperature > 0 and (pos.offsets[sel] != 0).any():
             d0 = pos.logits[sel] - pos.offsets[sel]
             d0 = np.where(sv.keep[sel], d0 - d0.max(axis=1, keepdims=True), -np.inf)
             q0 = _normalised(np.exp(d0 / served.temperature))
-            with np.errstate(divide="ignore"):
-                penalty_llr = float(np.log(q0[at, x]).sum() - np.log(q[at, x]).sum())
+            # The log-likelihood ratio of the named alternative "penalties not applied":
+            # under H0 a sum of martingale differences with known mean and variance.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.where(q > 0, np.log(np.where(q0 > 0, q0, 1.0)) - np.log(
+                    np.where(q > 0, q, 1.0)), 0.0)
+            mean = (q * r).sum(axis=1)
+            var = float(np.clip((q * r**2).sum(axis=1) - mean**2, 0, None).sum())
+            penalty_llr = float(r[at, x].sum())
+            penalty_p = float(stats.norm.sf(_z(penalty_llr, float(mean.sum()), var)))
+            named["penalties"] = penalty_p
         if fit:
             d = np.where(sv.keep[sel], pos.logits[sel] - pos.logits[sel, :1], -np.inf)
             multi = sv.keep[sel].sum(axis=1) >= 2  # a one-token support says nothing of T
@@ -570,9 +579,10 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
         if side >= 0:
             s = shares[side]
             tail_p = _two_sided(_z(tail_obs, float(s.sum()), float((s * (1 - s)).sum())))
-        ps.append(tail_p)
-    ps.append(0.0 if outside else 1.0)
-    p = min(1.0, len(ps) * min(ps))
+        named["tail"] = tail_p
+    named["support"] = 0.0 if outside else 1.0
+    decisive = min(named, key=lambda key: named[key])
+    p = min(1.0, len(named) * named[decisive])
     lo, hi = beta_ci
     t_ci = (_temperature(hi) if hi > 1 / T_MAX else math.inf,
             _temperature(lo) if lo > 1 / T_MAX else math.inf)
@@ -584,7 +594,8 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
         outside_support=outside, outside_by=by, boundary=boundary,
         temperature=_temperature(beta), temperature_ci=t_ci, inverse_temperature=beta,
         inverse_temperature_ci=beta_ci, single_temperature_p=single_p,
-        penalty_llr=penalty_llr, p_value=p, outcome="fail" if p < level else "pass")
+        penalty_llr=penalty_llr, penalty_p=penalty_p, decisive=decisive, p_value=p,
+        outcome="fail" if p < level else "pass")
 
 
 # --------------------------------------------------------------------------- wording
@@ -610,11 +621,9 @@ def describe(c: ClassResult, served: Served) -> str:
     served_beta = 1 / served.temperature if served.temperature > 0 else BETA_MAX
     ci = f"CI {_t(c.temperature_ci[0])}-{_t(c.temperature_ci[1])}"
     where = f"served {served.temperature:g}"
-    penalties = (c.penalty_llr > PENALTY_LLR
-                 and (served.frequency_penalty > 0 or served.presence_penalty > 0))
-    if penalties:
-        return (f"{name} fit better without the served penalties (log-likelihood +"
-                f"{c.penalty_llr:.1f} without them: penalties ignored?)")
+    if c.decisive == "penalties":
+        return (f"{name} fit better without the served penalties (log-likelihood ratio "
+                f"{c.penalty_llr:+.1f}, p {c.penalty_p:.2g}: penalties ignored?)")
     fitted = not math.isnan(c.inverse_temperature)
     if fitted and not beta_lo <= served_beta <= beta_hi:
         if c.single_temperature_p < CLASS_SINGLE_LEVEL:
