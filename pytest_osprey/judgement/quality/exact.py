@@ -142,7 +142,8 @@ class ClassResult:
 
     klass: PositionClass
     n: int  # tokens of this class
-    scored: int  # draws in the served top-K (score, PIT, top-1 and temperature use these)
+    scored: int  # draws in the served top-K (score, PIT, top-1 and temperature use these,
+    # conditioned on the tokens kept whatever the unknown tail holds: Support.core)
     score_z: float  # sum(log q(x) + H(q)) / sqrt(sum Var_q log q): 0 expected, < 0 off-mode
     score_p: float
     pit_p: float  # randomised PIT, KS against U(0, 1)
@@ -195,7 +196,9 @@ class Positions:
     ``drawn_logit``: its raw log-probability plus offset; ``tail``: the raw mass beyond the
     top-K; ``floor``: the K-th raw log-probability (every tail token lies at or below it);
     ``tail_tokens``: how many tokens the tail holds (0: unknown); ``klass``: index into
-    POSITION_CLASSES; ``tail_down``/``tail_up``: offsets may lower / raise tail tokens;
+    POSITION_CLASSES; ``tail_down``/``tail_up``: offsets may lower / raise tail tokens (beyond
+    the frequency/presence penalties of the ``tail_penalised`` earlier tokens, each at most
+    as likely as the K-th);
     ``offsets``: the offsets ``logits`` include (to judge whether penalties were applied)."""
 
     logits: FloatArray
@@ -207,6 +210,7 @@ class Positions:
     klass: IntArray
     tail_down: BoolArray
     tail_up: BoolArray
+    tail_penalised: IntArray  # distinct earlier tokens of the sample beyond the top-K
     offsets: FloatArray  # (n, K) the offsets included in ``logits`` (penalties)
 
 
@@ -232,18 +236,21 @@ def _check(served: Served, alpha: float, confidence: float, tolerance: float) ->
 
 
 def _penalties(tokens: Sequence[ScoredToken], served: Served
-               ) -> tuple[list[list[float]], list[float]]:
+               ) -> tuple[list[list[float]], list[float], list[int]]:
     """Frequency/presence offsets of each token's top ids and of the drawn token, from the
-    sample's earlier tokens."""
+    sample's earlier tokens; and how many distinct earlier tokens lie beyond the top-K (the
+    tail tokens the penalties may lower)."""
     counts: dict[int, int] = {}
     f, p = served.frequency_penalty, served.presence_penalty
     tops: list[list[float]] = []
     drawn: list[float] = []
+    beyond: list[int] = []
     for t in tokens:
         tops.append([-(f * counts[i] + p) if i in counts else 0.0 for i in t.top_ids])
         drawn.append(-(f * counts[t.token] + p) if t.token in counts else 0.0)
+        beyond.append(len(counts) - sum(i in counts for i in t.top_ids))
         counts[t.token] = counts.get(t.token, 0) + 1
-    return tops, drawn
+    return tops, drawn, beyond
 
 
 def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int | None = None
@@ -252,6 +259,7 @@ def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int |
     rows: list[ScoredToken] = []
     pen_top: list[list[float]] = []
     pen_drawn: list[float] = []
+    pen_beyond: list[int] = []
     penalised = served.frequency_penalty != 0 or served.presence_penalty != 0
     for s in samples:
         for j, t in enumerate(s.tokens):
@@ -266,9 +274,10 @@ def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int |
                                  f"{t.klass!r}")
         rows.extend(s.tokens)
         if penalised:
-            a, b = _penalties(s.tokens, served)
+            a, b, c = _penalties(s.tokens, served)
             pen_top.extend(a)
             pen_drawn.extend(b)
+            pen_beyond.extend(c)
     if not rows:
         raise StatsError("no scored tokens to judge")
     if served.repetition_penalty != 1 and not any(t.top_offsets for t in rows):
@@ -284,6 +293,10 @@ def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int |
         ids[i, :width] = t.top_ids
         if t.top_offsets:
             off[i, :width] = t.top_offsets
+    caller = off[np.isfinite(raw)]
+    down = bool(served.repetition_penalty != 1 or (caller < 0).any())
+    up = bool(served.frequency_penalty < 0 or served.presence_penalty < 0 or (caller > 0).any()
+              or any(t.logit_offset > 0 for t in rows))
     if penalised:
         for i, o in enumerate(pen_top):
             off[i, : len(o)] += o
@@ -317,12 +330,10 @@ def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int |
     known = drawn >= 0
     drawn_logit[known] = logits[known, drawn[known]]
     klass = np.array([POSITION_CLASSES.index(t.klass) for t in rows], dtype=np.int64)
-    offsets = off[np.isfinite(logits)]
-    down = bool(penalised or served.repetition_penalty != 1 or (offsets < 0).any())
-    up = bool(served.frequency_penalty < 0 or served.presence_penalty < 0 or (offsets > 0).any()
-              or any(t.logit_offset > 0 for t in rows))
+    beyond = np.asarray(pen_beyond if penalised else np.zeros(n), dtype=np.int64)
     return Positions(logits, drawn, drawn_logit, tail, floor, tail_tokens, klass,
-                     np.full(n, down), np.full(n, up), np.where(np.isfinite(logits), off, 0.0))
+                     np.full(n, down), np.full(n, up), beyond,
+                     np.where(np.isfinite(logits), off, 0.0))
 
 
 # --------------------------------------------------------------------------- served q
@@ -341,6 +352,7 @@ class Support:
     tail_hi: FloatArray
     out: IntArray  # -1: inside; else the index in TRUNCATIONS that excludes the draw
     boundary: BoolArray  # outside the exact support, by less than the tolerance
+    core: BoolArray  # (n, K) top-K tokens kept whatever the unknown tail holds
 
 
 def served_support(pos: Positions, served: Served, tol: float) -> Support:
@@ -359,7 +371,7 @@ def served_support(pos: Positions, served: Served, tol: float) -> Support:
         out[dx + tol < 0] = 0
         known = pos.drawn >= 0
         inside = np.where(known, keep[np.arange(n), np.maximum(pos.drawn, 0)], False)
-        return Support(w, keep, tail_kept, zero, zero, out, (out < 0) & ~inside)
+        return Support(w, keep, tail_kept, zero, zero, out, (out < 0) & ~inside, keep)
     a = 1.0 / served.temperature
     with np.errstate(invalid="ignore"):
         w = np.where(valid, np.exp(a * d), 0.0)
@@ -367,15 +379,20 @@ def served_support(pos: Positions, served: Served, tol: float) -> Support:
     has_tail = m > 0
     safe_m = np.where(has_tail, m, 1.0)
     # Tail weight bounds on the same scale (module docstring): each tail token's raw
-    # probability p_j <= exp(floor), sum p_j = m.
-    edge = np.log(safe_m) + (a - 1.0) * pos.floor - a * top
+    # probability p_j <= exp(floor), sum p_j = m. Penalties only lower the tokens they hit,
+    # so the upper bounds hold; the lower ones count only the mass they cannot have hit.
+    free = np.clip(m - pos.tail_penalised * np.exp(pos.floor), 0.0, None)
+    safe_free = np.where(free > 0, free, 1.0)
+    edge = (a - 1.0) * pos.floor - a * top
     nt = np.maximum(pos.tail_tokens, 1).astype(np.float64)
-    spread = np.where(pos.tail_tokens > 0,
-                      (1 - a) * np.log(nt) + a * np.log(safe_m) - a * top, np.inf)
+    spread = np.where(pos.tail_tokens > 0, (1 - a) * np.log(nt) - a * top, np.inf)
     if a >= 1:
-        hi, lo = np.exp(edge), np.where(pos.tail_tokens > 0, np.exp(spread), 0.0)
+        hi = np.exp(np.log(safe_m) + edge)
+        lo = np.where((pos.tail_tokens > 0) & (free > 0),
+                      np.exp(spread + a * np.log(safe_free)), 0.0)
     else:
-        lo, hi = np.exp(edge), np.exp(spread)
+        lo = np.where(free > 0, np.exp(np.log(safe_free) + edge), 0.0)
+        hi = np.exp(spread + a * np.log(safe_m))
     lo = np.where(has_tail & ~pos.tail_down, lo, 0.0)
     hi = np.where(has_tail, np.where(pos.tail_up, np.inf, hi), 0.0)
     rank = np.arange(k)[None, :]
@@ -393,9 +410,17 @@ def served_support(pos: Positions, served: Served, tol: float) -> Support:
     known_mass = wk.sum(axis=1)
     with np.errstate(invalid="ignore"):
         z_hi = known_mass + np.where(tail_k, hi, 0.0)
+    core_p = np.ones((n, k), dtype=bool)
     if served.top_p < 1:
         before = np.cumsum(wk, axis=1) - wk
         keep_p = before < served.top_p * z_hi[:, None]
+        # The cut moves with the unknown tail mass: the top-K tokens kept whatever the tail
+        # holds (normalised with the tail at its lower bound) are the core the conditional
+        # statistics use; the others may or may not have been kept.
+        low = lo * np.clip((served.top_k or 0) - width, 0, None) / nt \
+            if served.top_k is not None else lo
+        z_lo = known_mass + np.where(tail_k, low, 0.0)
+        core_p = before < served.top_p * z_lo[:, None]
         tail_p = known_mass < served.top_p * z_hi
         above = np.where(keep_k & (lg > pos.drawn_logit[:, None] + tol), w, 0.0).sum(axis=1)
         out_p = above >= served.top_p * z_hi
@@ -423,14 +448,15 @@ def served_support(pos: Positions, served: Served, tol: float) -> Support:
     inside = np.where(known, keep[np.arange(n), np.maximum(pos.drawn, 0)], tail_kept)
     w = np.where(keep, w, 0.0)
     return Support(w, keep, tail_kept, lo, np.where(tail_kept, hi, 0.0), out,
-                   (out < 0) & ~inside)
+                   (out < 0) & ~inside, keep & core_p)
 
 
 # --------------------------------------------------------------------------- statistics
 
 
 def _two_sided(z: float) -> float:
-    return float(2 * stats.norm.sf(abs(z))) if math.isfinite(z) else 0.0
+    """Two-sided normal p (special.ndtr: norm.sf without its per-call overhead)."""
+    return float(2 * special.ndtr(-abs(z))) if math.isfinite(z) else 0.0
 
 
 def _z(observed: float, expected: float, var: float) -> float:
@@ -522,14 +548,14 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
     boundary = int(sv.boundary[rows].sum())
     known = drawn >= 0
     inside = (out < 0) & ~sv.boundary[rows]
-    sel = rows[inside & known]
+    sel = rows[inside & known & sv.core[rows, np.maximum(drawn, 0)]]
     st = _Stats(math.nan, 1.0, 1.0, 0, 0.0, math.nan, 1.0)
     tail_p = single_p = penalty_p = 1.0
     penalty_llr = math.nan
     named: dict[str, float] = {}
     beta, beta_ci = math.nan, (math.nan, math.nan)
     if sel.size:
-        q = _normalised(sv.w[sel])
+        q = _normalised(np.where(sv.core[sel], sv.w[sel], 0.0))
         x = pos.drawn[sel]
         v = rng.random(sel.size)
         st = _statistics(q, x, v)
@@ -537,7 +563,7 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
         at = np.arange(sel.size)
         if served.temperature > 0 and (pos.offsets[sel] != 0).any():
             d0 = pos.logits[sel] - pos.offsets[sel]
-            d0 = np.where(sv.keep[sel], d0 - d0.max(axis=1, keepdims=True), -np.inf)
+            d0 = np.where(sv.core[sel], d0 - d0.max(axis=1, keepdims=True), -np.inf)
             q0 = _normalised(np.exp(d0 / served.temperature))
             # The log-likelihood ratio of the named alternative "penalties not applied":
             # under H0 a sum of martingale differences with known mean and variance.
@@ -547,11 +573,11 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
             mean = (q * r).sum(axis=1)
             var = float(np.clip((q * r**2).sum(axis=1) - mean**2, 0, None).sum())
             penalty_llr = float(r[at, x].sum())
-            penalty_p = float(stats.norm.sf(_z(penalty_llr, float(mean.sum()), var)))
+            penalty_p = float(special.ndtr(-_z(penalty_llr, float(mean.sum()), var)))
             named["penalties"] = penalty_p
         if fit:
-            d = np.where(sv.keep[sel], pos.logits[sel] - pos.logits[sel, :1], -np.inf)
-            multi = sv.keep[sel].sum(axis=1) >= 2  # a one-token support says nothing of T
+            d = np.where(sv.core[sel], pos.logits[sel] - pos.logits[sel, :1], -np.inf)
+            multi = sv.core[sel].sum(axis=1) >= 2  # a one-token support says nothing of T
             beta, beta_ci = _fit_temperature(d[multi], d[multi, x[multi]], confidence)
             if multi.any():
                 # Does the best single temperature describe the draws? (Fitted on the same
@@ -567,9 +593,12 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
     tail_obs = int((pos.drawn[tr] < 0).sum())
     tail_bounds = (0.0, 0.0)
     if tr.size:
-        mass = sv.w[tr].sum(axis=1)
+        # The kept top-K mass is itself bounded (the top-p cut): the most for the lower
+        # share, the least (the core) for the upper.
+        most = sv.w[tr].sum(axis=1)
+        least = np.where(sv.core[tr], sv.w[tr], 0.0).sum(axis=1)
         shares = []
-        for t in (sv.tail_lo[tr], sv.tail_hi[tr]):
+        for t, mass in ((sv.tail_lo[tr], most), (sv.tail_hi[tr], least)):
             with np.errstate(invalid="ignore"):
                 s = np.where(np.isinf(t), 1.0, t / (mass + np.where(np.isinf(t), 0.0, t)))
             shares.append(s)
@@ -628,26 +657,26 @@ def describe(c: ClassResult, served: Served) -> str:
     if fitted and not beta_lo <= served_beta <= beta_hi:
         if c.single_temperature_p < CLASS_SINGLE_LEVEL:
             return (f"{name} not sampled at the served temperature nor at any single one "
-                    f"(best fit {_t(c.temperature)}, {ci}; {where}; score z "
+                    f"(best fit {_t(c.temperature)}, {ci}, {where}, score z "
                     f"{c.score_z:+.1f}, top-1 drawn {c.top1_observed} times for "
                     f"{c.top1_expected:.1f} expected)")
         if beta_hi < 0:
             return (f"{name} drawn against the target's ranking (effective temperature "
-                    f"{c.temperature:.2f}: the least likely tokens favoured; {where})")
+                    f"{c.temperature:.2f}: the least likely tokens favoured, {where})")
         if c.temperature_ci[0] < 0.01:
             return (f"{name} sampled near greedily (effective temperature "
-                    f"{_t(c.temperature)}, {ci}; {where})")
+                    f"{_t(c.temperature)}, {ci}, {where})")
         if c.temperature_ci[1] == math.inf:
             return f"{name} sampled at an effective temperature > {_t(c.temperature_ci[0])} " \
                    f"({where})"
-        return (f"{name} sampled at an effective temperature {_t(c.temperature)} ({ci}; "
+        return (f"{name} sampled at an effective temperature {_t(c.temperature)} ({ci}, "
                 f"{where})")
     parts = [f"score z {c.score_z:+.1f}", f"PIT p {c.pit_p:.2g}",
              f"top-1 drawn {c.top1_observed} times for {c.top1_expected:.1f} expected"]
     if c.tail_p < 1:
         lo, hi = c.tail_expected
         parts.append(f"{c.tail_observed} draws beyond the top-K for {lo:.1f}-{hi:.1f} expected")
-    consistent = (f"; effective temperature {_t(c.temperature)} ({ci}) consistent with the "
+    consistent = (f", effective temperature {_t(c.temperature)} ({ci}) consistent with the "
                   f"served {served.temperature:g}" if fitted else "")
     return f"{name} not drawn from the served distribution: {', '.join(parts)}{consistent}"
 

@@ -79,6 +79,7 @@ class Draws:
     klass: IntArray  # (rows, L) index into POSITION_CLASSES
     top_offsets: FloatArray  # (rows, L, K) the served penalties' logit offsets
     drawn_offset: FloatArray  # (rows, L)
+    tail_penalised: IntArray  # (rows, L) distinct earlier tokens beyond the top-K
     prompt: IntArray  # (rows,) prompt index within its replicate
     replicate: IntArray  # (rows,)
     vocab: int
@@ -156,7 +157,8 @@ def simulate(budget: Budget, served: Served, fault: str | None = None, *,
         top_ids=np.empty((rows, length, k), dtype=np.int64),
         top_logprobs=np.empty((rows, length, k)), drawn_logprob=np.empty((rows, length)),
         klass=klass, top_offsets=np.empty((rows, length, k)),
-        drawn_offset=np.empty((rows, length)), prompt=prompt_of % budget.prompts,
+        drawn_offset=np.empty((rows, length)),
+        tail_penalised=np.empty((rows, length), dtype=np.int64), prompt=prompt_of % budget.prompts,
         replicate=prompt_of // budget.prompts, vocab=vocab)
     at = np.arange(rows)
     for j in range(length):
@@ -199,6 +201,9 @@ def simulate(budget: Budget, served: Served, fault: str | None = None, *,
         out.drawn_logprob[:, j] = raw[at, tok]
         out.top_offsets[:, j] = np.take_along_axis(offset, top, axis=1)
         out.drawn_offset[:, j] = offset[at, tok]
+        seen = counts > 0
+        out.tail_penalised[:, j] = seen.sum(axis=1) - np.take_along_axis(seen, top, axis=1).sum(
+            axis=1)
         counts[at, tok] += 1
         prev = tok
     return out
@@ -227,9 +232,11 @@ def to_positions(draws: Draws, served: Served, rows: IntArray | None = None) -> 
     n = token.size
     penalised = bool(served.frequency_penalty or served.presence_penalty)
     up = served.frequency_penalty < 0 or served.presence_penalty < 0
+    beyond = draws.tail_penalised[sel].reshape(-1) if penalised else np.zeros(n, dtype=np.int64)
     return Positions(logits, drawn, drawn_logit, tail, raw.min(axis=1),
                      np.full(n, draws.vocab - k, dtype=np.int64),
-                     draws.klass[sel].reshape(-1), np.full(n, penalised), np.full(n, up), off)
+                     draws.klass[sel].reshape(-1), np.zeros(n, dtype=bool), np.full(n, up),
+                     beyond, off)
 
 
 def _fault_served(fault: str, served: Served) -> Served:
@@ -282,7 +289,7 @@ def analytic_temperature_power(budget: Budget, served: Served, temperature: floa
     test's power (it also has the PIT and the tail rate), computed without sampling."""
     pos = _contexts(budget, served, family, replicates)
     sv = served_support(pos, served, 0.0)
-    keep = sv.keep
+    keep = sv.core
     d = np.where(keep, pos.logits - pos.logits[:, :1], -np.inf)
 
     def dist(t: float) -> FloatArray:
