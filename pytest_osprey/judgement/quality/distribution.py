@@ -19,9 +19,11 @@ a prompt's samples are; a changed vocabulary or phrasing moves the token and big
 lengths catch early or late stops), but the test is two-sided: it says *that* the samples
 differ and by how much, never how the sampler errs (garbage sampling parameters can make
 samples loop on one token in one run and near-uniform in the next). Where the target's
-logprobs are available, the exact per-position test (:mod:`.exact`) says where and how. MMD^2 is a difference of mean similarities (within the
-reference + within the candidate - 2 x across), estimated without the self-similarities, so
-it is unbiased: about 0 for identical samplers at any sample size.
+logprobs are available, the exact per-position test (:mod:`.exact`) says where and how.
+
+MMD^2 is a difference of mean similarities (within the reference + within the candidate - 2 x
+across), estimated without the self-similarities, so it is unbiased: about 0 for identical
+samplers at any sample size.
 
 **Test.** Under H0 the samples of one prompt are exchangeable between the conditions, so
 relabelling them is exact. Each prompt is relabelled *independently* (a stratified
