@@ -251,26 +251,37 @@ def _fault_served(fault: str, served: Served) -> Served:
 
 
 @functools.lru_cache(maxsize=256)
-def power_against(fault: str | None, budget: Budget, served: Served, alpha: float = 0.01, *,
-                  family: str = "tiny", shift: float = 0.1, replicates: int = REPLICATES,
-                  seed: int = 0) -> float:
-    """Share of simulated campaigns of ``budget`` the exact test fails at ``alpha`` with
-    ``fault`` planted (None: the false-alarm rate). A fault that needs a setting the served
-    sampling lacks (top-p, top-k, min-p, penalties) is simulated with one (top-p 0.9, top-k
-    10, min-p 0.1, penalties 0.5)."""
+def p_values(fault: str | None, budget: Budget, served: Served, *, family: str = "tiny",
+             shift: float = 0.1, replicates: int = REPLICATES, seed: int = 0
+             ) -> tuple[float, ...]:
+    """The exact test's p-value on each of ``replicates`` simulated campaigns of ``budget``
+    with ``fault`` planted (None: honest). A fault that needs a setting the served sampling
+    lacks (top-p, top-k, min-p, penalties) is simulated with one (top-p 0.9, top-k 10, min-p
+    0.1, penalties 0.5)."""
     if fault is not None:
         served = _fault_served(fault, served)
     draws = simulate(budget, served, fault, replicates=replicates, seed=seed, family=family,
                      shift=shift)
     pos = to_positions(draws, served)
     per = budget.prompts * budget.samples * budget.tokens
-    fails = 0
+    out = []
     for r in range(replicates):
         rows = np.arange(r * per, (r + 1) * per)
         part = Positions(*(getattr(pos, f)[rows] for f in Positions.__dataclass_fields__))
-        res = judge_positions(part, served, alpha, seed=seed + r, fit_temperature=False)
-        fails += res.outcome == "fail"
-    return fails / replicates
+        # alpha only sets the outcome, not the p-value
+        res = judge_positions(part, served, 0.5, seed=seed + r, fit_temperature=False)
+        out.append(res.p_value)
+    return tuple(out)
+
+
+def power_against(fault: str | None, budget: Budget, served: Served, alpha: float = 0.01, *,
+                  family: str = "tiny", shift: float = 0.1, replicates: int = REPLICATES,
+                  seed: int = 0) -> float:
+    """Share of simulated campaigns of ``budget`` the exact test fails at ``alpha`` (p <
+    alpha) with ``fault`` planted (None: the false-alarm rate); see :func:`p_values`."""
+    ps = p_values(fault, budget, served, family=family, shift=shift, replicates=replicates,
+                  seed=seed)
+    return sum(p < alpha for p in ps) / replicates
 
 
 @functools.lru_cache(maxsize=16)
@@ -342,5 +353,5 @@ def detectable_temperature_shift(budget: Budget, served: Served, power: float = 
 
 
 __all__ = ["FAMILIES", "FAULTS", "SHIFTS", "Budget", "Draws", "analytic_temperature_power",
-           "detectable_temperature_shift",
+           "detectable_temperature_shift", "p_values",
            "power_against", "simulate", "to_positions"]
