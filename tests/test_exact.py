@@ -29,10 +29,12 @@ from pytest_osprey.judgement.quality.exact_power import (
     Budget,
     Positions,
     analytic_temperature_power,
+    budget_problem,
     detectable_temperature_shift,
     power_against,
     simulate,
     to_positions,
+    what_the_budget_sees,
 )
 from pytest_osprey.judgement.stats.core import StatsError
 from testkit.exact_sim import scored_samples, to_samples
@@ -242,3 +244,13 @@ def test_detectable_shift_shrinks_with_the_budget_and_is_not_overstated() -> Non
     start = time.perf_counter()
     detectable_temperature_shift(small, PLAIN)  # cached
     assert time.perf_counter() - start < 0.1
+
+
+def test_preflight_states_what_a_budget_sees_and_refuses_a_blind_one() -> None:
+    said = what_the_budget_sees(Budget(16, 8, 24), PLAIN)
+    assert "detects a temperature shift of 0.1 at the speculative positions with 80% power" \
+        in said
+    assert budget_problem(Budget(4, 8, 24), PLAIN) is None
+    blind = budget_problem(Budget(1, 1, 2), PLAIN)
+    assert blind is not None and "greedy verification" in blind
+    assert budget_problem(Budget(1, 1, 2), Served(0.0)) is None
