@@ -30,23 +30,30 @@ independent U(0, 1) under H0):
 * *outside the served support*: a draw the served top-k / top-p / min-p (or a temperature of
   0) excludes has probability 0: one is decisive (p = 0). The scorer's and the sampler's
   logits differ by rounding, so a draw counts only when it stays excluded with its logit
-  raised by ``tolerance`` nats; a draw excluded by less is left out of every statistic.
+  raised by ``tolerance`` nats; a draw excluded by less is left out of every statistic;
+* *penalties* (when served): the log-likelihood ratio of the draws without the served
+  frequency/presence penalties against with them, one-sided against its H0 mean.
 
 The class's p is the Bonferroni minimum over the statistics it could compute; the result's,
 the Bonferroni minimum over the classes present. Beside the tests, the maximum-likelihood
 *effective temperature* of the draws given the raw logits (on the served support), with a
 profile-likelihood interval at ``confidence``: it sizes the defect and names no direction the
-data do not show (an effective temperature above the fit's range reads inf, below it 0).
+data do not show (an effective temperature above the fit's range reads inf, below it 0; the
+draws are also tested against the fitted temperature, so a mixture reads "not sampled at any
+single temperature"). The failing sentence (``summary``) names the class and what was
+measured: the parameter whose support the draws left, the penalties, or the temperature.
 
 **The tail beyond K.** Only the top-K raw log-probabilities are known; the rest of the
 vocabulary holds their missing mass ``m``, every tail token at most as likely as the K-th.
 The tail is never ignored and never guessed: the score test, the PIT, the top-1 count and the
-temperature fit use the draws that fell in the top-K, judged against the served distribution
-*conditioned on the top-K* (exact, whatever the tail holds); the tail-rate test compares the
-number of draws beyond K with the served tail mass, which is only bounded (above by the K-th
-probability times ``m`` at a temperature <= 1, below by it above 1; the other bound needs the
-vocabulary size ``vocab``, else it is 0 or unbounded), so it can only reject outside the
-bounds: conservative. Where a truncation might cut into the tail, the tail is kept (the
+temperature fit use the draws that fell in the top-K tokens the served support keeps
+whatever the tail holds (a top-p cut can move with the tail's mass), judged against the
+served distribution *conditioned on those tokens* (exact, whatever the tail holds); the
+tail-rate test compares the number of draws beyond K with the served tail mass, which is only
+bounded (above by the K-th probability times ``m`` at a temperature <= 1, below by it above
+1; the other bound needs the vocabulary size ``vocab``, else it is 0 or unbounded; penalties
+only lower the tail tokens they hit, which the lower bound leaves out), so it can only reject
+outside the bounds: conservative. Where a truncation might cut into the tail, the tail is kept (the
 largest support), so a tail draw is never called outside the support on a guess.
 """
 
