@@ -9,6 +9,7 @@ means the method, not the dice, is off.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import numpy as np
@@ -254,3 +255,17 @@ def test_preflight_states_what_a_budget_sees_and_refuses_a_blind_one() -> None:
     blind = budget_problem(Budget(1, 1, 2), PLAIN)
     assert blind is not None and "greedy verification" in blind
     assert budget_problem(Budget(1, 1, 2), Served(0.0)) is None
+
+
+@pytest.mark.parametrize(("family", "bound"), [("tiny", r"> \d+\.\d\d"),
+                                               ("chat", r"> 20, the top of the fit's range")])
+def test_near_uniform_drafted_positions_read_as_a_hot_effective_temperature(
+        family: str, bound: str) -> None:
+    """Drafted and bonus positions sampled at temperature 50 (served 0.8): the sentence gives
+    the interval's lower end, or the fit's range where the whole interval lies above it."""
+    res = exact_test(scored_samples(Budget(4, 8, 24), PLAIN, "hotter", seed=1, shift=50.0,
+                                    family=family), PLAIN, 0.01, vocab=VOCAB)
+    first = res.summary.split("; ")[0]
+    assert re.fullmatch(rf"drafted positions sampled at an effective temperature {bound} "
+                        r"\(served 0\.8\)", first), res.summary
+    assert res.summary.endswith("first token as served")

@@ -674,8 +674,9 @@ def describe(c: ClassResult, served: Served) -> str:
             return (f"{name} sampled near greedily (effective temperature "
                     f"{_t(c.temperature)}, {ci}, {where})")
         if c.temperature_ci[1] == math.inf:
-            return f"{name} sampled at an effective temperature > {_t(c.temperature_ci[0])} " \
-                   f"({where})"
+            low = (f"{_t(c.temperature_ci[0])}" if math.isfinite(c.temperature_ci[0])
+                   else f"{T_MAX:g}, the top of the fit's range")
+            return f"{name} sampled at an effective temperature > {low} ({where})"
         return (f"{name} sampled at an effective temperature {_t(c.temperature)} ({ci}, "
                 f"{where})")
     parts = [f"score z {c.score_z:+.1f}", f"PIT p {c.pit_p:.2g}",
