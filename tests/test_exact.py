@@ -269,3 +269,12 @@ def test_near_uniform_drafted_positions_read_as_a_hot_effective_temperature(
     assert re.fullmatch(rf"drafted positions sampled at an effective temperature {bound} "
                         r"\(served 0\.8\)", first), res.summary
     assert res.summary.endswith("first token as served")
+
+
+def test_a_token_the_target_never_gives_is_decisive() -> None:
+    sample = ScoredSample("p", 0, (token(1, -0.1, (1,), (-0.1,)),
+                                   token(7, -math.inf, (1, 2), (-0.1, -2.4), "drafted")))
+    res = exact_test([sample], PLAIN, 0.01)
+    assert res.outcome == "fail" and res.classes["drafted"].outside_by == {"probability 0": 1}
+    assert res.summary.startswith("drafted positions: 1 of 1 draws outside the served "
+                                  "distribution (the target gives them probability 0)")

@@ -78,7 +78,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 T_MAX = 20.0  # the temperature fit's hot end: a fit above it reads inf
 BETA_MAX = 1000.0  # its cold end, as 1/T: below T = 0.001 reads 0 (greedy)
-TRUNCATIONS = ("temperature 0", "top-k", "top-p", "min-p")
+TRUNCATIONS = ("temperature 0", "top-k", "top-p", "min-p", "probability 0")
 # A wording threshold (it chooses words, never the outcome): a best single temperature
 # rejected at this level reads "no single temperature".
 CLASS_SINGLE_LEVEL = 0.001
@@ -310,6 +310,8 @@ def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int |
     if np.isnan(raw).any() or (raw > 1e-6).any():
         raise StatsError("top_logprobs must be log-probabilities (finite, <= 0)")
     token = np.array([t.token for t in rows], dtype=np.int64)
+    if any(math.isnan(t.logprob) or t.logprob > 1e-6 for t in rows):
+        raise StatsError("a token's logprob must be a log-probability (<= 0, -inf allowed)")
     drawn_logit = np.array([t.logprob + t.logit_offset for t in rows])
     if penalised:
         drawn_logit += np.asarray(pen_drawn)
@@ -449,7 +451,9 @@ def served_support(pos: Positions, served: Served, tol: float) -> Support:
     partial = (served.top_k is not None) or served.top_p < 1 or served.min_p > 0
     if partial:
         lo = np.zeros(n)  # a truncation may cut into the tail: no lower bound
-    for index, hit in ((3, out_m), (2, out_p), (1, out_k)):  # the first in serving order wins
+    impossible = pos.drawn_logit == -np.inf  # the target itself gives it probability 0
+    for index, hit in ((4, impossible), (3, out_m), (2, out_p), (1, out_k)):
+        # the first in serving order wins
         out[hit] = index
     known = pos.drawn >= 0
     inside = np.where(known, keep[np.arange(n), np.maximum(pos.drawn, 0)], tail_kept)
@@ -650,9 +654,11 @@ def describe(c: ClassResult, served: Served) -> str:
         what, _ = max(c.outside_by.items(), key=lambda kv: kv[1])
         setting = {"temperature 0": "greedy choice (served temperature 0)",
                    "top-k": f"top-k {served.top_k}", "top-p": f"top-p {served.top_p:g}",
-                   "min-p": f"min-p {served.min_p:g}"}[what]
-        return (f"{name}: {c.outside_support} of {c.n} draws outside the served {setting} "
-                f"({what} ignored?)")
+                   "min-p": f"min-p {served.min_p:g}",
+                   "probability 0": "distribution (the target gives them probability 0)",
+                   }[what]
+        hint = "" if what == "probability 0" else f" ({what} ignored?)"
+        return f"{name}: {c.outside_support} of {c.n} draws outside the served {setting}{hint}"
     beta_lo, beta_hi = c.inverse_temperature_ci
     served_beta = 1 / served.temperature if served.temperature > 0 else BETA_MAX
     ci = f"CI {_t(c.temperature_ci[0])}-{_t(c.temperature_ci[1])}"
