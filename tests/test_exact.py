@@ -2,8 +2,9 @@
 depend on the token before; the top-K leaves an unknown tail), each planted fault caught, the
 effective temperature's interval coverage, and sentences that name the class and property.
 
-Monte Carlo rates are judged with exact binomial tests at the 0.1% level, so a seeded failure
-means the method, not the dice, is off.
+False alarms must stay at or below alpha + 2 standard errors; distributional checks (the
+score z against N(0, 1), PIT p-values against U(0, 1), interval coverage) use tests at the
+0.1% level. Everything is seeded, so a failure means the method, not the dice, is off.
 """
 
 from __future__ import annotations
@@ -46,11 +47,6 @@ TRUNCATED = Served(0.8, top_p=0.95, top_k=40, min_p=0.02, frequency_penalty=0.3,
                    presence_penalty=0.2)
 
 
-def assert_rate_at_most(hits: int, n: int, alpha: float, what: str) -> None:
-    p = stats.binomtest(hits, n, alpha, alternative="greater").pvalue
-    assert p > SIG, f"{what}: {hits}/{n} = {hits / n:.4f} is significantly above {alpha}"
-
-
 def replicates(budget: Budget, served: Served, fault: str | None, n: int, seed: int,
                family: str = "tiny") -> list[Positions]:
     draws = simulate(budget, served, fault, replicates=n, seed=seed, family=family)
@@ -77,7 +73,9 @@ def test_false_alarms_at_most_alpha_on_honest_dependent_samples(
                for i, p in enumerate(replicates(budget, served, None, reps, seed=7, family=family))]
     for alpha in (0.01, 0.05):
         hits = sum(r.p_value < alpha for r in results)
-        assert_rate_at_most(hits, reps, alpha, f"{served.words()} {family} K={logprobs}")
+        # At most alpha + 2 standard errors (seeded: a failure is the method, not the dice).
+        assert hits / reps <= alpha + 2 * math.sqrt(alpha * (1 - alpha) / reps), (
+            f"{served.words()} {family} K={logprobs}: {hits}/{reps} false alarms at {alpha}")
     z = [r.classes["drafted"].score_z for r in results]
     assert stats.kstest(z, "norm").pvalue > SIG, (np.mean(z), np.std(z))
     pit = [r.classes["drafted"].pit_p for r in results]
