@@ -115,6 +115,7 @@ class ClassResult:
     boundary: int  # excluded by less than the tolerance: left out of every statistic
     temperature: float  # maximum-likelihood effective temperature (inf: above T_MAX)
     temperature_ci: tuple[float, float]  # at ``confidence``; inf above the fit's range, 0 below
+    # (nan, like temperature, where nothing could be fitted: no drawn token had a rival)
     inverse_temperature: float  # 1/T, the fitted parameter (< 0: least likely tokens favoured)
     inverse_temperature_ci: tuple[float, float]
     single_temperature_p: float  # the draws against the best single temperature (score and
@@ -326,8 +327,9 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
     decisive = min(named, key=lambda key: named[key])
     p = min(1.0, len(named) * named[decisive])
     lo, hi = beta_ci
-    t_ci = (_temperature(hi) if hi > 1 / T_MAX else math.inf,
-            _temperature(lo) if lo > 1 / T_MAX else math.inf)
+    t_ci = ((math.nan, math.nan) if math.isnan(beta) else
+            (_temperature(hi) if hi > 1 / T_MAX else math.inf,
+             _temperature(lo) if lo > 1 / T_MAX else math.inf))
     return ClassResult(
         klass=klass, n=int(rows.size), scored=int(sel.size), score_z=st.score_z,
         score_p=st.score_p, pit_p=st.pit_p, top1_observed=st.top1_observed,
