@@ -65,6 +65,14 @@ class Noise:
     slowdown_reference_only: bool = False  # that pass slowed for the reference alone (a bias)
     machine_sd: float = 0.0  # per machine (shard): an offset to every condition alike
     machine_interaction_sd: float = 0.0  # per machine: the candidate's gain differs there
+    # Per-server stalls: each condition is its own server; a stall starts at one of its
+    # requests with ``stall_prob`` and slows that condition's next U(stall_len) requests.
+    stall_prob: float = 0.0
+    stall_len: tuple[int, int] = (2, 8)
+    stall_factor: float = 2.0
+    # Heavy-tailed stretch shocks: every stretch x (1 + pareto_scale * Lomax(pareto_shape)).
+    pareto_scale: float = 0.0
+    pareto_shape: float = 1.5
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,15 @@ def plan_pool(design: Design, size: int = 256, seed: int = 0) -> _PlanPool:
                 key.append((((lvl * 2 + c) * n_b + s.boot) * n_p + s.pass_index) * n + pos)
                 units[s.level][q, s.boot, s.pass_index, pos] = (
                     (s.boot * n_p + s.pass_index) * len(plan.blocks[s.level]) + s.block)
+        for level in names:  # number the units in the order they ran, as ``collect`` does
+            order: dict[int, int] = {}
+            for s in plan.stretches:
+                if s.level == level:
+                    order.setdefault((s.boot * n_p + s.pass_index) * len(plan.blocks[level])
+                                     + s.block, len(order))
+            lookup = np.zeros(max(order) + 1, dtype=np.int64)
+            lookup[list(order)] = list(order.values())
+            units[level][q] = lookup[units[level][q]]
         for name, values in zip(rows, (cond, prompt, boot, pas, seg, first, conc, key),
                                 strict=True):
             rows[name].append(values)
@@ -233,6 +250,11 @@ def simulate(
         noise_log += math.log(noise.burst_factor) * ((events - lagged) > 0)
     if noise.switch_penalty:
         noise_log += noise.switch_penalty * first
+    if noise.stall_prob:
+        noise_log += math.log(noise.stall_factor) * _stalls(rng, cond, noise)
+    if noise.pareto_scale:
+        shock = rng.pareto(noise.pareto_shape, (n_sims, pool.segments))
+        noise_log += np.log1p(noise.pareto_scale * shock)[s_idx, seg]
     if design.shards > 1 and (noise.machine_sd or noise.machine_interaction_sd):
         # Pairs stay within a machine (a pass is one machine's), so a machine's offset
         # cancels; its interaction with the drafter does not. The verdict names the machines
@@ -285,6 +307,24 @@ def simulate(
                      {n: pool.units[n][pick] for n in names})
 
 
+def _stalls(rng: np.random.Generator, cond: IntArray, noise: Noise) -> FloatArray:
+    """1 where a request falls in a stall of its own condition's server: per condition, in
+    the order its requests ran, a stall starts at each with ``stall_prob`` and covers that
+    request and the condition's next U(stall_len) - 1."""
+    lo, hi = noise.stall_len
+    out = np.zeros(cond.shape)
+    rows = np.arange(cond.shape[0])[:, None]
+    for c in range(len(CONDITIONS)):
+        slots = np.argsort(cond != c, axis=1, kind="stable")[:, : int((cond[0] == c).sum())]
+        onset = rng.random(slots.shape) < noise.stall_prob
+        length = rng.integers(lo, hi + 1, slots.shape)
+        hit = np.zeros(slots.shape, dtype=bool)
+        for lag in range(hi):
+            hit[:, lag:] |= (onset & (length > lag))[:, : slots.shape[1] - lag]
+        out[rows, slots] = hit
+    return out
+
+
 def _timeline(
     latency: FloatArray, first: npt.NDArray[np.bool_], conc: IntArray
 ) -> tuple[FloatArray, FloatArray]:
@@ -328,6 +368,24 @@ def noise_models() -> dict[str, Noise]:
         replace(base, name="mixed", ar=0.3, shock_sd=0.05, burst_prob=0.02,
                 inflight_rate=0.1, slow_prob=0.1, drift_sd=0.05),
         replace(base, name="reference", ar=0.3, shock_sd=0.03, slow_prob=0.10),
+    ]
+    return {m.name: m for m in models}
+
+
+DRIFT_25 = math.log(1.25) / math.sqrt(2)  # drift_sd whose sine swings +-25%
+
+
+def low_load_models() -> dict[str, Noise]:
+    """Noise that breaks a test reading time units as independent at low load: per-server
+    stalls of 2-8 consecutive requests of one condition, smooth drift of +-25% shared by both
+    conditions over the campaign, heavy-tailed (Pareto) stretch shocks, and their mixture."""
+    base = Noise(request_sd=0.10)
+    models = [
+        replace(base, name="stalls5%", stall_prob=0.05),
+        replace(base, name="stalls10%", stall_prob=0.10),
+        replace(base, name="drift25%", drift_sd=DRIFT_25),
+        replace(base, name="pareto", pareto_scale=0.05),
+        replace(base, name="mixture", stall_prob=0.05, drift_sd=DRIFT_25, pareto_scale=0.05),
     ]
     return {m.name: m for m in models}
 

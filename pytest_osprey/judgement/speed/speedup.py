@@ -130,6 +130,7 @@ class _Variance:
     between_rows: FloatArray  # variance of per-prompt mean values (mean form)
     prompts: FloatArray  # prompt clusters with data
     units: FloatArray  # time units with data
+    windows: FloatArray  # windows of the serial term (0: inactive)
 
 
 def _two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Variance:
@@ -158,9 +159,57 @@ def _two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Va
     n_obs = valid.sum(axis=(1, 2, 3)).astype(np.float64)
     var_i = (np.where(valid, psi, 0.0) ** 2).sum(axis=(1, 2, 3)) * n_obs / np.maximum(
         n_obs - 1, 1.0)
+    var_s, windows = _serial(sums.reshape(n_sims, n_units), seen, n_obs / np.maximum(g, 1.0))
+    serial = windows > 0
+    var_t = np.where(serial, var_s, var_t)
+    g_t = np.where(serial, windows, g)
     var = np.maximum(var_p + var_t - var_i, np.maximum(var_p, var_t)) + boot_var
-    df = np.minimum(df_p, np.maximum(g - 1, 0.0))
-    return _Variance(var, df, boot_var, between_rows, present.sum(axis=1).astype(np.float64), g)
+    df = np.minimum(df_p, np.maximum(g_t - 1, 0.0))
+    return _Variance(var, df, boot_var, between_rows, present.sum(axis=1).astype(np.float64), g,
+                     windows)
+
+
+WINDOW_REQUESTS = 16
+"""Requests (both conditions) a time window of the serial term holds at least."""
+SERIAL_LAG = 1
+"""Bartlett lag of the serial term, in windows."""
+
+
+def _serial(
+    sums: FloatArray, seen: npt.NDArray[np.bool_], cells: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """(time-dimension variance, windows used; 0 where inactive) of the serial term.
+
+    ``sums``: per campaign the influence sums of the time units in the order they ran,
+    ``cells``: paired cells per unit. Where a unit holds fewer than :data:`WINDOW_REQUESTS`
+    requests (low load: at x1 one per condition), a stall of one server spans several units,
+    which clustering by unit counts as independent draws. The units are then merged in time
+    order into windows of at least two units and ``WINDOW_REQUESTS`` requests, and their sums
+    enter a Newey-West (Bartlett kernel, lag :data:`SERIAL_LAG` windows) variance: a stall
+    split across neighbouring windows still counts once. Its df is the windows' count - 1.
+    """
+    n_sims, n_units = sums.shape
+    width = np.where(2 * cells < WINDOW_REQUESTS,
+                     np.maximum(2, np.ceil(WINDOW_REQUESTS / np.maximum(2 * cells, 1.0))), 0)
+    active = width > 0
+    if not active.any():
+        return np.zeros(n_sims), np.zeros(n_sims)
+    # The k-th unit that ran (gaps left by units without data closed) joins window k // width.
+    rank = np.cumsum(seen, axis=1) - 1
+    win = np.where(seen, rank // np.maximum(width, 1)[:, None], 0).astype(np.int64)
+    flat = (np.arange(n_sims)[:, None] * n_units + win).ravel()
+    w_sums = np.bincount(flat, weights=np.where(seen, sums, 0.0).ravel(),
+                         minlength=n_sims * n_units).reshape(n_sims, n_units)
+    count = np.ceil(seen.sum(axis=1) / np.maximum(width, 1))
+    var = (w_sums**2).sum(axis=1)
+    for lag in range(1, SERIAL_LAG + 1):
+        var += 2 * (1 - lag / (SERIAL_LAG + 1)) * (w_sums[:, lag:] * w_sums[:, :-lag]).sum(axis=1)
+    # Fixed-b correction (Kiefer & Vogelsang 2005): a Bartlett estimate over few windows of
+    # centred sums is biased low by 1 - b + b^2 / 3, b = bandwidth / windows; its precision
+    # is that of about 1.5 / b independent clusters (the df below).
+    b = np.minimum((SERIAL_LAG + 1) / np.maximum(count, 1.0), 1.0)
+    var = np.maximum(var, 0.0) / (1 - b + b * b / 3)
+    return np.where(active, var, 0.0), np.where(active, 1.5 / b, 0.0)
 
 
 def _mean_variance(
