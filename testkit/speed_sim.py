@@ -471,15 +471,40 @@ def unstable(c: Campaigns, look: int = 0) -> npt.NDArray[np.bool_]:
     return drift_state(c, look)[0]
 
 
-def _drift_vetoed(
-    c: Campaigns, keep: npt.NDArray[np.bool_], threshold: float, metric: Metric, crit: float,
-    look: int = 0,
+def _drift_withheld(
+    c: Campaigns, code: IntArray, threshold: float, metric: Metric, crit: float,
+    look: int = 0, level: str | None = None,
 ) -> npt.NDArray[np.bool_]:
-    """Keeps the gate withholds: unstable and not kept against the threshold raised by the
-    bias bound (the same event as CI low / threshold <= bias bound, ``Drift.vetoes``)."""
-    shaky, bias = drift_state(c, look)
-    (z,), _ = z_scores(c, c.design.primary, metric, [math.log(threshold) + bias], look)
-    return keep & shaky & (z < crit)
+    """Keeps and drops the gate withholds (``speed_test``'s rule): the environment unstable
+    and the verdict not holding on the paired comparison without some instance that changed
+    (the drift-adjusted speedup)."""
+    from pytest_osprey.judgement.speed.drift import drift_batch
+
+    n_looks = looks_of(c.design)
+    names = c.design.level_names()
+    level = level or c.design.primary
+    data = {name: [(_upto(side[name], c.design, look, n_looks) if look else side[name])
+                   for side in (c.reference, c.candidate)] for name in names}
+    series = [(data[name][k], c.units[name]) for k in (0, 1) for name in names]
+    n = len(names)
+    batch = drift_batch(series, pairs=[(i, i + n) for i in range(n)])
+    held = np.zeros(code.shape, dtype=bool)
+    ref, cand = data[level]
+    units = c.units[level][:, : ref.shape[1]]
+    passes = ref.shape[2]
+    for r in range(batch.changed.shape[1]):
+        hit = batch.unstable & batch.changed[:, r] & ((code == KEEP) | (code == DROP))
+        if not hit.any():
+            continue
+        boot, pas = divmod(r, passes)
+        rest = [x[hit].copy() for x in (ref, cand)]
+        for x in rest:
+            x[:, boot, pas] = np.nan
+        (z,), _ = z_scores(Campaigns({level: rest[0]}, {level: rest[1]}, c.blocks, c.design,
+                                     {level: units[hit]}), level, metric, [math.log(threshold)])
+        lost = np.where(code[hit] == KEEP, z < crit, -z < crit)
+        held[np.flatnonzero(hit)[lost]] = True
+    return held
 
 
 def fixed_outcomes(
@@ -487,15 +512,15 @@ def fixed_outcomes(
     level: str | None = None, drift: bool = True,
 ) -> IntArray:
     """KEEP / INCONCLUSIVE / DROP codes of the fixed design (all data, one test); with
-    ``drift`` an unstable environment that could account for the margin turns KEEP into
-    INCONCLUSIVE, as the gate does."""
+    ``drift`` an unstable environment turns a KEEP or DROP that does not hold on the
+    drift-adjusted speedup into INCONCLUSIVE, as the gate does."""
     from scipy import stats
 
     (z,), _ = z_scores(c, level or c.design.primary, metric, [math.log(threshold)])
     crit = float(stats.norm.isf(alpha))
     code = np.where(z >= crit, KEEP, np.where(-z >= crit, DROP, INCONCLUSIVE))
     if drift:
-        code[_drift_vetoed(c, code == KEEP, threshold, metric, crit)] = INCONCLUSIVE
+        code[_drift_withheld(c, code, threshold, metric, crit, level=level)] = INCONCLUSIVE
     return code
 
 
@@ -503,9 +528,9 @@ def sequential_outcomes(
     c: Campaigns, threshold: float, metric: Metric = "per_prompt", alpha: float = 0.025,
     futility_power: float = 0.20, rho: float = 2.0, drift: bool = True,
 ) -> tuple[IntArray, IntArray]:
-    """(decision code, looks used) of the group-sequential design per campaign; an unstable
-    environment that could account for the margin turns a keep into "continue" (inconclusive
-    at the last look)."""
+    """(decision code, looks used) of the group-sequential design per campaign; with an
+    unstable environment a keep or drop that does not hold on the drift-adjusted speedup turns
+    into "continue" (inconclusive at the last look)."""
     from scipy import stats
 
     from pytest_osprey.judgement.speed.sequential import decide, sequential_plan
@@ -519,9 +544,9 @@ def sequential_outcomes(
         (z,), df = z_scores(c, c.design.primary, metric, [math.log(threshold)], look)
         now = decide(z, plan, look, df)
         if drift:
-            vetoed = _drift_vetoed(c, now == KEEP, threshold, metric,
-                                   float(stats.norm.isf(alpha)), look)
-            now[vetoed] = INCONCLUSIVE if look == looks else -1
+            withheld = _drift_withheld(c, now, threshold, metric,
+                                       float(stats.norm.isf(alpha)), look)
+            now[withheld] = INCONCLUSIVE if look == looks else -1
         fresh = (code == -1) & (now != -1)
         code[fresh] = now[fresh]
         used[fresh] = look
