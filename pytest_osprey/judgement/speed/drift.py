@@ -24,6 +24,10 @@ import numpy.typing as npt
 from ..stats.core import FloatArray
 from .data import IntArray
 
+CHANGE_SHARE = 1.0
+"""A pair's ratio counts as changed in an instance when it moved by more than this share of
+the tolerance (robustly: the median over prompts)."""
+
 
 @dataclass(frozen=True)
 class Drift:
@@ -49,9 +53,10 @@ class Drift:
     does not). A speedup averages its instances, so this is twice the most one instance can
     move it with two instances, more with more; with one series, its own largest change.
     Descriptive: the speed gate judges drift by the paired comparison without each instance
-    in ``changed``: those where the ratio of a (reference, candidate) pair moved against its
-    other instances (the same rank test, Bonferroni over instances and pairs; with two
-    instances both, as a contrast of two cannot tell which one moved), see ``speed_test``.
+    in ``changed``: those where one condition of a (reference, candidate) pair changed and the
+    other did not, or where the pair's ratio moved against its other instances (the same rank
+    test; with two instances both, as a contrast of two cannot tell which one moved), see
+    ``speed_test``.
     """
 
     estimate: float
@@ -78,7 +83,7 @@ class DriftBatch:
     p_value: FloatArray  # (F,S,R) Bonferroni-adjusted (instances and tests)
     fired: npt.NDArray[np.bool_]  # (F,S)
     log_bias_bound: FloatArray  # (S,) see ``Drift.bias_bound``
-    changed: npt.NDArray[np.bool_]  # (S,R) instances where a pair's ratio moved significantly
+    changed: npt.NDArray[np.bool_]  # (S,R) instances where the comparison changed: _changed
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,34 @@ def _paired(
                     if max(i, j) < len(levels) and levels[i][0].shape == levels[j][0].shape])
 
 
+def _changed(
+    every: list[_Series | None], hit: npt.NDArray[np.bool_],
+    pairs: Sequence[tuple[int, int]] | None, paired: Sequence[_Series | None], n: int,
+    n_inst: int, contrasts_n: int, alpha: float, tolerance: float,
+) -> npt.NDArray[np.bool_]:
+    """(S,R): instances where the comparison changed - one condition of a pair changed
+    there and the other did not (their own tests), or a pair's ratio moved there (the same
+    rank test on the ratio, each pair and all pooled, Bonferroni over instances and tests).
+    A change both conditions shared does neither."""
+    out = np.zeros((n, n_inst), dtype=bool)
+    used = [one for one in paired if one is not None and one.contrasts.shape[1] == n_inst]
+    if not used:
+        return out
+    tests = [used] + ([[one] for one in used] if len(used) > 1 else [])
+    moved = np.zeros((n, n_inst), dtype=bool)  # the ratio moved by a material amount
+    for family in tests:
+        e, q = _test(family)
+        material = np.abs(np.nan_to_num(e)) > math.log1p(tolerance) * CHANGE_SHARE
+        moved |= material
+        out |= material & (np.minimum(q * contrasts_n * len(tests), 1.0) <= alpha)
+    index = {i: f for f, i in enumerate(i for i, s in enumerate(every) if s is not None)}
+    if hit.shape[0] > 1:  # the single-series tests follow the pool (families 1..)
+        for i, j in [(0, 1)] if pairs is None else pairs:
+            if i in index and j in index:
+                out |= (hit[1 + index[i]] ^ hit[1 + index[j]]) & moved
+    return out
+
+
 def _batch(
     every: list[_Series | None], n: int, tolerance: float, alpha: float,
     pairs: Sequence[tuple[int, int]] | None, paired: Sequence[_Series | None] = (),
@@ -249,13 +282,7 @@ def _batch(
     hit = material & (p <= alpha)  # (F,S,R)
     fired = np.asarray(hit.any(axis=2), dtype=bool)
     bias = _log_bias(every, [(0, 1)] if pairs is None else pairs, n)
-    # An instance changed the comparison when a pair's ratio moved there significantly
-    # (Bonferroni over instances and pairs): a change shared by both conditions does not.
-    changed = np.zeros((n, n_inst), dtype=bool)
-    used = [one for one in paired if one is not None and one.contrasts.shape[1] == n_inst]
-    for one in used:
-        _, q = _test([one])
-        changed |= np.minimum(q * contrasts_n * len(used), 1.0) <= alpha
+    changed = _changed(every, hit, pairs, paired, n, n_inst, contrasts_n, alpha, tolerance)
     return DriftBatch(np.asarray(fired.any(axis=0), dtype=bool), est, p, fired, bias,
                       changed)
 
