@@ -380,6 +380,10 @@ STALL_ALPHA = 0.01
 """A run is named a stall at this Bonferroni-adjusted p (positions x run lengths) ..."""
 STALL_MIN = 1.2
 """... and when that condition ran at least this many times slower than its pairs there."""
+STALL_CLIP = 2.0
+"""Unit scores are winsorised at this many robust SDs before runs are summed."""
+STALL_SPREAD = 0.959
+"""SD of a standard normal winsorised at :data:`STALL_CLIP`."""
 
 
 @dataclass(frozen=True)
@@ -402,20 +406,26 @@ def stall_scan(reference: FloatArray, candidate: FloatArray, units: IntArray) ->
     """The run of consecutive time units over which one condition ran most markedly slower
     than its paired neighbours, per campaign ``(S, boots, passes, prompts)``.
 
-    Each cell's paired log ratio less its prompt's median over passes (the prompt's and the
-    drafter's stable effects out) is averaged per time unit; in the order the units ran, every
-    run of 2-8 units is scored by its sum over ``sqrt(length)`` robust SDs (MAD of the unit
-    values). Shared drift cancels in the pairs; a stall of one server does not: it pushes a
-    run of the ratio one way. The score's p is Bonferroni over positions and lengths.
+    Each cell's paired log ratio less the median of its prompt's other passes (the prompt's
+    and the drafter's stable effects out) is averaged per time unit; in the order the units
+    ran, the unit values in robust SDs (MAD), winsorised at :data:`STALL_CLIP`, are summed
+    over every run of 2-8 units and scaled by a winsorised normal's spread. Shared drift
+    cancels in the pairs; a stall of one server does not: it pushes a run of the ratio one
+    way. The score's p is Bonferroni over positions and lengths.
     """
     from scipy import stats
 
     n_sims = reference.shape[0]
     with np.errstate(invalid="ignore", divide="ignore"):
         d = np.log(reference) - np.log(candidate)
+    flat_d = d.reshape(n_sims, -1, d.shape[-1])  # (S, instances, prompts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        resid = d - np.nanmedian(d, axis=(1, 2), keepdims=True)
+        # Each cell against its prompt's other instances (not itself: with 4 passes a median
+        # that includes the cell would halve its residual).
+        others = np.stack([np.nanmedian(np.delete(flat_d, r, axis=1), axis=1)
+                           for r in range(flat_d.shape[1])], axis=1)
+        resid = (flat_d - others).reshape(d.shape)
     u = np.broadcast_to(units, d.shape)
     ok = np.isfinite(resid) & (u >= 0)
     n_units = int(u.max()) + 1 if u.size else 1
@@ -434,7 +444,14 @@ def stall_scan(reference: FloatArray, candidate: FloatArray, units: IntArray) ->
         centre = np.nanmedian(xm, axis=1)
         scale = 1.4826 * np.nanmedian(np.abs(xm - centre[:, None]), axis=1)
     scale = np.where(scale > 0, scale, np.inf)
-    cum = np.concatenate([np.zeros((n_sims, 1)), np.cumsum(np.where(live, x, 0.0), axis=1)],
+    # Scores winsorised at STALL_CLIP robust SDs: one slow request (a heavy tail) cannot make
+    # a run; most of the run must be slow. Their spread is that of a clipped normal (what
+    # the MAD standardises to): estimated from the data it would count the stalls in.
+    score = np.where(live, np.clip((x - centre[:, None]) / scale[:, None], -STALL_CLIP,
+                                   STALL_CLIP), 0.0)
+    spread = np.full(n_sims, STALL_SPREAD)
+    cum = np.concatenate([np.zeros((n_sims, 1)), np.cumsum(score, axis=1)], axis=1)
+    raw = np.concatenate([np.zeros((n_sims, 1)), np.cumsum(np.where(live, x, 0.0), axis=1)],
                          axis=1)
     best = np.zeros(n_sims)
     first = np.zeros(n_sims, dtype=np.int64)
@@ -445,14 +462,15 @@ def stall_scan(reference: FloatArray, candidate: FloatArray, units: IntArray) ->
             break
         run = cum[:, k:] - cum[:, :-k]  # (S, n_units - k + 1): runs starting at t
         fits = (np.arange(run.shape[1])[None, :] + k) <= t_len[:, None]
-        z = np.where(fits, np.abs(run) / (scale[:, None] * math.sqrt(k)), 0.0)
+        z = np.where(fits, np.abs(run) / (spread[:, None] * math.sqrt(k)), 0.0)
         at = z.argmax(axis=1)
         top = z[np.arange(n_sims), at]
         better = top > best
         best = np.where(better, top, best)
         first = np.where(better, at, first)
         length = np.where(better, k, length)
-        mean = np.where(better, run[np.arange(n_sims), at] / k, mean)
+        level = (raw[:, k:] - raw[:, :-k])[np.arange(n_sims), at] / k - centre
+        mean = np.where(better, level, mean)
     tests = np.maximum(t_len, 1) * len(STALL_RUNS)
     p = np.minimum(1.0, 2 * tests * stats.norm.sf(best))
     side = np.where(mean >= 0, 0, 1).astype(np.int64)
