@@ -26,7 +26,10 @@ from .data import IntArray
 
 CHANGE_SHARE = 1.0
 """A pair's ratio counts as changed in an instance when it moved by more than this share of
-the tolerance (robustly: the median over prompts)."""
+the tolerance (robustly: the median over prompts) ..."""
+CHANGE_SHARE_LONG = 0.25
+"""... and this share where a time unit holds :data:`LONG_UNIT` prompts or more."""
+LONG_UNIT = 8
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,12 @@ def _paired(
                     if max(i, j) < len(levels) and levels[i][0].shape == levels[j][0].shape])
 
 
+def _cells_per_unit(one: _Series) -> float:
+    """Prompts per time unit of a series (its first campaign's first instance)."""
+    units = one.units[0, 0]
+    return units.size / max(np.unique(units).size, 1)
+
+
 def _changed(
     every: list[_Series | None], hit: npt.NDArray[np.bool_],
     pairs: Sequence[tuple[int, int]] | None, paired: Sequence[_Series | None], n: int,
@@ -252,7 +261,12 @@ def _changed(
     moved = np.zeros((n, n_inst), dtype=bool)  # the ratio moved by a material amount
     for family in tests:
         e, q = _test(family)
-        material = np.abs(np.nan_to_num(e)) > math.log1p(tolerance) * CHANGE_SHARE
+        # Where a time unit is a long stretch (>= LONG_UNIT requests), a pair's two
+        # stretches lie far apart and a change shared by both conditions does not cancel
+        # within it: a smaller move counts.
+        long = min(_cells_per_unit(one) for one in family) >= LONG_UNIT
+        share = CHANGE_SHARE_LONG if long else CHANGE_SHARE
+        material = np.abs(np.nan_to_num(e)) > math.log1p(tolerance) * share
         moved |= material
         out |= material & (np.minimum(q * contrasts_n * len(tests), 1.0) <= alpha)
     index = {i: f for f, i in enumerate(i for i, s in enumerate(every) if s is not None)}
