@@ -241,7 +241,7 @@ def _paired(
 def _cells_per_unit(one: _Series) -> float:
     """Prompts per time unit of a series (its first campaign's first instance)."""
     units = one.units[0, 0]
-    return units.size / max(np.unique(units).size, 1)
+    return float(units.size / max(np.unique(units).size, 1))
 
 
 def _changed(
