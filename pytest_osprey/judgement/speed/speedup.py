@@ -178,6 +178,7 @@ SERIAL_SPAN = (16, 8)
 """Requests of one condition the serial term's kernel reaches over: where a unit holds one
 (x1), and where it holds several. Calibrated against stalls of 2-8 consecutive requests of
 one condition (docs/speed-calibration.md): at x1 a reach of 8 left false keeps near 4%."""
+SERIAL_MIN_SPAN = 5
 PARZEN_MEAN = 0.75  # integral of the Parzen kernel over [-1, 1]
 PARZEN_SQUARE = 0.539285  # integral of its square: the estimate's precision (Kiefer-Vogelsang)
 
@@ -197,8 +198,8 @@ def _serial(
     requests of a condition (at x1 one), a stall of one server spans several consecutive
     units, which clustering by unit would count as independent draws. The unit sums then
     enter a HAC (Newey-West type) variance with the Parzen kernel, reaching over
-    :data:`SERIAL_SPAN` requests of a condition (``M`` units: 17 at x1, 4 at x4 with 21
-    prompts). Few units: fixed-b
+    :data:`SERIAL_SPAN` requests of a condition (``M`` units, at least
+    :data:`SERIAL_MIN_SPAN`: 17 at x1, 5 at x4). Few units: fixed-b
     (Kiefer & Vogelsang 2005): the estimate of centred sums is biased low by about
     ``1 - 0.75 b`` (b = M / units) and as precise as ``1 / (0.539 b)`` independent clusters,
     which stand in for the time units in df. Calibration: docs/speed-calibration.md.
@@ -214,7 +215,9 @@ def _serial(
                         minlength=n_sims * n_units).reshape(n_sims, n_units)
     count = seen.sum(axis=1).astype(np.float64)
     reach = np.where(cells < 1.5, SERIAL_SPAN[0], SERIAL_SPAN[1])
-    span = np.ceil(reach / np.maximum(cells, 1.0)) + 1  # lag where the weight is 0
+    # The lag where the weight falls to 0; at least SERIAL_MIN_SPAN units (a stall of 8
+    # requests can touch three units of 4; with 4 the false keep at x4 stayed near 3.4%).
+    span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
     var = (terms**2).sum(axis=1)
     for lag in range(1, int(span[active].max())):
         weight = _parzen(lag / span)
