@@ -199,7 +199,7 @@ def _serial(
     units, which clustering by unit would count as independent draws. The unit sums then
     enter a HAC (Newey-West type) variance with the Parzen kernel, reaching over
     :data:`SERIAL_SPAN` requests of a condition (``M`` units, at least
-    :data:`SERIAL_MIN_SPAN`: 17 at x1, 5 at x4). Few units: fixed-b
+    :data:`SERIAL_MIN_SPAN`: 17 at x1, 5 at x4; at most half the units). Few units: fixed-b
     (Kiefer & Vogelsang 2005): the estimate of centred sums is biased low by about
     ``1 - 0.75 b`` (b = M / units) and as precise as ``1 / (0.539 b)`` independent clusters,
     which stand in for the time units in df. Calibration: docs/speed-calibration.md.
@@ -218,6 +218,9 @@ def _serial(
     # The lag where the weight falls to 0; at least SERIAL_MIN_SPAN units (a stall of 8
     # requests can touch three units of 4; with 4 the false keep at x4 stayed near 3.4%).
     span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
+    # A campaign (or an early look) with fewer units than two reaches cannot measure a
+    # correlation that long: the reach is cut to half its units (b <= 0.5).
+    span = np.minimum(span, np.maximum(count / 2, 2.0))
     var = (terms**2).sum(axis=1)
     for lag in range(1, int(span[active].max())):
         weight = _parzen(lag / span)
