@@ -478,14 +478,18 @@ def _drift_withheld(
     """Keeps and drops the gate withholds (``speed_test``'s rule): the environment unstable
     and the verdict not holding on the paired comparison without some instance that changed
     (the drift-adjusted speedup)."""
-    from pytest_osprey.judgement.speed.drift import drift_batch
+    from pytest_osprey.judgement.speed.drift import drift_batch, within_machines
 
     n_looks = looks_of(c.design)
     names = c.design.level_names()
     level = level or c.design.primary
     data = {name: [(_upto(side[name], c.design, look, n_looks) if look else side[name])
                    for side in (c.reference, c.candidate)] for name in names}
-    series = [(data[name][k], c.units[name]) for k in (0, 1) for name in names]
+    checked = dict(data)
+    if c.design.shards > 1:  # as the gate does for a merged campaign (gate.machines_of)
+        machines = np.arange(c.design.passes) % c.design.shards
+        checked = {name: within_machines(pair, machines) for name, pair in data.items()}
+    series = [(checked[name][k], c.units[name]) for k in (0, 1) for name in names]
     n = len(names)
     batch = drift_batch(series, pairs=[(i, i + n) for i in range(n)])
     held = np.zeros(code.shape, dtype=bool)
