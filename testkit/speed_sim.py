@@ -471,7 +471,7 @@ def unstable(c: Campaigns, look: int = 0) -> npt.NDArray[np.bool_]:
     return drift_state(c, look)[0]
 
 
-def _drift_withheld(
+def drift_withheld(
     c: Campaigns, code: IntArray, threshold: float, metric: Metric, crit: float,
     look: int = 0, level: str | None = None,
 ) -> npt.NDArray[np.bool_]:
@@ -524,7 +524,7 @@ def fixed_outcomes(
     crit = float(stats.norm.isf(alpha))
     code = np.where(z >= crit, KEEP, np.where(-z >= crit, DROP, INCONCLUSIVE))
     if drift:
-        code[_drift_withheld(c, code, threshold, metric, crit, level=level)] = INCONCLUSIVE
+        code[drift_withheld(c, code, threshold, metric, crit, level=level)] = INCONCLUSIVE
     return code
 
 
@@ -548,7 +548,7 @@ def sequential_outcomes(
         (z,), df = z_scores(c, c.design.primary, metric, [math.log(threshold)], look)
         now = decide(z, plan, look, df)
         if drift:
-            withheld = _drift_withheld(c, now, threshold, metric,
+            withheld = drift_withheld(c, now, threshold, metric,
                                        float(stats.norm.isf(alpha)), look)
             now[withheld] = INCONCLUSIVE if look == looks else -1
         fresh = (code == -1) & (now != -1)
