@@ -7,7 +7,10 @@ hitting every request in flight) therefore stays inside one **time unit** = one 
 one pass of one boot, and a prompt's stable effect recurs in every pass. The deciding test
 of each metric is a t-test of its log speedup against ``log(threshold)`` with a variance
 clustered two ways, by prompt and by time unit (Cameron, Gelbach & Miller), and
-``df = min(prompts, time units) - 1``:
+``df = min(prompts, time units) - 1``. At low load (units of fewer than 8 requests of a
+condition) the time dimension is a serial term instead: the units in the order they ran as
+a time series (Parzen HAC, fixed-b), so a stall of one server spanning several units counts
+once; its effective clusters stand for the units in df (:func:`_serial`):
 
 * ``per_prompt``: the mean over prompts of the per-prompt log ratio (per pass, reference
   minus candidate log latency, averaged over passes) - a geometric-mean speedup that counts
