@@ -231,9 +231,10 @@ class Decision(Strict):
     summed latencies: the GPU time saved, long prompts weigh more). Both are reported."""
     drift_tolerance: Fraction = 0.2
     """A pass or boot whose latencies run off the others by more than this (each condition
-    against itself, significant at 1%) marks the environment unstable: a speed gate is then
-    INCONCLUSIVE rather than KEEP unless its margin is wider than the change could have moved
-    the speedup (a change every condition shared cancels)."""
+    against itself, significant at 1%) marks the environment unstable: a speed gate's KEEP or
+    DROP then stands only if it also holds without each pass that changed the comparison
+    (one condition changed and not the other, or their ratio moved by more than this); a
+    change every condition shared cancels in the pairs."""
     bootstrap_resamples: Annotated[int, Field(ge=100, le=1_000_000)] = 2000
     """Bootstrap resamples per speedup CI."""
     regression_tolerance: Fraction = 0.05
