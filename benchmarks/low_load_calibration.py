@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit
 
-from pytest_osprey.judgement.speed import speedup
+from pytest_osprey.judgement.speed import variance
 from testkit.speed_sim import KEEP, Design, fixed_outcomes, low_load_models, simulate
 
 ALPHA = 0.025
@@ -60,12 +60,12 @@ def main() -> None:
             for k, model in enumerate(low_load_models()):
                 seed = 1000 * prompts + 10 * conc + k
                 false = rate(design, model, 1.0, n, seed)
-                saved = speedup.SERIAL_BELOW
-                speedup.SERIAL_BELOW = 0
+                saved = variance.SERIAL_BELOW
+                variance.SERIAL_BELOW = 0
                 try:
                     plain = rate(design, model, 1.0, n, seed)
                 finally:
-                    speedup.SERIAL_BELOW = saved
+                    variance.SERIAL_BELOW = saved
                 power = rate(design, model, 1.5, m, seed + 1)
                 p13 = f"{rate(design, model, 1.3, m, seed + 2):.3f}" if conc == 32 else ""
                 flag = "!" if false > ALPHA + 2 * s_e else ""

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from pytest_osprey.judgement.service.latency_bound import BoundError, latency_bound
-from pytest_osprey.judgement.speed import speedup
+from pytest_osprey.judgement.speed import variance
 from pytest_osprey.judgement.speed.advice import advise
 from pytest_osprey.judgement.speed.drift import Drift, drift_check
 from pytest_osprey.judgement.speed.sequential import (
@@ -134,7 +134,7 @@ def test_variance_is_statsmodels_two_way_cluster_robust_covariance(
     term over time windows, which small units would switch on, is off here; its own tests
     are in test_speed_low_load.py.)"""
     sm = pytest.importorskip("statsmodels.api")
-    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)
+    monkeypatch.setattr(variance, "SERIAL_BELOW", 0)
     rng = np.random.default_rng(seed)
     passes = 3
     data = campaign(1.1, passes=passes, seed=seed, gains=np.exp(rng.normal(0.1, 0.2, 21)))
@@ -249,7 +249,7 @@ def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep(
     moves its units together - so it is switched off to test the drift rule alone.) No real
     speedup: the interval clears 1.0 on the bias alone; the ratio moved in both passes (two
     cannot tell which), and without either the keep does not hold: held back, named."""
-    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)
+    monkeypatch.setattr(variance, "SERIAL_BELOW", 0)
     biased = slowed(campaign(1.0, noise=0.05, passes=2, seed=8), 1.6, everyone=False)
     drift = drift_check([(biased.reference, BLOCKS), (biased.candidate, BLOCKS)],
                         names=("base", "cand"))
@@ -263,14 +263,14 @@ def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep(
     assert "the keep does not hold on the drift-adjusted speedup" in res.reason
     assert res.drift_adjusted is not None and res.drift_adjusted.outcome != "pass"
     # The serial term on its own does not keep it either.
-    monkeypatch.setattr(speedup, "SERIAL_BELOW", 8)
+    monkeypatch.setattr(variance, "SERIAL_BELOW", 8)
     assert speed_test(biased).outcome != "pass"
 
 
 def test_a_keep_whose_margin_dwarfs_the_bias_stands_with_a_note(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)  # the drift rule alone
+    monkeypatch.setattr(variance, "SERIAL_BELOW", 0)  # the drift rule alone
     shifted = slowed(campaign(2.0, noise=0.05, passes=2, seed=7), 1.3, everyone=False)
     drift = drift_of(shifted)
     assert drift.unstable and drift.bias_bound == pytest.approx(1.3, rel=0.1)
@@ -286,7 +286,7 @@ def test_a_keep_whose_margin_dwarfs_the_bias_stands_with_a_note(
 def test_a_drop_is_held_to_the_same_drift_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """The candidate alone slowed in one pass: the speedup is biased down. A drafter at the
     threshold looks confidently slower on the bias alone; the drop must not stand."""
-    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)
+    monkeypatch.setattr(variance, "SERIAL_BELOW", 0)
     data = campaign(1.0, noise=0.05, passes=2, seed=8)
     slow = np.array([1.0, 1.6])[None, :, None]
     biased = PairedLatencies(data.reference, data.candidate * slow, BLOCKS, IDS)

@@ -20,12 +20,8 @@ from scipy import stats
 
 from pytest_osprey.judgement.speed.data import Request, collect
 from pytest_osprey.judgement.speed.drift import drift_check
-from pytest_osprey.judgement.speed.speedup import (
-    PairedLatencies,
-    speed_batch,
-    speed_test,
-    stall_scan,
-)
+from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_batch, speed_test
+from pytest_osprey.judgement.speed.stalls import stall_scan
 from testkit.speed_sim import (
     KEEP,
     Design,

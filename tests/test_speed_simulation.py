@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from pytest_osprey.judgement.service.latency_bound import latency_bound
-from pytest_osprey.judgement.speed import speedup
+from pytest_osprey.judgement.speed import variance
 from pytest_osprey.judgement.speed.advice import advise
 from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_test
 from testkit.speed_sim import (
@@ -143,7 +143,7 @@ def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep(model: str, pas
     # The fault bites a test that reads the time units as independent (the serial term
     # counts part of it already: a whole pass off moves its units together).
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(speedup, "SERIAL_BELOW", 0)
+        mp.setattr(variance, "SERIAL_BELOW", 0)
         assert np.mean(fixed_outcomes(c, 1.0, drift=False) == KEEP) > 4 * ALPHA
     keeps = int(np.sum(fixed_outcomes(c, 1.0) == KEEP))
     assert_rate_at_most(keeps, n, ALPHA, f"reference-only slow pass, {model}, {passes} passes")

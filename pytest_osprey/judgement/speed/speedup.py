@@ -48,6 +48,8 @@ from .data import (
     collect,
 )
 from .drift import Drift
+from .stalls import Stall, detect_stall
+from .variance import two_way
 
 __all__ = ["METRICS", "FloatArray", "IntArray", "Metric", "PairedLatencies", "Request",
            "SpeedError", "SpeedResult", "Stall", "collect", "speed_test"]
@@ -58,7 +60,6 @@ METRICS: tuple[Metric, ...] = ("per_prompt", "total_time")
 DEFAULT_METRIC: Metric = "per_prompt"
 
 _LOG_TOL = 1e-9  # a bound this close to the threshold is not beyond it
-DF_QUANTILE = 0.25  # boots: df evaluated at the boot mean square / its chi2 lower quartile
 
 
 # --------------------------------------------------------------------------- batch core
@@ -126,154 +127,6 @@ def _influence(
     return est, psi, ok, w, np.stack([a, c])
 
 
-@dataclass(frozen=True)
-class _Variance:
-    var: FloatArray  # (S,) two-way cluster-robust, plus the between-boot component
-    df: FloatArray
-    boot_var: FloatArray
-    between_rows: FloatArray  # variance of per-prompt mean values (mean form)
-    prompts: FloatArray  # prompt clusters with data
-    units: FloatArray  # time units with data
-    serial: FloatArray  # effective time clusters of the serial term (0: not active)
-
-
-def _two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Variance:
-    """Variance of ``sum(psi)`` clustered two ways (Cameron, Gelbach & Miller 2011): by prompt
-    (its stable effect recurs in every pass) and by time unit (noise shared in time), minus
-    their intersection (one cell), each with its CR1 factor; never below either one-way
-    variance (the difference can fall under both by chance). df = min(prompts, time units) - 1:
-    the scarcer dimension bounds what the data can say about its component. At low load the
-    time dimension is the serial term of :func:`_serial` instead (units read as a time
-    series), and its effective clusters replace the units in df. With b >= 2
-    boots, the prompt part carries the two-way method-of-moments between-boot component of
-    ``_mean_variance`` (its df when smaller).
-    """
-    n_sims, n_boots = psi.shape[0], psi.shape[1]
-    present: npt.NDArray[np.bool_] = np.asarray(ok.any(axis=(1, 2)))  # (S,n)
-    k = np.maximum(present.sum(axis=1).astype(np.float64), 1.0)
-    values = psi.sum(axis=2) * (n_boots * k)[:, None, None]  # (S,B,n) mean form
-    var_pb, df_p, boot_var, between_rows = _mean_variance(values, present)
-    var_p = var_pb - boot_var
-    u = np.broadcast_to(units, psi.shape)
-    valid = ok & (u >= 0)
-    n_units = int(u.max()) + 1 if u.size else 1
-    flat = (np.arange(n_sims)[:, None, None, None] * n_units + u)[valid]
-    sums = np.bincount(flat, weights=psi[valid], minlength=n_sims * n_units)
-    seen = np.bincount(flat, minlength=n_sims * n_units).reshape(n_sims, n_units) > 0
-    g = seen.sum(axis=1).astype(np.float64)
-    var_t = (sums.reshape(n_sims, n_units) ** 2).sum(axis=1) * g / np.maximum(g - 1, 1.0)
-    n_obs = valid.sum(axis=(1, 2, 3)).astype(np.float64)
-    var_i = (np.where(valid, psi, 0.0) ** 2).sum(axis=(1, 2, 3)) * n_obs / np.maximum(
-        n_obs - 1, 1.0)
-    var_s, eff = _serial(np.asarray(sums, dtype=np.float64).reshape(n_sims, n_units), seen,
-                         n_obs / np.maximum(g, 1.0))
-    var_t = np.where(eff > 0, var_s, var_t)
-    g_t = np.where(eff > 0, eff, g)
-    var = np.maximum(var_p + var_t - var_i, np.maximum(var_p, var_t)) + boot_var
-    df = np.minimum(df_p, np.maximum(g_t - 1, 0.0))
-    return _Variance(var, df, boot_var, between_rows, present.sum(axis=1).astype(np.float64), g,
-                     eff)
-
-
-SERIAL_BELOW = 8
-"""The serial term is on where a time unit holds fewer paired requests than this (x1-x4)."""
-SERIAL_SPAN = (16, 8)
-"""Requests of one condition the serial term's kernel reaches over: where a unit holds one
-(x1), and where it holds several. Calibrated against stalls of 2-8 consecutive requests of
-one condition (docs/speed-calibration.md): at x1 a reach of 8 left false keeps near 4%."""
-SERIAL_MIN_SPAN = 5
-PARZEN_MEAN = 0.75  # integral of the Parzen kernel over [-1, 1]
-PARZEN_SQUARE = 0.539285  # integral of its square: the estimate's precision (Kiefer-Vogelsang)
-
-
-def _parzen(x: FloatArray) -> FloatArray:
-    x = np.abs(x)
-    return np.where(x <= 0.5, 1 - 6 * x * x + 6 * x**3, np.where(x < 1, 2 * (1 - x) ** 3, 0.0))
-
-
-def _serial(
-    sums: FloatArray, seen: npt.NDArray[np.bool_], cells: FloatArray
-) -> tuple[FloatArray, FloatArray]:
-    """(time-dimension variance, its effective clusters; both 0 where inactive).
-
-    ``sums``: per campaign the influence sums of the time units in the order they ran,
-    ``cells``: paired cells per unit. Where a unit holds fewer than :data:`SERIAL_BELOW`
-    requests of a condition (at x1 one), a stall of one server spans several consecutive
-    units, which clustering by unit would count as independent draws. The unit sums then
-    enter a HAC (Newey-West type) variance with the Parzen kernel, reaching over
-    :data:`SERIAL_SPAN` requests of a condition (``M`` units, at least
-    :data:`SERIAL_MIN_SPAN`: 17 at x1, 5 at x4; at most half the units). Few units: fixed-b
-    (Kiefer & Vogelsang 2005): the estimate of centred sums is biased low by about
-    ``1 - 0.75 b`` (b = M / units) and as precise as ``1 / (0.539 b)`` independent clusters,
-    which stand in for the time units in df. Calibration: docs/speed-calibration.md.
-    """
-    n_sims, n_units = sums.shape
-    active = cells < SERIAL_BELOW
-    if not active.any():
-        return np.zeros(n_sims), np.zeros(n_sims)
-    # Close the gaps left by units without data: the k-th unit that ran is the k-th term.
-    rank = np.cumsum(seen, axis=1) - 1
-    flat = (np.arange(n_sims)[:, None] * n_units + np.where(seen, rank, 0)).ravel()
-    terms = np.bincount(flat, weights=np.where(seen, sums, 0.0).ravel(),
-                        minlength=n_sims * n_units).reshape(n_sims, n_units)
-    count = seen.sum(axis=1).astype(np.float64)
-    reach = np.where(cells < 1.5, SERIAL_SPAN[0], SERIAL_SPAN[1])
-    # The lag where the weight falls to 0; at least SERIAL_MIN_SPAN units (a stall of 8
-    # requests can touch three units of 4; with 4 the false keep at x4 stayed near 3.4%).
-    span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
-    # A campaign (or an early look) with fewer units than two reaches cannot measure a
-    # correlation that long: the reach is cut to half its units (b <= 0.5).
-    span = np.minimum(span, np.maximum(count / 2, 2.0))
-    var = (terms**2).sum(axis=1)
-    for lag in range(1, int(span[active].max())):
-        weight = _parzen(lag / span)
-        var += 2 * weight * (terms[:, lag:] * terms[:, :-lag]).sum(axis=1)
-    b = np.minimum(span / np.maximum(count, 1.0), 1.0)
-    var = np.maximum(var, 0.0) / (1 - PARZEN_MEAN * b)
-    return np.where(active, var, 0.0), np.where(active, 1 / (PARZEN_SQUARE * b), 0.0)
-
-
-def _mean_variance(
-    values: FloatArray, present: npt.NDArray[np.bool_]
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """Variance of the grand mean of centred cell values ``(S, boots, clusters)``.
-
-    Returns (var, df, boot_var, between-cluster variance of cluster means). Clusters: CR1
-    over the cluster means (boots averaged), df = clusters - 1. Boots (b >= 2): two-way
-    method of moments - boot means' variance minus the interaction mean square / clusters
-    estimates the between-boot component (truncated at 0), added with Satterthwaite degrees
-    of freedom (evaluated at an upper value of the boot component, see below).
-    """
-    from scipy import stats
-
-    n_boots = values.shape[1]
-    k = np.maximum(present.sum(axis=1).astype(np.float64), 2.0)
-    row = values.mean(axis=1)  # (S,K)
-    between_rows = (row**2).sum(axis=1) / (k - 1)
-    var_blocks = between_rows / k
-    df = k - 1
-    boot_var = np.zeros_like(var_blocks)
-    if n_boots >= 2:
-        col = values.sum(axis=2) / k[:, None]  # (S,B)
-        q_b = (col**2).sum(axis=1) / (n_boots - 1)
-        resid = np.where(present[:, None, :], values - row[:, None, :] - col[:, :, None], 0.0)
-        ms_r = (resid**2).sum(axis=(1, 2)) / ((k - 1) * (n_boots - 1))
-        boot_var = np.maximum(q_b - ms_r / k, 0.0) / n_boots
-        # Degrees of freedom at a plausible upper value of the boot mean square (its lower
-        # quartile chi-square point), not at its estimate: with 2-3 boots that estimate
-        # falls far below its mean often, and Satterthwaite's df computed from such a draw
-        # is large exactly when the boots happened to agree (false keep 5% at a nominal
-        # 2.5%, 2 boots, 5% boot offsets, 50 prompts).
-        q_hi = q_b * (n_boots - 1) / float(stats.chi2.ppf(DF_QUANTILE, n_boots - 1))
-        boot_hi = np.maximum(q_hi - ms_r / k, 0.0) / n_boots
-        terms = (var_blocks**2 / (k - 1) + (q_hi / n_boots) ** 2 / (n_boots - 1)
-                 + (ms_r / (k * n_boots)) ** 2 / ((k - 1) * (n_boots - 1)))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            satt = (var_blocks + boot_hi) ** 2 / terms
-        df = np.where(boot_hi > 0, np.clip(np.nan_to_num(satt, nan=1.0), 1.0, k - 1), k - 1)
-    return var_blocks + boot_var, df, boot_var, between_rows
-
-
 def speed_batch(
     reference: FloatArray, candidate: FloatArray, units: IntArray, metric: Metric
 ) -> Batch:
@@ -286,7 +139,7 @@ def speed_batch(
     if metric not in METRICS:
         raise SpeedError(f"metric must be one of {METRICS}, got {metric!r}")
     est, psi, ok, w, _ = _influence(reference, candidate, metric)
-    v = _two_way(psi, ok, units)
+    v = two_way(psi, ok, units)
     # Pass-to-pass variation of one observation, in the units of a prompt's mean value.
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.where(ok, psi / np.where(w > 0, w, 1.0), np.nan)  # (S,B,P,n)
@@ -328,7 +181,7 @@ def deciding_t(
         tb = c.sum(axis=(1, 2, 3))[:, None, None, None]
         phi = (a - r0 * c) / (r0 * np.where(tb > 0, tb, 1.0))
         shift = phi.sum(axis=(1, 2, 3))
-        v = _two_way(np.where(ok, phi - shift[:, None, None, None] * w, 0.0), ok, units)
+        v = two_way(np.where(ok, phi - shift[:, None, None, None] * w, 0.0), ok, units)
         var, df = v.var, v.df
     se = np.sqrt(var)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -381,161 +234,6 @@ def confidence_bounds(
 
 
 # --------------------------------------------------------------------------- stalls
-
-
-STALL_RUNS = range(2, 9)
-"""Run lengths (consecutive time units) the stall scan tries."""
-STALL_ALPHA = 0.01
-"""A run is named a stall at this Bonferroni-adjusted p (positions x run lengths) ..."""
-STALL_MIN = 1.2
-"""... and when that condition ran at least this many times slower than its pairs there."""
-STALL_CLIP = 2.0
-"""Unit scores are winsorised at this many robust SDs before runs are summed."""
-STALL_SPREAD = 0.959
-"""SD of a standard normal winsorised at :data:`STALL_CLIP`."""
-
-
-@dataclass(frozen=True)
-class StallBatch:
-    """The stall scan of campaigns stacked on a leading axis (see :func:`stall_scan`)."""
-
-    score: FloatArray  # (S,) largest |robust z| of a run
-    p_value: FloatArray  # (S,) Bonferroni over positions and run lengths
-    side: IntArray  # (S,) 0: the reference ran slow, 1: the candidate
-    first: IntArray  # (S,) the run's first time unit (0-based, in the order they ran)
-    length: IntArray  # (S,) time units in the run
-    size: FloatArray  # (S,) how many times slower the slow side ran than its pairs there
-
-    @property
-    def found(self) -> npt.NDArray[np.bool_]:
-        return np.asarray((self.p_value <= STALL_ALPHA) & (self.size >= STALL_MIN))
-
-
-def stall_scan(reference: FloatArray, candidate: FloatArray, units: IntArray) -> StallBatch:
-    """The run of consecutive time units over which one condition ran most markedly slower
-    than its paired neighbours, per campaign ``(S, boots, passes, prompts)``.
-
-    Each cell's paired log ratio less the median of its prompt's other passes (the prompt's
-    and the drafter's stable effects out) is averaged per time unit; in the order the units
-    ran, the unit values in robust SDs (MAD), winsorised at :data:`STALL_CLIP`, are summed
-    over every run of 2-8 units and scaled by a winsorised normal's spread. Shared drift
-    cancels in the pairs; a stall of one server does not: it pushes a run of the ratio one
-    way. The score's p is Bonferroni over positions and lengths.
-    """
-    from scipy import stats
-
-    n_sims = reference.shape[0]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = np.log(reference) - np.log(candidate)
-    flat_d = d.reshape(n_sims, -1, d.shape[-1])  # (S, instances, prompts)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        # Each cell against its prompt's other instances (not itself: with 4 passes a median
-        # that includes the cell would halve its residual).
-        others = np.stack([np.nanmedian(np.delete(flat_d, r, axis=1), axis=1)
-                           for r in range(flat_d.shape[1])], axis=1)
-        resid = (flat_d - others).reshape(d.shape)
-    u = np.broadcast_to(units, d.shape)
-    ok = np.isfinite(resid) & (u >= 0)
-    n_units = int(u.max()) + 1 if u.size else 1
-    flat = (np.arange(n_sims)[:, None, None, None] * n_units + u)[ok]
-    size = n_sims * n_units
-    sums = np.bincount(flat, weights=resid[ok], minlength=size).reshape(n_sims, n_units)
-    counts = np.bincount(flat, minlength=size).reshape(n_sims, n_units)
-    seen = counts > 0
-    order = np.argsort(~seen, axis=1, kind="stable")  # units with data first, in time order
-    x = np.take_along_axis(np.where(seen, sums / np.maximum(counts, 1), 0.0), order, axis=1)
-    t_len = seen.sum(axis=1)
-    live = np.arange(n_units)[None, :] < t_len[:, None]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        xm = np.where(live, x, np.nan)
-        centre = np.nanmedian(xm, axis=1)
-        scale = 1.4826 * np.nanmedian(np.abs(xm - centre[:, None]), axis=1)
-    scale = np.where(scale > 0, scale, np.inf)
-    # Scores winsorised at STALL_CLIP robust SDs: one slow request (a heavy tail) cannot make
-    # a run; most of the run must be slow. Their spread is that of a clipped normal (what
-    # the MAD standardises to): estimated from the data it would count the stalls in.
-    score = np.where(live, np.clip((x - centre[:, None]) / scale[:, None], -STALL_CLIP,
-                                   STALL_CLIP), 0.0)
-    spread = np.full(n_sims, STALL_SPREAD)
-    cum = np.concatenate([np.zeros((n_sims, 1)), np.cumsum(score, axis=1)], axis=1)
-    raw = np.concatenate([np.zeros((n_sims, 1)), np.cumsum(np.where(live, x, 0.0), axis=1)],
-                         axis=1)
-    best = np.zeros(n_sims)
-    first = np.zeros(n_sims, dtype=np.int64)
-    length = np.zeros(n_sims, dtype=np.int64)
-    mean = np.zeros(n_sims)
-    for k in STALL_RUNS:
-        if k > n_units:
-            break
-        run = cum[:, k:] - cum[:, :-k]  # (S, n_units - k + 1): runs starting at t
-        fits = (np.arange(run.shape[1])[None, :] + k) <= t_len[:, None]
-        z = np.where(fits, np.abs(run) / (spread[:, None] * math.sqrt(k)), 0.0)
-        at = z.argmax(axis=1)
-        top = z[np.arange(n_sims), at]
-        better = top > best
-        best = np.where(better, top, best)
-        first = np.where(better, at, first)
-        length = np.where(better, k, length)
-        level = (raw[:, k:] - raw[:, :-k])[np.arange(n_sims), at] / k - centre
-        mean = np.where(better, level, mean)
-    tests = np.maximum(t_len, 1) * len(STALL_RUNS)
-    p = np.minimum(1.0, 2 * tests * stats.norm.sf(best))
-    side = np.where(mean >= 0, 0, 1).astype(np.int64)
-    return StallBatch(best, p, side, first, length, np.exp(np.abs(mean)))
-
-
-@dataclass(frozen=True)
-class Stall:
-    """A run of one condition's requests that ran markedly slower than its paired neighbours
-    (a GC pause, a compaction, a noisy neighbour on one server). Named, not removed: the
-    variance's serial term counts such a run as one event, not as independent draws.
-
-    ``side``: "reference" or "candidate"; ``first_unit``/``last_unit``: the run's time units
-    (1-based, in the order they ran), ``passes``: the (boot, pass) it started and ended in
-    (1-based); ``size``: how many times slower that side ran than its pairs there;
-    ``score``: the run's robust z; ``p_value``: Bonferroni over the runs scanned.
-    """
-
-    side: Literal["reference", "candidate"]
-    first_unit: int
-    last_unit: int
-    passes: tuple[tuple[int, int], tuple[int, int]]
-    size: float
-    score: float
-    p_value: float
-
-    def text(self, reference: str = "reference", candidate: str = "candidate") -> str:
-        who = reference if self.side == "reference" else candidate
-        (b0, p0), (b1, p1) = self.passes
-        where = f"pass {p0}" if (b0, p0) == (b1, p1) else f"passes {p0}-{p1}"
-        if b0 != 1 or b1 != 1:
-            where = f"boot {b0} pass {p0} to boot {b1} pass {p1}"
-        return (f"{who} stalled: {self.last_unit - self.first_unit + 1} consecutive time units "
-                f"({where}) ran {self.size:.2f}x slower than their pairs (robust z "
-                f"{self.score:.1f}, p={self.p_value:.2g}); counted once by the serial term")
-
-
-def detect_stall(data: PairedLatencies) -> Stall | None:
-    """The stall :func:`stall_scan` finds in ``data``, or None."""
-    units = data.time_units
-    scan = stall_scan(data.reference[None], data.candidate[None], units[None])
-    if not scan.found[0]:
-        return None
-    ran = np.unique(units[units >= 0])
-    lo = int(ran[int(scan.first[0])])
-    hi = int(ran[int(scan.first[0]) + int(scan.length[0]) - 1])
-    cells = [np.argwhere(units == k)[0] for k in (lo, hi)]
-    spans = ((int(cells[0][0]) + 1, int(cells[0][1]) + 1),
-             (int(cells[1][0]) + 1, int(cells[1][1]) + 1))
-    side: Literal["reference", "candidate"] = (
-        "reference" if int(scan.side[0]) == 0 else "candidate")
-    return Stall(side, int(scan.first[0]) + 1, int(scan.first[0]) + int(scan.length[0]), spans,
-                 float(scan.size[0]), float(scan.score[0]), float(scan.p_value[0]))
-
-
-# --------------------------------------------------------------------------- results
 
 
 @dataclass(frozen=True)
