@@ -3,6 +3,7 @@ shard; merging refuses what does not belong together and judges the pooled recor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -132,7 +133,16 @@ def _copy(src: Path, dst: Path, **changes: Any) -> Path:
                 if line.strip()]
         (dst / "records.jsonl").write_text("".join(
             json.dumps({**row, "run_id": changes["run_id"]}) + "\n" for row in rows))
+        _stamp(dst)
     return dst
+
+
+def _stamp(folder: Path) -> None:
+    """campaign.json's records hash made the rewritten records' (as a run that had written
+    them would have left it)."""
+    meta = json.loads((folder / "campaign.json").read_text())
+    meta["records_sha256"] = hashlib.sha256((folder / "records.jsonl").read_bytes()).hexdigest()
+    (folder / "campaign.json").write_text(json.dumps(meta))
 
 
 def test_merge_refuses_what_does_not_belong_together(shards: Path, tmp_path: Path,
@@ -269,6 +279,7 @@ def _plant(src: Path, dst: Path, speedup: float, **changes: Any) -> Path:
         r["e2e_s"] = base if r["condition"] == "baseline" else \
             base / (speedup * math.exp(wobble))
     (dst / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _stamp(dst)
     return dst
 
 
