@@ -65,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("osprey_conditions")
     shard = config.getoption("osprey_shard")
     try:
-        parsed = parse_shard(shard) if shard else None
+        parsed = parse_shard(shard) if shard is not None else None  # "": an unset $SHARD
     except ShardError as exc:
         raise pytest.UsageError(str(exc)) from None
     options = RunOptions(
