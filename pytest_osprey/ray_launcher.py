@@ -30,6 +30,7 @@ import contextlib
 import importlib
 import io
 import ipaddress
+import logging
 import math
 import os
 import shutil
@@ -271,7 +272,7 @@ def _connect(address: str | None) -> None:
             ray.init(address=given, log_to_driver=False)
             return
         with _loopback_only():
-            ray.init(log_to_driver=False, include_dashboard=False)
+            ray.init(log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         raise RayError(f"{source if given else 'ray.init'} {given or ''}: "
                        f"{' '.join(str(exc).split())}") from None
