@@ -20,6 +20,10 @@ if not SUITES_DIR.is_dir():  # running from a checkout without an install
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    import sys
+
+    if sys.stdout is None:  # standard output closed (``>&-``): see _no_stdout
+        _no_stdout()
     group = parser.getgroup("osprey", "speculative-decoding drafter pilot (pytest-osprey)")
     group.addoption("--osprey-config", metavar="PATH", default=None,
                     help="Pilot file (pilot.yaml); activates the drafter pilot and its suites")
@@ -44,6 +48,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--osprey-compare", metavar="DIR", default=None,
                     help="Compare with an earlier accepted campaign of the same trace and flag "
                          "regressions of the drafters kept there")
+
+
+def _no_stdout() -> None:
+    """With standard output closed, Python has no ``sys.stdout`` and pytest fails making its
+    terminal, before a pilot run could start; pytest's capture then saves and restores that
+    missing stream. Set here, at the plugin's loading (before capture starts), it is
+    /dev/null: the run writes its folder and exits as on the command line, its terminal lines
+    going nowhere. Only a session that could not have run at all is changed."""
+    import os
+    import sys
+
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the session's)
 
 
 def pytest_configure(config: pytest.Config) -> None:
