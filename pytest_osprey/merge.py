@@ -116,6 +116,10 @@ def _open(directory: Path) -> _Shard:
     if meta.shard is None:
         raise MergeError(f"{directory}: not a shard (a whole run: its campaign.json names no "
                          "shard; shards are run with --shard K/N)")
+    try:  # read now: the merged folder takes shard 1's, and a bad one is named as the shard's
+        read_preflight(directory / "preflight.json")
+    except ValueError as exc:
+        raise MergeError(" ".join(str(exc).split())) from None
     unverified = _verify(directory, data)
     _in_plan(directory, data)
     stopped = stopped_conditions(meta)

@@ -207,6 +207,9 @@ MALFORMED: dict[str, tuple[str, Any]] = {
     "records nested too deeply": ("records.jsonl", lambda t: _DEEP + "\n" + t),
     "records a lone surrogate": ("records.jsonl", lambda t: _first(t, output_text="\ud800")),
     "records not a record": ("records.jsonl", lambda t: "[1, 2]\n" + t),
+    "preflight.json truncated": ("preflight.json", lambda t: t[: len(t) // 2]),
+    "preflight.json nested too deeply": ("preflight.json", lambda t: _DEEP),
+    "preflight.json of wrong types": ("preflight.json", lambda t: '{"artifacts": [1]}'),
 }
 
 
