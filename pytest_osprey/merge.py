@@ -142,6 +142,17 @@ def _verify(directory: Path, data: SavedCampaign) -> list[str]:
     elif text_sha256(meta.pilot_text) != meta.pilot_text_sha256:
         raise MergeError(f"{where}: pilot_text was changed after the run (its sha256 no longer "
                          "matches pilot_text_sha256); only shards as their runs left them merge")
+    if meta.pilot_text is not None and meta.config_hash is not None:
+        # The pilot as parsed, against the digest the run took of it (the text and its hash
+        # rewritten together still do not give the run's config_hash).
+        try:
+            digest = load_pilot_text(meta.pilot_text, str(where)).digest()
+        except (ConfigError, ValueError) as exc:
+            raise MergeError(f"{where}: pilot_text: {' '.join(str(exc).split())}") from None
+        if digest != meta.config_hash:
+            raise MergeError(f"{where}: pilot_text is not the pilot the run digested (its "
+                             f"digest {digest[:12]}, config_hash {meta.config_hash[:12]}); "
+                             "only shards as their runs left them merge")
     records = directory / "records.jsonl"
     if meta.records_sha256 is None:
         unverified.append("its records (no records_sha256: a folder from an older version, "

@@ -84,10 +84,16 @@ def test_a_pilot_edited_after_the_run_is_refused(shards: Path, tmp_path: Path,
     code, err = _merge(tmp_path / "m", shards / "s1", s2, capsys=capsys)
     _refused(code, err, "pilot_text was changed", str(s2))
     _no_folder_left(tmp_path / "m")
-    # Its hash rewritten too: the shards' pilots still differ, and that is refused.
+    # Its hash rewritten too: the pilot no longer digests to the run's config_hash.
     _edit(s2, pilot_text_sha256=hashlib_text(_meta(s2)["pilot_text"]))
     code, err = _merge(tmp_path / "m", shards / "s1", s2, capsys=capsys)
-    _refused(code, err, "different pilot text")
+    _refused(code, err, "pilot_text is not the pilot the run digested")
+    # And config_hash as well, on this shard: the shards no longer agree.
+    from pytest_osprey.pilot.loading import load_pilot_text
+
+    _edit(s2, config_hash=load_pilot_text(_meta(s2)["pilot_text"], "t").digest())
+    code, err = _merge(tmp_path / "m", shards / "s1", s2, capsys=capsys)
+    _refused(code, err, "a shard of a different config")
 
 
 def hashlib_text(text: str) -> str:

@@ -145,6 +145,19 @@ def _stamp(folder: Path) -> None:
     (folder / "campaign.json").write_text(json.dumps(meta))
 
 
+def _other_pilot(src: Path, dst: Path) -> Path:
+    """A copy of a shard as if run with another pilot (its text, hash and digest alike)."""
+    from pytest_osprey.pilot.loading import load_pilot_text
+
+    meta = json.loads((src / "campaign.json").read_text())
+    data = yaml.safe_load(meta["pilot_text"])
+    data.setdefault("decision", {})["inconclusive"] = "pass"
+    text = yaml.safe_dump(data)
+    return _copy(src, dst, pilot_text=text,
+                 pilot_text_sha256=hashlib.sha256(text.encode()).hexdigest(),
+                 config_hash=load_pilot_text(text, "t").digest())
+
+
 def test_merge_refuses_what_does_not_belong_together(shards: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     s1, s2 = shards / "s1", shards / "s2"
@@ -153,8 +166,9 @@ def test_merge_refuses_what_does_not_belong_together(shards: Path, tmp_path: Pat
         "twice": ([s1, s1, s2], "given twice"),
         "same shard": ([s1, _copy(s1, tmp_path / "again", run_id="other"), s2],
                        "shard 1 given twice"),
-        "config": ([s1, _copy(s2, tmp_path / "cfg", config_hash="0" * 64)],
-                   "different config"),
+        "config": ([s1, _other_pilot(s2, tmp_path / "cfg")], "different config"),
+        "config hash alone": ([s1, _copy(s2, tmp_path / "cfg0", config_hash="0" * 64)],
+                              "not the pilot the run digested"),
         "trace": ([s1, _copy(s2, tmp_path / "trc", trace_hash="f" * 64)], "different trace"),
         "pilot": ([s1, _copy(s2, tmp_path / "plt", pilot_name="other")], "different pilot"),
         "hardware": ([s1, _copy(s2, tmp_path / "hw", shard__hardware__cand__version="9.9")],
