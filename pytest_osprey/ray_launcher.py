@@ -223,19 +223,41 @@ def _endpoint(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its client
+# server) answers with a SETTINGS frame of its own (RFC 9113, section 3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_H2_SETTINGS = 4
+
+
 def _probe(address: str, source: str) -> None:
-    """Refuse a cluster address that does not accept a connection within the bound."""
+    """Refuse a cluster address where nothing answers gRPC within the bound: Ray's own
+    connection would retry for minutes, silently (a closed port, a stale RAY_ADDRESS, a
+    server that is not Ray's). With TLS (RAY_USE_TLS) only the connection is checked."""
     endpoint = _endpoint(address)
     if endpoint is None:
         return
+    tls = os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true")
     try:
-        with socket.create_connection(endpoint, timeout=CONNECT_TIMEOUT_S):
-            pass
+        conn = socket.create_connection(endpoint, timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise RayError(f"{source} {address}: no Ray cluster answers there within "
                        f"{CONNECT_TIMEOUT_S:g} s ({why}); start one (ray start --head) or "
                        "give the right address") from None
+    head = b""
+    with conn:
+        if tls:
+            return
+        try:
+            conn.sendall(_H2_PREFACE)
+            while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+                head += chunk
+        except OSError:  # silent, or reset: what it sent so far is judged below
+            pass
+    if len(head) < 9 or head[3] != _H2_SETTINGS:
+        raise RayError(f"{source} {address}: something listens there, but not a Ray cluster "
+                       f"(no gRPC answer within {CONNECT_TIMEOUT_S:g} s); give the address of "
+                       "the cluster's head (ray status shows it)")
 
 
 @contextlib.contextmanager

@@ -91,8 +91,9 @@ def test_an_address_where_no_cluster_answers_fails_fast(
 
 _BOUND = """
 import json, psutil, ray
-from pytest_osprey.ray_launcher import RayError, _connect, _resources
+from pytest_osprey.ray_launcher import RayError, _connect, _probe, _resources
 _connect(None)
+_probe(ray.get_runtime_context().gcs_address, "--address")  # a real cluster passes the probe
 me = psutil.Process()
 pids = {me.pid} | {c.pid for c in me.children(recursive=True)}
 listening = sorted({c.laddr.ip for c in psutil.net_connections("inet")
@@ -123,3 +124,34 @@ def test_a_cluster_it_starts_listens_on_loopback_and_refuses_what_no_node_offers
         assert address.is_loopback, got["listening"]
     assert got["refused"] and "no node of the Ray cluster can run a shard" in got["refused"]
     assert "GPU 1" in got["refused"] and "GPU 0" in got["refused"]
+
+
+@pytest.mark.parametrize("server", ["silent", "http"])
+def test_an_address_where_something_else_listens_fails_fast(
+        server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A port that accepts but is not Ray's (Ray's own connection would wait minutes)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            if server == "http":
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+            else:
+                time.sleep(8)  # longer than the bound: the launcher must not wait it out
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        code, err, took = _ray(_pilot(tmp_path), tmp_path / "out", "--address",
+                               f"127.0.0.1:{port}", capsys=capsys)
+    finally:
+        listener.close()
+    assert code == EXIT_USAGE and "something listens there, but not a Ray cluster" in err, err
+    assert len(err.splitlines()) == 1 and took < 15
+    assert not (tmp_path / "out-shards").exists()
