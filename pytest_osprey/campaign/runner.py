@@ -161,7 +161,8 @@ class Campaign:
                 state.engine = None
             self._writer.close()
             # The records as this run leaves them: a merge refuses them changed afterwards.
-            self.records_sha256 = file_sha256(self.directory / "records.jsonl")
+            with contextlib.suppress(OSError):  # unreadable now: left unverified, not raised
+                self.records_sha256 = file_sha256(self.directory / "records.jsonl")
             self._save_meta()
         data = load_campaign(self.directory)
         data.prompts = self.trace.by_id()
