@@ -237,8 +237,8 @@ def _short_of_plan(data: SavedCampaign) -> str | None:
     if not gaps:
         return None
     shown = ", ".join(gaps[:3]) + (f" and {len(gaps) - 3} more" if len(gaps) > 3 else "")
-    return (f"its records hold {found} of the {expected} timed requests its plan gives it "
-            f"({shown})")
+    return (f"short of its plan: its records hold {found} of the {expected} timed requests "
+            f"its plan gives it ({shown})")
 
 
 def _same(shards: list[_Shard]) -> None:
