@@ -386,11 +386,11 @@ def merge_shards(out: Path, directories: list[Path], *, partial: bool = False,
         except OSError as exc:
             raise MergeError(one_line(exc, f"merged folder {out}: cannot put it in place")
                              ) from None
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(work.parent, ignore_errors=True)  # the work folder's holder (emptied)
     merged.directory = out
     merged.reports = [out / p.relative_to(work) for p in merged.reports]
+    merged.notes = [n.replace(str(work), str(out)) for n in merged.notes]
     return merged
 
 
@@ -413,19 +413,22 @@ def _check_out(out: Path, directories: list[Path]) -> None:
 
 
 def _work_folder(out: Path) -> Path:
-    """A new hidden folder beside ``out``, claimed for this merge."""
+    """A new folder named as ``out`` inside a new hidden one beside it (the reports name
+    their folder), claimed for this merge."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.merging-"))
-        os.chmod(work, 0o755)
+        holder = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.merging-"))
     except OSError as exc:
         raise MergeError(one_line(exc, f"merged folder {out}: cannot create beside it")
                          ) from None
     try:
+        work = holder / out.name
+        work.mkdir()
         claim(work)
-    except FolderError as exc:
-        shutil.rmtree(work, ignore_errors=True)
-        raise MergeError(str(exc)) from None
+    except (OSError, FolderError) as exc:
+        shutil.rmtree(holder, ignore_errors=True)
+        raise MergeError(one_line(exc, f"merged folder {out}: cannot create beside it")
+                         ) from None
     return work
 
 

@@ -144,6 +144,9 @@ def test_an_older_folder_short_of_its_plan_is_partial_whatever_its_status(
     assert [s["status"] for s in summary["shards"]] == ["complete", "incomplete"]
     assert all(v["verdict"] == "INCONCLUSIVE" for v in summary["verdicts"])
     assert "shard 2 unverified: its records" in err  # said, not fatal
+    # Judged in a temporary folder, reported as the folder it became.
+    assert ".merging" not in err + (tmp_path / "m" / "report.md").read_text()
+    assert not list(tmp_path.glob(".m.merging-*"))
 
 
 def test_an_older_whole_folder_merges_with_its_records_unverified(
