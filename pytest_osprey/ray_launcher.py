@@ -295,6 +295,8 @@ def _connect(address: str | None) -> None:
             return
         with _loopback_only():
             ray.init(log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+    except RayError:
+        raise
     except (ConnectionError, ValueError, RuntimeError) as exc:
         raise RayError(f"{source if given else 'ray.init'} {given or ''}: "
                        f"{' '.join(str(exc).split())}") from None
