@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
             _say(event.line(finished))
 
     try:
-        shard = parse_shard(args.shard) if args.shard else None
+        shard = parse_shard(args.shard) if args.shard is not None else None  # "" is refused
         options = RunOptions(results=args.results, reuse=args.reuse, dry_run=args.dry_run,
                              conditions=args.conditions.split(",") if args.conditions else None,
                              compare=args.compare, reuse_hint="--reuse DIR (or `report DIR`)",
@@ -219,10 +219,10 @@ def _merge(args: argparse.Namespace) -> int:
 def _ray(args: argparse.Namespace) -> int:
     """The shards as Ray tasks, then the merge: the merge's exit codes."""
     from .merge import MergeError
-    from .ray_launcher import RayError, launch
+    from .ray_launcher import RayError, check_gpus, launch
     from .report.headline import headline
     from .run import PilotRun, RunOptions, UsageError
-    from .run_folders import default_results
+    from .run_folders import LOCK, FolderError, default_results
 
     if args.shards < 1:
         _say(f"error: --shards {args.shards}: needs at least 1", err=True)
@@ -230,12 +230,17 @@ def _ray(args: argparse.Namespace) -> int:
     try:
         from .campaign.shards import Shard
 
+        check_gpus(args.gpus_per_shard)
         checked = PilotRun(args.pilot, RunOptions(dry_run=True, shard=Shard(1, args.shards)))
-        out = Path(args.results) if args.results else default_results(Path.cwd(),
-                                                                         checked.pilot.name)
+        if args.results:
+            out = Path(args.results)
+        else:  # a new name, left free: the launcher claims OUT-shards/ and merges into OUT
+            out = default_results(Path.cwd(), checked.pilot.name)
+            (out / LOCK).unlink()
+            out.rmdir()
         done = launch(checked.pilot_path, checked.pilot, args.shards, out,
                       address=args.address, gpus_per_shard=args.gpus_per_shard)
-    except (UsageError, RayError, MergeError) as exc:
+    except (UsageError, RayError, MergeError, FolderError) as exc:
         _say(f"error: {exc}", err=True)
         return EXIT_USAGE
     for k, why in sorted(done.dead.items()):

@@ -20,6 +20,10 @@ if not SUITES_DIR.is_dir():  # running from a checkout without an install
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    import sys
+
+    if sys.stdout is None:  # standard output closed (``>&-``): see _no_stdout
+        _no_stdout()
     group = parser.getgroup("osprey", "speculative-decoding drafter pilot (pytest-osprey)")
     group.addoption("--osprey-config", metavar="PATH", default=None,
                     help="Pilot file (pilot.yaml); activates the drafter pilot and its suites")
@@ -46,6 +50,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "regressions of the drafters kept there")
 
 
+def _no_stdout() -> None:
+    """With standard output closed, Python has no ``sys.stdout`` and pytest fails making its
+    terminal, before a pilot run could start; pytest's capture then saves and restores that
+    missing stream. Set here, at the plugin's loading (before capture starts), it is
+    /dev/null: the run writes its folder and exits as on the command line, its terminal lines
+    going nowhere. Only a session that could not have run at all is changed."""
+    import os
+    import sys
+
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the session's)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "osprey(kind): an acceptance gate of pytest-osprey")
     if not config.pluginmanager.hasplugin("benchmark"):  # the latency-series suite's marker
@@ -65,7 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("osprey_conditions")
     shard = config.getoption("osprey_shard")
     try:
-        parsed = parse_shard(shard) if shard else None
+        parsed = parse_shard(shard) if shard is not None else None  # "": an unset $SHARD
     except ShardError as exc:
         raise pytest.UsageError(str(exc)) from None
     options = RunOptions(

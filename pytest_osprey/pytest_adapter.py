@@ -297,8 +297,52 @@ _FAST_EXIT = pytest.StashKey[bool]()
 _FULL_TRACE: list[bool] = []  # --full-trace of this session (the hook below has no config)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     _FULL_TRACE[:] = [bool(session.config.option.fulltrace)]
+    # Before pytest writes its first line: a reader that goes away (``| head -1``) silences
+    # the terminal, never the run (its records and reports are written, its exit status
+    # the gates'), as on the command line.
+    writer = getattr(session.config.pluginmanager.getplugin("terminalreporter"), "_tw", None)
+    stream = getattr(writer, "_file", None)
+    if stream is not None and not isinstance(stream, QuietOnClose):
+        writer._file = QuietOnClose(stream)  # type: ignore[union-attr]
+
+
+class QuietOnClose:
+    """A text stream whose writes stop, silently, once its reader has gone: the descriptor
+    is pointed at /dev/null, so that the interpreter's own flush at exit is quiet too."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.closed_under_us = False
+
+    def _gone(self) -> None:
+        self.closed_under_us = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        if self.closed_under_us:
+            return len(text)
+        try:
+            return int(self._stream.write(text))
+        except (BrokenPipeError, ValueError):  # ValueError: a stream closed under us
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        if self.closed_under_us:
+            return
+        try:
+            self._stream.flush()
+        except (BrokenPipeError, ValueError):
+            self._gone()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -15,15 +15,30 @@ every candidate is decided. A look taken after N passes at once skips the looks 
 their share of alpha is not spent, so the rule stays conservative. A shard whose worker dies
 (its node lost, its process killed) is named in the merged report, the board stops waiting
 for it, and the merge is partial: no verdict is claimed for data that is not there.
+
+Before anything starts, the launcher checks what it can: ``--gpus-per-shard`` a finite
+number from 0 (a whole number above 1, as Ray requires), the results folder OUT new or empty
+and OUT-shards/ new or empty (an earlier run's shards are never written into), and a given
+cluster address answering within :data:`CONNECT_TIMEOUT_S`. A cluster it starts itself
+listens on loopback only (127.0.0.1). Once connected, shards whose resources no node offers
+are refused at once rather than left pending.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
+import ipaddress
+import logging
+import math
+import os
 import shutil
+import socket
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +50,15 @@ from .pilot import Pilot
 from .results import SavedCampaign
 from .results.campaign_file import CampaignFile, read_campaign_file
 from .results.records import RequestRecord
+from .run_folders import LOCK, FolderError, claim, one_line
 
-__all__ = ["LookBoard", "RayError", "RayLaunch", "launch"]
+__all__ = ["LookBoard", "RayError", "RayLaunch", "check_gpus", "launch"]
 
 SHARD_RESOURCE = "osprey_shard"
 _POLL_S = 0.2
+CONNECT_TIMEOUT_S = 5.0
+"""How long a given cluster address has to accept a connection before the launch is refused
+(Ray's own retries would take minutes, silently)."""
 
 
 class RayError(RuntimeError):
@@ -159,22 +178,173 @@ class RayLaunch:
     merged: Any  # merge.Merged
 
 
+def check_gpus(gpus_per_shard: float) -> None:
+    """``--gpus-per-shard``: finite, from 0; above 1 a whole number (Ray's rule)."""
+    if not math.isfinite(gpus_per_shard) or gpus_per_shard < 0:
+        raise RayError(f"--gpus-per-shard {gpus_per_shard}: a number of GPUs from 0")
+    if gpus_per_shard > 1 and not float(gpus_per_shard).is_integer():
+        raise RayError(f"--gpus-per-shard {gpus_per_shard}: above 1, a whole number of GPUs "
+                       "(Ray shares only a fraction of one)")
+
+
+def _claim_results(out: Path, pilot_path: Path) -> Path:
+    """OUT-shards/ made (or an empty one taken) and claimed, after checking that OUT is new
+    or empty and not the pilot: before any shard starts, so that an earlier run's results
+    are never written over."""
+    gathered = out.parent / f"{out.name}-shards"
+    try:
+        if out.resolve() == pilot_path.resolve():
+            raise RayError(f"--results {out}: the pilot file itself; an output never replaces "
+                           "an input")
+        for path, what in ((out, "results folder"), (gathered, "shards' folder")):
+            if path.exists() and (not path.is_dir() or any(path.iterdir())):
+                raise RayError(f"{what} {path}: {'a file' if not path.is_dir() else 'not empty'}"
+                               " (an earlier run's?); its results are never written over: "
+                               "choose a new --results")
+        gathered.mkdir(parents=True, exist_ok=True)
+        claim(gathered)
+    except FolderError as exc:
+        raise RayError(str(exc)) from None
+    except (OSError, RuntimeError) as exc:
+        raise RayError(one_line(exc, f"--results {out}")) from None
+    return gathered
+
+
+def _endpoint(address: str) -> tuple[str, int] | None:
+    """host and port of a cluster address (``host:port`` or ``ray://host:port``); None for
+    the addresses Ray resolves itself (``auto``, ``local``)."""
+    text = address.strip()
+    if text in ("auto", "local"):
+        return None
+    text = text.split("://", 1)[-1]
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise RayError(f"--address {address}: expected HOST:PORT (or ray://HOST:PORT, auto)")
+    return host.strip("[]"), int(port)
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its client
+# server) answers with a SETTINGS frame of its own (RFC 9113, section 3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_H2_SETTINGS = 4
+
+
+def _probe(address: str, source: str) -> None:
+    """Refuse a cluster address where nothing answers gRPC within the bound: Ray's own
+    connection would retry for minutes, silently (a closed port, a stale RAY_ADDRESS, a
+    server that is not Ray's). With TLS (RAY_USE_TLS) only the connection is checked."""
+    endpoint = _endpoint(address)
+    if endpoint is None:
+        return
+    tls = os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true")
+    try:
+        conn = socket.create_connection(endpoint, timeout=CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise RayError(f"{source} {address}: no Ray cluster answers there within "
+                       f"{CONNECT_TIMEOUT_S:g} s ({why}); start one (ray start --head) or "
+                       "give the right address") from None
+    head = b""
+    with conn:
+        if tls:
+            return
+        try:
+            conn.sendall(_H2_PREFACE)
+            while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+                head += chunk
+        except OSError:  # silent, or reset: what it sent so far is judged below
+            pass
+    if len(head) < 9 or head[3] != _H2_SETTINGS:
+        raise RayError(f"{source} {address}: something listens there, but not a Ray cluster "
+                       f"(no gRPC answer within {CONNECT_TIMEOUT_S:g} s); give the address of "
+                       "the cluster's head (ray status shows it)")
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Ray starting its own cluster on loopback: its node address is then 127.0.0.1, and its
+    servers bind there alone. Ray takes the node address from its ``ENABLE_RAY_CLUSTER``
+    constant (environment ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read when ray is first
+    imported): off, the node is the local host only."""
+    constants = importlib.import_module("ray._private.ray_constants")
+    name = getattr(constants, "ENABLE_RAY_CLUSTERS_ENV_VAR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    before_env, before = os.environ.get(name), getattr(constants, "ENABLE_RAY_CLUSTER", True)
+    os.environ[name] = "0"
+    setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010 (read at call time)
+    try:
+        yield
+    finally:
+        setattr(constants, "ENABLE_RAY_CLUSTER", before)  # noqa: B010
+        if before_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before_env
+
+
+def _connect(address: str | None) -> None:
+    """Join the cluster at ``address`` (or RAY_ADDRESS), after checking it answers; without
+    either, start a local one on loopback."""
+    import ray
+
+    given = address or os.environ.get("RAY_ADDRESS")
+    source = "--address" if address else "RAY_ADDRESS"
+    try:
+        if given:
+            _probe(given, source)
+            ray.init(address=given, log_to_driver=False)
+            return
+        with _loopback_only():
+            ray.init(log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+    except RayError:
+        raise
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise RayError(f"{source if given else 'ray.init'} {given or ''}: "
+                       f"{' '.join(str(exc).split())}") from None
+    node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    if not ipaddress.ip_address(node).is_loopback:  # never left listening beyond loopback
+        ray.shutdown()
+        raise RayError(f"the local Ray cluster took the address {node}, not loopback; start "
+                       "one yourself (ray start --head --node-ip-address 127.0.0.1) and give "
+                       "--address")
+
+
+def _resources(gpus_per_shard: float) -> dict[str, float]:
+    """The custom resources a shard's task asks; refused when no live node can ever offer
+    what the task needs (it would wait forever, silently)."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes()  # type: ignore[no-untyped-call]
+             if n.get("Alive")]
+    per_node = any(SHARD_RESOURCE in r for r in nodes)
+    need = {"CPU": 1.0, "GPU": gpus_per_shard, **({SHARD_RESOURCE: 1.0} if per_node else {})}
+    if not any(all(r.get(k, 0.0) >= v for k, v in need.items() if v) for r in nodes):
+        most = {k: max((r.get(k, 0.0) for r in nodes), default=0.0) for k, v in need.items()
+                if v}
+        offer = ", ".join(f"{k} {v:g}" for k, v in most.items())
+        raise RayError(f"no node of the Ray cluster can run a shard: each needs "
+                       f"{', '.join(f'{k} {v:g}' for k, v in need.items() if v)}, the most "
+                       f"one node offers is {offer} (--gpus-per-shard {gpus_per_shard:g})")
+    return {SHARD_RESOURCE: 1} if per_node else {}
+
+
 def launch(pilot_path: Path, pilot: Pilot, shards: int, out: Path, *,
            address: str | None = None, gpus_per_shard: float = 0.0) -> RayLaunch:
     """Run ``shards`` shards of the pilot as Ray tasks, gather and merge them into ``out``."""
+    check_gpus(gpus_per_shard)
     try:
         import ray
     except ImportError:
         raise RayError("Ray is not installed: pip install 'pytest-osprey[ray]'") from None
     from .merge import merge_shards
 
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address, log_to_driver=False)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise RayError(f"--address {address}: {' '.join(str(exc).split())}") from None
-    per_node = SHARD_RESOURCE in ray.cluster_resources()  # type: ignore[no-untyped-call]
-    resources = {SHARD_RESOURCE: 1} if per_node else {}
+    gathered = _claim_results(out, pilot_path)
+    try:
+        if not ray.is_initialized():
+            _connect(address)
+        resources = _resources(gpus_per_shard)
+    except BaseException:
+        shutil.rmtree(gathered, ignore_errors=True)  # nothing ran: nothing of it is kept
+        raise
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     # The board lives on the driver's node: a shard's node that dies must not take it along.
@@ -188,8 +358,6 @@ def launch(pilot_path: Path, pilot: Pilot, shards: int, out: Path, *,
              and pilot.load.interleaved)
     running = {task.remote(str(pilot_path), Shard(k, shards), board, early): k
                for k in range(1, shards + 1)}
-    gathered = out.parent / f"{out.name}-shards"  # the shards' own folders, beside OUT
-    gathered.mkdir(parents=True, exist_ok=True)
     folders: dict[int, Path] = {}
     dead: dict[int, str] = {}
     while running:
@@ -210,4 +378,5 @@ def launch(pilot_path: Path, pilot: Pilot, shards: int, out: Path, *,
                        + "; ".join(f"shard {k}: {why}" for k, why in sorted(dead.items())))
     merged = merge_shards(out, [folders[k] for k in sorted(folders)], partial=bool(dead),
                           missing_notes=dead)
+    (gathered / LOCK).unlink(missing_ok=True)  # the run is over: only its shards stay
     return RayLaunch(folders, dead, merged.exit_code, merged)

@@ -355,35 +355,45 @@ def test_a_run_releases_only_its_own_lock(tmp_path: Path) -> None:
     release(tmp_path / "never-claimed")  # nothing there: nothing to do
 
 
+@pytest.mark.parametrize("entry", ["cli", "pytest"])
 @pytest.mark.parametrize("stdout", ["closed", "reader gone"])
-def test_a_closed_or_broken_stdout_keeps_the_measurement(tmp_path: Path, stdout: str) -> None:
-    """`run ... >&-` and `run ... | head -1`: the terminal output is lost, the run is not: its
-    folder is complete and the exit code is the run's (0 or 1), not an internal error."""
+def test_a_closed_or_broken_stdout_keeps_the_measurement(tmp_path: Path, stdout: str,
+                                                         entry: str) -> None:
+    """`run ... >&-` and `run ... | head -c 100` (the command line or pytest): the terminal
+    output is lost, the run is not: its folder is complete and the exit code is the run's
+    (the one `report` gives its folder), not an internal error."""
     import subprocess
     import sys
 
+    from pytest_osprey.__main__ import main
+    from testkit.pilot_run import QUIET
+
     with ScriptedServer(routes=sglang_routes()) as srv:
         pilot = write_endpoint_pilot(tmp_path, srv.url, 3)
-        argv = [sys.executable, "-m", "pytest_osprey", "run", str(pilot), "--results",
-                str(tmp_path / "res")]
+        argv = ([sys.executable, "-m", "pytest_osprey", "run", str(pilot), "--results",
+                 str(tmp_path / "res")] if entry == "cli" else
+                [sys.executable, "-m", "pytest", *QUIET, f"--osprey-config={pilot}",
+                 "--osprey-results", str(tmp_path / "res")])
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
         if stdout == "closed":
             proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  env=env, timeout=240, close_fds=True,
+                                  env=env, timeout=240, close_fds=True, cwd=tmp_path,
                                   preexec_fn=lambda: os.close(1))
             code, err = proc.returncode, proc.stderr.decode()
         else:
             with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=env) as run:
+                                  env=env, cwd=tmp_path) as run:
                 assert run.stdout is not None and run.stderr is not None
-                run.stdout.readline()
-                run.stdout.close()  # the reader goes away after one line
+                run.stdout.read(100)
+                run.stdout.close()  # the reader goes away after 100 bytes
                 err = run.stderr.read().decode()
                 code = run.wait(timeout=240)
     assert code in (0, 1), err
     assert "internal error" not in err and "Traceback" not in err
+    assert "INTERNALERROR" not in err
     res = tmp_path / "res"
     assert {"summary.json", "report.md", "campaign.json", "records.jsonl"} <= set(os.listdir(res))
+    assert code == main(["report", str(res)])  # the exit the folder's judgement gives
 
 
 @pytest.fixture(scope="module")

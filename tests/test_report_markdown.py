@@ -296,3 +296,24 @@ def test_a_quality_check_that_did_not_run_is_named(
     assert "- *unchecked sampled distribution:* the sampled pass is off " \
         "(sampling.sampled.enabled: false)" in lines[head + 1:]
     assert "quality identical" not in text
+
+
+def test_the_fairness_reason_is_whole_in_the_gate_table(
+        judged: tuple[dict[str, Any], Any, str]) -> None:
+    """What differs between the conditions follows the gate's heading line: the table row
+    keeps it, not the heading alone."""
+    from pytest_osprey.judgement.service.fairness import FairnessResult
+
+    summary, meta, _ = judged
+    planted = FairnessResult(ok=False, differences=[
+        "dtype: baseline='float16', cand='bfloat16'", "context_length: baseline=4096, cand=2048"],
+        not_shown=["quantization (cand)"])
+    assert len(planted.summary.splitlines()) > 1
+    changed = copy.deepcopy(summary)
+    gate = next(g for g in changed["gates"] if g["kind"] == "fairness")
+    gate.update(outcome="fail", summary=planted.summary)
+    text = markdown(changed, meta, "t", "f")
+    row = next(line for line in text.splitlines() if line.startswith("| fairness |"))
+    for part in ("differ beyond the drafter", "dtype: baseline='float16', cand='bfloat16'",
+                 "context_length: baseline=4096, cand=2048", "not shown: quantization (cand)"):
+        assert part in row, row

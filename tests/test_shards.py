@@ -3,6 +3,7 @@ shard; merging refuses what does not belong together and judges the pooled recor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -133,7 +134,29 @@ def _copy(src: Path, dst: Path, **changes: Any) -> Path:
                 if line.strip()]
         (dst / "records.jsonl").write_text("".join(
             json.dumps({**row, "run_id": changes["run_id"]}) + "\n" for row in rows))
+        _stamp(dst)
     return dst
+
+
+def _stamp(folder: Path) -> None:
+    """campaign.json's records hash made the rewritten records' (as a run that had written
+    them would have left it)."""
+    meta = json.loads((folder / "campaign.json").read_text())
+    meta["records_sha256"] = hashlib.sha256((folder / "records.jsonl").read_bytes()).hexdigest()
+    (folder / "campaign.json").write_text(json.dumps(meta))
+
+
+def _other_pilot(src: Path, dst: Path) -> Path:
+    """A copy of a shard as if run with another pilot (its text, hash and digest alike)."""
+    from pytest_osprey.pilot.loading import load_pilot_text
+
+    meta = json.loads((src / "campaign.json").read_text())
+    data = yaml.safe_load(meta["pilot_text"])
+    data.setdefault("decision", {})["inconclusive"] = "pass"
+    text = yaml.safe_dump(data)
+    return _copy(src, dst, pilot_text=text,
+                 pilot_text_sha256=hashlib.sha256(text.encode()).hexdigest(),
+                 config_hash=load_pilot_text(text, "t").digest())
 
 
 def test_merge_refuses_what_does_not_belong_together(shards: Path, tmp_path: Path,
@@ -144,8 +167,9 @@ def test_merge_refuses_what_does_not_belong_together(shards: Path, tmp_path: Pat
         "twice": ([s1, s1, s2], "given twice"),
         "same shard": ([s1, _copy(s1, tmp_path / "again", run_id="other"), s2],
                        "shard 1 given twice"),
-        "config": ([s1, _copy(s2, tmp_path / "cfg", config_hash="0" * 64)],
-                   "different config"),
+        "config": ([s1, _other_pilot(s2, tmp_path / "cfg")], "different config"),
+        "config hash alone": ([s1, _copy(s2, tmp_path / "cfg0", config_hash="0" * 64)],
+                              "not the pilot the run digested"),
         "trace": ([s1, _copy(s2, tmp_path / "trc", trace_hash="f" * 64)], "different trace"),
         "pilot": ([s1, _copy(s2, tmp_path / "plt", pilot_name="other")], "different pilot"),
         "hardware": ([s1, _copy(s2, tmp_path / "hw", shard__hardware__cand__version="9.9")],
@@ -270,6 +294,7 @@ def _plant(src: Path, dst: Path, speedup: float, **changes: Any) -> Path:
         r["e2e_s"] = base if r["condition"] == "baseline" else \
             base / (speedup * math.exp(wobble))
     (dst / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _stamp(dst)
     return dst
 
 

@@ -32,6 +32,7 @@ from ..results.campaign_file import (
     PinCheck,
     ScheduleEntry,
     SizeFacts,
+    file_sha256,
     text_sha256,
 )
 from ..results.ending import stop_text
@@ -129,6 +130,7 @@ class Campaign:
         # one request of its untimed passes (run there, one at a time) is expected to take
         self._request_s: dict[str, tuple[float, int]] = {}
         self.stop_reason: str | None = None
+        self.records_sha256: str | None = None
 
     @property
     def measured(self) -> list[RequestRecord]:
@@ -170,6 +172,9 @@ class Campaign:
             for state in self.states.values():
                 state.engine = None
             self._writer.close()
+            # The records as this run leaves them: a merge refuses them changed afterwards.
+            with contextlib.suppress(OSError):  # unreadable now: left unverified, not raised
+                self.records_sha256 = file_sha256(self.directory / "records.jsonl")
             self._save_meta()
         data = load_campaign(self.directory)
         data.prompts = self.trace.by_id()
@@ -720,6 +725,7 @@ class Campaign:
             pilot_text=self.config_text,
             pilot_text_sha256=text_sha256(self.config_text),
             trace_hash=self.trace.sha256,
+            records_sha256=self.records_sha256,
             trace_files=[str(f) for f in self.trace.files],
             prompt_ids=[p.id for p in self.trace.prompts],
             baseline=pilot.baseline,

@@ -25,7 +25,7 @@ from .schedule import ReplayPlan
 
 __all__ = ["Shard", "ShardCampaign", "ShardError", "parse_shard", "shard_plan"]
 
-_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$", re.ASCII)
 
 
 class ShardError(ValueError):
@@ -56,7 +56,8 @@ def parse_shard(text: str) -> Shard:
     """``"K/N"`` (1-based K) as a :class:`Shard`; a :class:`ShardError` names what is wrong."""
     m = _SPEC.match(text)
     if not m:
-        raise ShardError(f"--shard {text!r}: expected K/N, e.g. 1/4")
+        empty = " (empty: a variable that is not set?)" if not text.strip() else ""
+        raise ShardError(f"--shard {text!r}: expected K/N, e.g. 1/4{empty}")
     return Shard(int(m.group(1)), int(m.group(2)))
 
 

@@ -10,9 +10,11 @@ DIR``, ``merge OUT DIR...``); nothing here shards or merges."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -324,7 +326,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Shared memory of a GPU shard (default 8Gi)")
     parser.add_argument("--merge-wait", type=int, default=86_400, metavar="SECONDS",
                         help="How long the merge waits for the shards (default 86400)")
-    parser.add_argument("--out", metavar="FILE", help="Write here (default: standard output)")
+    parser.add_argument("--out", metavar="FILE", help="Write here (default: standard output; "
+                        "never the pilot, an existing file only with --force)")
+    parser.add_argument("--force", action="store_true", help="Replace an existing --out file")
 
 
 def command_line(pilot: str, o: K8sOptions) -> str:
@@ -351,6 +355,13 @@ def command(args: argparse.Namespace) -> None:
     from ..pilot.loading import load_pilot
 
     pilot = load_pilot(args.pilot, check_paths=False)
+    if args.shards > pilot.load.passes:  # each shard takes whole passes (campaign/shards.py)
+        raise ConfigError(f"--shards {args.shards}: the pilot has {pilot.load.passes} passes "
+                          f"(load.passes), fewer than the shards; every pod would fail: raise "
+                          "load.passes or run fewer shards")
+    out = Path(args.out) if args.out is not None else None
+    if out is not None:
+        _check_out(out, Path(args.pilot), args.force)
     options = K8sOptions(
         pilot=args.pilot_in_image if args.pilot_in_image is not None
         else Path(args.pilot).as_posix(),
@@ -364,14 +375,38 @@ def command(args: argparse.Namespace) -> None:
               "Apply: kubectl apply -f THIS_FILE; the verdict: kubectl logs "
               f"job/{options.name}-merge (docs/kubernetes.md)")
     text = render(manifests(options), header)
-    if args.out is None:
+    if out is None:
         sys.stdout.write(text)
         return
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise ConfigError(f"--out: no such folder {out.parent}")
     try:
-        out.write_text(text, encoding="utf-8")
+        _write_atomic(out, text)
     except OSError as exc:
         raise ConfigError(f"--out: cannot write {out}: {exc.strerror}") from None
     print(f"wrote {out}: kubectl apply -f {out}", file=sys.stderr)
+
+
+def _check_out(out: Path, pilot: Path, force: bool) -> None:
+    """An output never replaces an input (the pilot), nor an existing file unless forced."""
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out: no such folder {out.parent}")
+    if os.path.realpath(out) == os.path.realpath(pilot):
+        raise ConfigError(f"--out {out}: the pilot file itself; an output never replaces an "
+                          "input")
+    if out.exists() and not out.is_file():
+        raise ConfigError(f"--out {out}: not a regular file")
+    if out.exists() and not force:
+        raise ConfigError(f"--out {out}: already exists; give --force to replace it")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A temporary file beside ``path``, renamed over it: a reader never sees half a
+    manifest, and a failed write leaves the old file (launchers reach no results code)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -178,9 +178,13 @@ def _gate_rows(gates: Iterable[Mapping[str, Any]]) -> list[tuple[str, ...]]:
             f"vs {g['reference']}" if g.get("reference") else "",
             f"at {g['load']}" if g.get("load") else "",
             f"on {g['slice']}" if g.get("slice") else "") if x)
-        text = str(g.get("summary") or "").splitlines()
+        text = [line.strip() for line in str(g.get("summary") or "").splitlines()]
+        # A first line that ends in a colon introduces the reason (the fairness gate's "differ
+        # beyond the drafter:" and what differs): the row keeps it whole.
+        result = (text[0] + " " + "; ".join(line for line in text[1:] if line)
+                  if text and text[0].endswith(":") else text[0] if text else "")
         rows.append((str(g.get("kind")), where, outcome.upper() if outcome in (
-            "fail", "inconclusive") else outcome, text[0] if text else ""))
+            "fail", "inconclusive") else outcome, result))
     return rows
 
 

@@ -351,8 +351,10 @@ def shards_line(summary: Mapping[str, Any]) -> str | None:
              + (f" ({s['note']})" if s.get("note") else "") for s in shards]
     line = f"Merged from {len(shards)} shards: " + "; ".join(parts)
     if summary.get("merge_note"):
-        line += f". {summary['merge_note']} (each machine a stratum of its own passes)"
-        speeds = machine_speeds(shards)
+        note = str(summary["merge_note"])
+        mixed = "heterogeneous shards" in note
+        line += f". {note}" + (" (each machine a stratum of its own passes)" if mixed else "")
+        speeds = machine_speeds(shards) if mixed else None
         if speeds:
             line += f"; machine speedups: {speeds}"
     return line

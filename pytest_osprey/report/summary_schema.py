@@ -464,7 +464,8 @@ class Summary(_Sheet):
     shards: list[ShardEntry] = Field(default_factory=list)
     """A merged campaign's shards, every one expected; empty for a one-machine run."""
     merge_note: str | None = None
-    """What differs between the merged shards' machines (`--allow-heterogeneous`)."""
+    """What differs between the merged shards' machines (`--allow-heterogeneous`), and what
+    of a shard could not be verified (records from before `records_sha256` was kept)."""
 
 
 def json_schema() -> dict[str, Any]:

@@ -175,6 +175,18 @@ def text_sha256(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def file_sha256(path: Path) -> str | None:
+    """sha256 of a file's bytes, read in chunks; None when there is no such file."""
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
 class ShardFacts(_Facts):
     """The share of the replay plan one machine ran (``--shard K/N``)."""
 
@@ -218,6 +230,9 @@ class CampaignFile(_Facts):
     pilot_text_sha256: str | None = None
     """sha256 of ``pilot_text`` as written by the run: an edit made afterwards is refused."""
     trace_hash: str | None = None
+    records_sha256: str | None = None
+    """sha256 of records.jsonl as the run left it, written when the campaign ends (null while
+    it runs, and in folders from before it was kept): a merge refuses records changed since."""
     trace_files: list[str] = Field(default_factory=list)
     prompt_ids: list[str] = Field(default_factory=list)
     baseline: str | None = None
@@ -282,12 +297,19 @@ def read_campaign_file(path: Path) -> CampaignFile:
             f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CampaignFileError(f"{path}: cannot read: {exc}") from None
+    except RecursionError:
+        raise CampaignFileError(f"{path}: not a campaign file (JSON nested too deeply)") from None
     if not isinstance(raw, dict):
         raise CampaignFileError(f"{path}: not a campaign file (expected a JSON object)")
     schema = raw.get("schema", CAMPAIGN_SCHEMA)
     if isinstance(schema, int) and not isinstance(schema, bool) and schema > CAMPAIGN_SCHEMA:
         raise CampaignFileError(f"{path}: campaign schema {schema} is newer than this version "
                                 f"reads ({CAMPAIGN_SCHEMA}); upgrade pytest-osprey")
+    try:  # an escaped lone surrogate reads, but no file or report could ever write it
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise CampaignFileError(f"{path}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                                "not text") from None
     try:
         return CampaignFile.model_validate(raw)
     except ValidationError as exc:

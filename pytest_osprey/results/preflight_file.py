@@ -69,3 +69,5 @@ def read_preflight(path: Path) -> Preflight | None:
         return Preflight.model_validate(json.loads(path.read_text("utf-8")))
     except (ValueError, ValidationError, OSError) as exc:
         raise ValueError(f"{path}: not a preflight file: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a preflight file: JSON nested too deeply") from None

@@ -7,13 +7,17 @@ measurement by :meth:`RequestRecord.from_measurement`, never copied field by fie
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, get_type_hints
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from .redact import json_ready
 
@@ -339,8 +343,14 @@ def read_records(path: Path) -> Iterator[RequestRecord]:
             if torn:
                 return
             raise RecordsError(f"{path}:{n}: not valid JSON: {exc.msg}") from None
+        except RecursionError:
+            raise RecordsError(f"{path}:{n}: not a request record (JSON nested too deeply)"
+                               ) from None
         if not isinstance(data, dict) or "condition" not in data:
             raise RecordsError(f"{path}:{n}: not a request record")
+        if "\\u" in line and not _writable(data):
+            raise RecordsError(f"{path}:{n}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                               "not text")
         schema = data.get("schema", SCHEMA)
         if not isinstance(schema, int) or isinstance(schema, bool):
             raise RecordsError(f"{path}:{n}: records schema {schema!r} is not an integer")
@@ -353,4 +363,37 @@ def read_records(path: Path) -> Iterator[RequestRecord]:
             record = RequestRecord.from_dict(data)
         except TypeError as exc:  # a required field is missing
             raise RecordsError(f"{path}:{n}: not a request record: {exc}") from None
+        if wrong := _wrong_type(data):
+            raise RecordsError(f"{path}:{n}: not a request record: {wrong}")
         yield record
+
+
+def _writable(data: Any) -> bool:
+    """Whether ``data`` can be written as UTF-8 again (an escaped lone surrogate cannot)."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@functools.cache
+def _record_types() -> TypeAdapter[Any]:
+    """The record's declared field types, checked strictly (no "1.5" read as a number): a
+    record of wrong types is refused where it is read, not met as a crash in a gate."""
+    hints = get_type_hints(RequestRecord)
+    shape = TypedDict("RecordFields", {f.name: hints[f.name]  # type: ignore[misc]
+                                       for f in fields(RequestRecord)}, total=False)
+    shape.__pydantic_config__ = ConfigDict(strict=True)  # type: ignore[attr-defined]
+    return TypeAdapter(shape)
+
+
+def _wrong_type(data: dict[str, Any]) -> str | None:
+    """The first field of ``data`` whose value is not of its declared type, in words."""
+    try:
+        _record_types().validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"{where}: {first['msg']}"
+    return None
