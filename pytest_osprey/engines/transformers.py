@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..results.scores import ScoredPosition
 from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
 from .batching import MAX_BATCH, Batcher, Flight, Processor
@@ -41,6 +42,7 @@ ALGORITHMS = ("assisted",)
 SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetition_penalty",
                              "stop", "min_new_tokens", "logit_bias",
                              "top_k", "min_p", "ignore_eos"})
+_SCORE_BATCH = 16  # samples scored in one forward
 
 
 
@@ -277,6 +279,51 @@ class TransformersEngine:
             admitted.cancel.set()
             raise
 
+    async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]:
+        """The target's raw distribution at every position of ``outputs`` (engines/base.py
+        Scorer): one forward over prompt + output per sample, the samples batched, on the
+        thread the batch runs on."""
+        if self._model is None:
+            raise EngineError(f"{self.condition}: engine is not started")
+        ids = self._tokenizer(prompt)["input_ids"]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            _torch_thread(), self._score, list(ids), [list(o) for o in outputs], top_k)
+
+    def _score(self, prompt: list[int], outputs: list[list[int]],
+               top_k: int) -> list[list[ScoredPosition]]:
+        import torch
+
+        out: list[list[ScoredPosition]] = [[] for _ in outputs]
+        device = self.pilot.target.device
+        n = len(prompt)
+        # Batches of samples of similar length; right padding leaves a causal model's
+        # logits at real positions as they are.
+        order = sorted((i for i, o in enumerate(outputs) if o), key=lambda i: len(outputs[i]))
+        for chunk in (order[a: a + _SCORE_BATCH] for a in range(0, len(order), _SCORE_BATCH)):
+            width = n + max(len(outputs[i]) for i in chunk)
+            ids = torch.zeros((len(chunk), width), dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, i in enumerate(chunk):
+                seq = prompt + outputs[i]
+                ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+            with torch.inference_mode():
+                logits = self._model(input_ids=ids.to(device),
+                                     attention_mask=mask.to(device)).logits
+            for row, i in enumerate(chunk):
+                m = len(outputs[i])
+                # The logits at position t predict token t + 1: the output's from n - 1 on.
+                logp = torch.log_softmax(logits[row, n - 1: n - 1 + m].float(), dim=-1)
+                token = torch.tensor(outputs[i], device=logp.device)
+                own = logp.gather(1, token[:, None])[:, 0].tolist()
+                top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+                out[i] = [ScoredPosition(t, lp, tuple(ti), tuple(tv)) for t, lp, ti, tv in
+                          zip(outputs[i], own, top.indices.tolist(), top.values.tolist(),
+                              strict=True)]
+        return out
+
     def _counted(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
         if not result.ok:
             self._failed += 1
@@ -339,6 +386,8 @@ class TransformersEngine:
             spec_drafts=flight.full_drafts if drafting else None,
             spec_accepted_per_position=(flight.accepted or [0] * self._draft_tokens())
             if drafting else None,
+            spec_step_accepts=list(flight.step_accepts) if drafting else None,
+            spec_step_drafts=list(flight.step_drafts) if drafting else None,
             finish_reason=finish,
         )
 
