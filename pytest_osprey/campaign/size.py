@@ -37,6 +37,9 @@ class CampaignSize:
     sampled_per_condition: int
     params_per_condition: int
     tokens_per_condition: int
+    scoring: int = 0
+    """Scoring requests, all sent to the baseline (the target scores every condition's
+    sampled outputs, one request per sample)."""
     worst_case_s: float = 0.0
     """Wall time if every request ran to ``load.request_timeout_s`` (the timeout breaker stops
     a condition whose requests keep timing out long before)."""
@@ -54,12 +57,14 @@ class CampaignSize:
 
     @property
     def requests(self) -> int:
-        return self.per_condition * self.conditions
+        return self.per_condition * self.conditions + self.scoring
 
     def line(self) -> str:
         return (f"campaign size: {self.requests:,} requests ({self.per_condition:,} per "
                 f"condition: {self.timed_per_condition:,} timed, {self.sampled_per_condition:,} "
-                f"sampled, {self.params_per_condition:,} parameter probes), up to "
+                f"sampled, {self.params_per_condition:,} parameter probes)"
+                + (f" + {self.scoring:,} scoring requests to the baseline" if self.scoring
+                   else "") + f", up to "
                 f"{self.tokens_per_condition * self.conditions:,} output tokens; judge memory "
                 f"about {self.judge_mib:,.0f} MiB; at most {_duration(self.worst_case_s)} if "
                 "every request ran to its timeout")
@@ -95,7 +100,8 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
                 for level in load.levels)
     waves += sampled + params + (timed - len(prompts) * len(load.levels) * load.passes * boots)
     worst = waves * conditions * load.request_timeout_s
-    return CampaignSize(conditions, timed, sampled, params, tokens, worst)
+    return CampaignSize(conditions, timed, sampled, params, tokens, worst_case_s=worst,
+                        scoring=sampled * conditions)
 
 
 _KEYS = ("lower trace.ids / the trace's prompts, load.levels, load.passes, "
