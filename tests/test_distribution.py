@@ -271,3 +271,22 @@ def test_a_run_refuses_a_budget_that_cannot_fail(tmp_path: Path) -> None:
     assert "smallest attainable p = 0.0295" in str(err.value)
     pilot(2)
     assert PilotRun(tmp_path / "pilot.yaml", cwd=tmp_path).pilot.sampling.sampled.prompts == 2
+
+
+def test_the_diagnosis_sizes_a_difference_and_claims_no_direction() -> None:
+    """Sharper and flatter candidates both fail; the sentence gives the statistic and its flag
+    level and says whole outputs differ, never which way (the test is two-sided)."""
+    lm = MarkovLM(CHAT_LIKE, seed=31)
+    rng = np.random.default_rng(32)
+    base = lm.sampler(1.0)
+    for temperature in (0.5, 2.0):
+        res = distribution_check(lm.draw(base, 6, 8, 16, rng),
+                                 lm.draw(lm.sampler(temperature), 6, 8, 16, rng))
+        assert res.outcome == "fail", res.summary
+        assert res.summary.startswith(
+            f"sampled outputs differ from the reference's: distance (mean MMD^2) "
+            f"{res.distance:.4f}, flagged from {res.critical:.4f}")
+        assert "exact per-position test" in res.summary
+        for wrong in ("less varied", "more varied", "less diverse", "more diverse", "sharper",
+                      "flatter"):
+            assert wrong not in res.summary

@@ -103,7 +103,7 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "alpha, `limits.quality.distribution_alpha` (probability)",
         "`smallest_p` (floor of the p-value at this budget), `critical` (the smallest "
         "distance this budget flags), `similarity_ratio` (candidate within-prompt sample "
-        "similarity over the baseline's; > 1: less diverse), `prompts`, "
+        "similarity over the baseline's; descriptive, not judged), `prompts`, "
         "`samples_per_prompt`, `worst` (the most different prompt, in words)"),
     GateKind.SAMPLING_PARAMS: KindDoc(
         "every sampling-parameter probe (penalties, stop, max/min tokens, logit bias: "

@@ -14,12 +14,16 @@ similarities in [0, 1] (each 1 for a sequence with itself):
 * *positions*: the share of positions holding the same token (an ended sequence holds END);
 * *length*: a Gaussian of the length difference (bandwidth: the median pooled difference).
 
-Diversity is what a sampler error changes first: a lower temperature or top-p makes the
-samples of a prompt more alike (more shared tokens and bigrams), a higher one less, and every
-similarity above sees it; a changed vocabulary or phrasing moves the token and bigram terms;
-lengths catch early or late stops. MMD^2 is a difference of mean similarities (within the
-reference + within the candidate - 2 x across), estimated without the self-similarities, so
-it is unbiased: about 0 for identical samplers at any sample size.
+A sampler error moves these similarities (a changed temperature or top-p changes how alike
+a prompt's samples are; a changed vocabulary or phrasing moves the token and bigram terms;
+lengths catch early or late stops), but the test is two-sided: it says *that* the samples
+differ and by how much, never how the sampler errs (garbage sampling parameters can make
+samples loop on one token in one run and near-uniform in the next). Where the target's
+logprobs are available, the exact per-position test (:mod:`.exact`) says where and how.
+
+MMD^2 is a difference of mean similarities (within the reference + within the candidate - 2 x
+across), estimated without the self-similarities, so it is unbiased: about 0 for identical
+samplers at any sample size.
 
 **Test.** Under H0 the samples of one prompt are exchangeable between the conditions, so
 relabelling them is exact. Each prompt is relabelled *independently* (a stratified
@@ -43,8 +47,8 @@ loses most of its power.
 identical samplers, so it does not read 0 by construction at small samples), beside
 ``critical``: the (1 - alpha) quantile of the same mean under relabelling, the smallest
 distance this budget flags. ``similarity_ratio``: the candidate's mean within-prompt
-similarity over the reference's (> 1: the candidate's samples are more alike, as with a lower
-temperature or top-p).
+similarity over the reference's, a descriptive figure kept as data: the test does not judge
+it, and the summary draws no direction from it.
 
 "pass" means no difference was detected: evidence of sameness only as far as the budget has
 power. benchmarks/distribution_power.py measures power and false alarms on real samples of a
@@ -351,17 +355,21 @@ def distribution_check(
     worst = (f"{top.prompt_id}: MMD^2 {top.mmd2:.4f} (z={top.z:.1f}); within-sample similarity "
              f"{top.within_reference:.3f} vs {top.within_candidate:.3f}, mean length "
              f"{top.mean_length[0]:.1f} vs {top.mean_length[1]:.1f} tokens")
-    verdict = {"fail": "differ", "pass": "show no detected difference",
+    verdict = {"fail": "differ from the reference's", "pass": "show no detected difference",
                "inconclusive": "cannot be told apart at this budget"}[outcome]
+    # Sized by the statistic the test judges (MMD^2 against its flag level); no direction:
+    # the test is two-sided and the exact test names the property where logprobs exist.
     summary = (
-        f"sampled outputs {verdict}: p={p:.3g} (alpha {alpha:g}; smallest attainable "
-        f"{floor:.2g}; content {p_parts['content']:.3g}, diversity "
+        f"sampled outputs {verdict}: distance (mean MMD^2) {distance:.4f}, flagged from "
+        f"{critical:.4f}; p={p:.3g} (alpha {alpha:g}; smallest attainable {floor:.2g}; "
+        f"content {p_parts['content']:.3g}, within-prompt similarity "
         f"{p_parts['diversity']:.3g}) over {len(ids)} prompts x >= {samples} samples"
         + (f" x {positions} tokens" if positions else "")
-        + f"; distance (mean MMD^2) {distance:.4f}, flagged from {critical:.4f}; similarity "
-        f"ratio " + (f"{ratio:.2f}" if ratio is not None else "n/a")
         + f"; most different: {worst}"
     )
+    if outcome == "fail":
+        summary += ("; whole outputs compared: where and how they differ needs the exact "
+                    "per-position test (target logprobs)")
     if capped:
         summary += (f"; {capped} prompt(s) compared on a seeded sub-sample of "
                     f"{MAX_SAMPLES_PER_SIDE} samples a side")
