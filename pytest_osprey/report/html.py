@@ -24,6 +24,7 @@ from ..judgement.figures.measured import P99_MIN_REQUESTS
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
+from .exact_table import HEADER, exact_tables
 from .plotkit import level_order
 from .setup import memory_basis, shards_line
 from .terminal import (
@@ -567,6 +568,20 @@ def _gates(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _exact(summary: dict[str, Any]) -> str:
+    tables = exact_tables(summary)
+    if not tables:
+        return ""
+    out = ['<h3 id="exact">Sampled distribution (exact test)</h3>',
+           '<p class="note">Sampled tokens scored by the target, per position class: score z '
+           "(0 expected), PIT p, draws of the target's top-1 against expectation, draws "
+           "outside the served support, and the fitted effective temperature.</p>"]
+    for caption, rows in tables:
+        out += [f"<p><b>{esc(caption)}</b></p>",
+                table(HEADER, [tuple(esc(c) for c in r) for r in rows], {1, 2, 3, 4, 5})]
+    return "".join(out)
+
+
 def _all_figures(summary: dict[str, Any], data: SavedCampaign) -> list[Figures]:
     raw = summary.get("figures")
     return [Figures.model_validate(d) for d in raw] if raw is not None else all_figures(data)
@@ -807,7 +822,7 @@ def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, b
     body = "".join((
         _banner(summary), _header(summary, data, str(title)), _verdicts(summary, data),
         _key_figures(summary, data), _reasons(summary), _setup(summary, data),
-        _stability(summary, titled), _gates(summary),
+        _stability(summary, titled), _gates(summary), _exact(summary),
         _figures(summary, data), _analyses(summary, titled), _cost(summary), _history(summary),
         _plots(titled), _outputs(data), _errors(data),
     ))
