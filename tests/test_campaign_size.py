@@ -26,8 +26,11 @@ def test_size_counts_every_pass_the_pilot_asks_for(tmp_path: Path) -> None:
     assert size.sampled_per_condition == 4 * 5
     assert size.params_per_condition == 2 * len(PROBES)
     assert size.tokens_per_condition == 8 * 10 * 2 * 3 * 2 + 6 * 4 * 5 + 4 * 2 * len(PROBES)
-    assert size.requests == 2 * size.per_condition
+    # The baseline scores every condition's sampled outputs, one request per sample.
+    assert size.scoring == 2 * 4 * 5
+    assert size.requests == 2 * size.per_condition + size.scoring
     assert size_problem(size) is None and f"{size.requests:,} requests" in size.line()
+    assert f"{size.scoring:,} scoring requests to the baseline" in size.line()
 
 
 def test_a_budget_no_run_can_hold_is_refused_naming_the_keys(tmp_path: Path) -> None:
