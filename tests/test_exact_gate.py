@@ -5,6 +5,7 @@ diagnosis that names the drafted positions and sizes the defect."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,10 @@ from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.gates import judge_distribution
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import load_trace
+from pytest_osprey.report.exact_table import exact_tables
+from pytest_osprey.report.markdown import _exact as markdown_section
 from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.redact import json_ready
 from pytest_osprey.results.scores import ScoreLine, classes_of, position_classes
 from testkit import tiny_models
 from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot, write_trace
@@ -148,6 +152,17 @@ def test_greedy_verification_fails_naming_drafted_positions_near_temperature_zer
     assert drafted["outcome"] == "fail" and drafted["temperature_ci"][1] < 0.05
     assert drafted["top1_observed"] == drafted["n"]  # every drafted token the argmax
     assert gate.details["control"]["outcome"] == "pass"
+    # The reports' table, from summary.json as written (non-finite floats read null).
+    summary = json.loads(json.dumps(json_ready({"gates": [gate.as_dict()]})))
+    (control, _), (cand, cand_rows) = exact_tables(summary)
+    assert control.startswith("base (the A/A control") and control.endswith("pass")
+    assert cand == "cand, served T 0.8: fail"
+    row = next(r for r in cand_rows if r[0].startswith("drafted"))
+    assert row[0] == "drafted (FAIL)" and row[1] == str(drafted["n"])
+    assert row[4] == f"{drafted['n']} / {drafted['top1_expected']:.1f}"
+    assert row[6].startswith("0.00 [0.00, ")
+    md = markdown_section(summary)
+    assert md is not None and "| drafted (FAIL) |" in "\n".join(md[1])
 
 
 def test_garbage_parameters_at_drafted_positions_fail(
