@@ -213,3 +213,75 @@ def test_scores_for_another_sequence_are_refused() -> None:
     with (ScriptedServer(sglang_routes(shifted)) as server,
           pytest.raises(EngineError, match=r"where the output has")):
         asyncio.run(SGLangClient(server.url, "base").score(PROMPT, OUTPUTS, 4))
+
+
+# ------------------------------------------------------------------- the campaign's scoring
+
+
+class _Engine:
+    """A condition whose every sampled output is 3 tokens; ``scores``: how the baseline
+    answers a scoring request (None: the engine has no score capability)."""
+
+    def __init__(self, condition: str, calls: list[tuple[str, str, int]]) -> None:
+        self.condition = condition
+        self.calls = calls
+
+    def start(self) -> None: ...
+
+    async def generate(self, request: Any) -> Measurement:
+        return Measurement(ok=True, ttft_s=0.01, e2e_s=0.02, itl_s=[0.005, 0.005],
+                           output_ids=[1, 2, 3], output_text="abc", prompt_tokens=4,
+                           spec_step_accepts=[2], spec_step_drafts=[2])
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"engine": "fake"}
+
+    def memory_mb(self) -> float | None:
+        return None
+
+    def flush(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class _Scoring(_Engine):
+    async def score(self, prompt: str, outputs: Any, top_k: int) -> list[list[ScoredPosition]]:
+        self.calls.append((self.condition, prompt, len(outputs)))
+        return [[ScoredPosition(t, -1.0, (t, 0), (-1.0, -2.0)) for t in o] for o in outputs]
+
+
+class _Refusing(_Engine):
+    async def score(self, prompt: str, outputs: Any, top_k: int) -> list[list[ScoredPosition]]:
+        raise EngineError(f"{self.condition}: scoring at /generate: no input_token_logprobs")
+
+
+@pytest.mark.parametrize("kind", ["scores", "refuses", "cannot"])
+def test_interleaved_the_baseline_scores_every_conditions_samples_while_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    from pytest_osprey.campaign import runner
+    from pytest_osprey.campaign.runner import Campaign
+    from pytest_osprey.pilot.trace import load_trace
+    from testkit.factories import make_pilot, write_trace
+
+    calls: list[tuple[str, str, int]] = []
+    engine = {"scores": _Scoring, "refuses": _Refusing, "cannot": _Engine}[kind]
+    monkeypatch.setattr(runner, "make_engine", lambda p, c, b: engine(c, calls))
+    trace = write_trace(tmp_path / "t.jsonl", 2)
+    pilot = make_pilot(trace={"files": [str(trace)]},
+                       load={"levels": {"low": 1}, "passes": 1, "warmup_requests": 0,
+                             "order": "interleaved"},
+                       sampling={"sampled": {"enabled": True, "prompts": 2,
+                                             "samples_per_prompt": 3}})
+    said: list[str] = []
+    data = Campaign(pilot, load_trace([trace]), tmp_path / "res", ["base", "cand"],
+                    progress=lambda e: said.append(e.line())).run()
+    if kind != "scores":
+        assert data.scores == [] and not (tmp_path / "res" / "scores.jsonl").exists()
+        why = "no input_token_logprobs" if kind == "refuses" else "cannot score outputs"
+        assert any("sampled outputs not scored" in s and why in s for s in said), said
+        return
+    # One scoring request per prompt and condition, all to the baseline's engine.
+    assert sorted((c, n) for c, _, n in calls) == [("base", 3)] * 4
+    assert len(data.scores_of("base")) == len(data.scores_of("cand")) == 6
+    assert all(s.scorer == "base" and s.classes == ("drafted", "drafted", "bonus")
+               for s in data.scores)
