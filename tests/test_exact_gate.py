@@ -19,6 +19,7 @@ from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.gates import judge_distribution
+from pytest_osprey.judgement.verdict.diagnosis import short_text
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.report.exact_table import exact_tables
@@ -161,6 +162,7 @@ def test_greedy_verification_fails_naming_drafted_positions_near_temperature_zer
     assert row[0] == "drafted (FAIL)" and row[1] == str(drafted["n"])
     assert row[4] == f"{drafted['n']} / {drafted['top1_expected']:.1f}"
     assert row[6].startswith("0.00 [0.00, ")
+    assert short_text(gate).startswith("drafted positions: effective temperature 0.00 [0.00, ")
     md = markdown_section(summary)
     assert md is not None and "| drafted (FAIL) |" in "\n".join(md[1])
 
@@ -184,3 +186,4 @@ def test_a_failing_control_makes_the_gate_inconclusive(scene: dict[str, Any]) ->
     gate = judge_distribution(SPEC, pilot, data)
     assert gate.outcome == "inconclusive"
     assert "A/A control fails" in gate.summary and "not trusted" in gate.summary
+    assert "A/A control fails" in short_text(gate)

@@ -515,6 +515,8 @@ def _gate_figures(g: dict[str, Any], currency: str = "") -> str:
     kind = str(g.get("kind"))
     unit = GATE_UNITS.get(kind) or ((1.0, "{:.3g} " + currency) if kind == GateKind.COST
                                     else (1.0, "{:.4g}"))
+    if (g.get("details") or {}).get("method") == "exact":  # an effective temperature
+        unit = (1.0, "T\u0302 {:.2f}")
     parts = []
     if g.get("estimate") is not None:
         parts.append(_with_unit(g.get("estimate"), unit))
