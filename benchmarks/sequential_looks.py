@@ -4,7 +4,8 @@ For one noise model and concurrency (50 prompts, 4 passes, looks after each pass
 ``benchmarks/speed_concurrency.py``), simulated campaigns are judged look by look as
 ``testkit.speed_sim.sequential_outcomes`` judges them, and every stop is classified:
 keep, drop, inconclusive for futility (and how many of those the fixed test on all four
-passes would have kept), a keep withheld by the drift veto (the campaign continues), and
+passes would have kept), a keep or drop withheld by the drift rule (the campaign
+continues), and
 inconclusive at the last look. The power a sequential design loses against the fixed test
 is the sum of the futility stops and vetoes that the fixed test keeps, less the keeps it
 makes that the fixed test does not.
@@ -31,7 +32,7 @@ from testkit.speed_sim import (
     INCONCLUSIVE,
     KEEP,
     Design,
-    drift_state,
+    drift_withheld,
     fixed_outcomes,
     looks_of,
     noise_models,
@@ -69,9 +70,9 @@ def breakdown(noise: str, level: int, speedup: float, sims: int, seed: int) -> l
     for look in range(1, looks + 1):
         (z,), df = z_scores(camp, design.primary, "per_prompt", [0.0], look)
         raw = decide(z, plan, look, df)
-        shaky, bias = drift_state(camp, look)
-        (z_bias,), _ = z_scores(camp, design.primary, "per_prompt", [bias], look)
-        vetoed = (raw == KEEP) & shaky & (z_bias < crit)
+        # The gate's rule: with an unstable environment a keep or drop must also hold on the
+        # drift-adjusted speedup (without each pass that changed the comparison).
+        vetoed = drift_withheld(camp, raw, 1.0, "per_prompt", crit, look)
         now = raw.copy()
         now[vetoed] = INCONCLUSIVE if look == looks else -1
         live = code == -1

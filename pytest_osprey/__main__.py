@@ -26,7 +26,7 @@ _INTERRUPTED: list[bool] = []  # set when a run was interrupted (cli() then exit
 DESCRIPTION = """Keep or drop a speculative-decoding drafter, decided with evidence.
 `run PILOT` does what `pytest --osprey-config=PILOT` does, without pytest: preflight, campaign,
 judgement, reports, the same results folder and exit codes (0 every gate passed, 1 a gate
-failed, 2 interrupted or a partial campaign, 4 usage error)."""
+failed, 2 interrupted or a partial campaign, 3 internal error, 4 usage error)."""
 
 
 def _say(text: str, err: bool = False) -> None:
@@ -181,11 +181,14 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for path in run.reports:
         _say(str(path))
-    from .judgement import diagnose_all
+    from .judgement import diagnose_all, stability
     from .report.headline import bullet_lines, headline
 
+    data = run.judged_data or run.campaign()  # saved
+    for warning in stability(data).warnings:  # as the run's own closing lines say them
+        _say(f"WARNING: {warning}")
     for d in diagnose_all(run.pilot, judgement.verdicts, list(judgement.results.values()),
-                          judgement.figures, run.judged_data or run.campaign()):  # saved
+                          judgement.figures, data):
         _say(headline(d))
         for line in bullet_lines(d):
             _say(line)

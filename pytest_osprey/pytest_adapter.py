@@ -79,20 +79,36 @@ def osprey_gate_result(request: pytest.FixtureRequest, osprey_gate: GateSpec) ->
     return run.gate_result(osprey_gate)
 
 
+SKIP_WIDTH = 160
+"""A skip reason's width at most: pytest's ``-rs`` line adds the test's location (about 40
+columns), so each stays under 200; the whole summary is in report.md."""
+
+
+def skip_reason(prefix: str, first: str) -> str:
+    """``prefix: first``, without a repeated "not evaluable", cut to SKIP_WIDTH columns."""
+    for said in ("not evaluable: ", "INCONCLUSIVE "):
+        if said.strip(" (:") in prefix and first.lower().startswith(said.lower()):
+            first = first[len(said):].lstrip(" (")
+    text = f"{prefix}: {first}" if first else prefix
+    if len(text) <= SKIP_WIDTH:
+        return text
+    return text[: SKIP_WIDTH - 17].rstrip() + " ... (report.md)"
+
+
 def assert_gate(result: GateResult, pilot: Pilot) -> None:
     """Turn a gate's outcome into the test's outcome (INCONCLUSIVE as the pilot says)."""
     text = scrub(f"{result.spec.kind}[{result.spec.id}]: {result.summary}")
     # A skip's reason is one line: pytest's short summary (-rs) lists it beside the others.
     first = text.splitlines()[0] if text else ""
     if result.outcome == "skip":
-        pytest.skip(f"could not have failed (not evaluable): {first}")
+        pytest.skip(skip_reason("could not have failed (not evaluable)", first))
     if not result.spec.gating and result.outcome != "pass":
         # Reported beside the verdict (other load levels, the unusual slice), never deciding it.
-        pytest.skip(f"reported only (not gating), {result.outcome.upper()}: {first}")
+        pytest.skip(skip_reason(f"reported only (not gating), {result.outcome.upper()}", first))
     if result.outcome == "inconclusive":
         policy = pilot.decision.inconclusive
         if policy == "skip":
-            pytest.skip("INCONCLUSIVE " + first)
+            pytest.skip(skip_reason("INCONCLUSIVE", first))
         if policy == "fail":
             pytest.fail("INCONCLUSIVE " + text, pytrace=False)
         return
@@ -100,9 +116,9 @@ def assert_gate(result: GateResult, pilot: Pilot) -> None:
         pytest.fail(text, pytrace=False)
     if result.evidence != "tested":
         # Passed, but could hardly (or not at all) have failed: never a plain green pass.
-        pytest.skip(f"could not have failed (not evaluable): {first}"
-                    if result.evidence == "not_evaluable"
-                    else f"passed without the evidence to fail ({result.evidence}): {first}")
+        pytest.skip(skip_reason("could not have failed (not evaluable)", first)
+                    if result.evidence == "not_evaluable" else skip_reason(
+                        f"passed without the evidence to fail ({result.evidence})", first))
 
 
 @pytest.fixture(scope="session")
@@ -262,6 +278,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
     stop_servers(INTERRUPT_GRACE_S if interrupted else None)
     run = session.config.stash.get(RUN, None)
+    if run is not None:
+        run.release()
     # A partial campaign or lost results never pass, whatever the gates said.
     if run is not None and run.failed_outside_gates and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -49,7 +49,8 @@ from .judgement import (
     withhold,
 )
 from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
-from .pilot.selection import selected_trace
+from .pilot.draw import Draw
+from .pilot.selection import select_trace
 from .preflight import run_preflight
 from .report.summary import write_reports
 from .results import Preflight, SavedCampaign, load_campaign
@@ -62,7 +63,7 @@ from .results.campaign_file import (
     stopped_note,
 )
 from .results.records import RequestRecord
-from .run_folders import FolderError, default_results, fresh_results, one_line, writable
+from .run_folders import FolderError, default_results, fresh_results, one_line, release, writable
 from .run_inputs import (
     ReusedCampaign,
     UsageError,
@@ -151,6 +152,7 @@ class PilotRun:
     (:meth:`from_saved`); then each step on demand."""
 
     size: CampaignSize | None  # what the pilot asks for (a measured run; None re-judged)
+    trace_draw: Draw | None  # trace.limit's seeded draw, where the pilot sets a limit
 
     def __init__(
         self,
@@ -168,7 +170,7 @@ class PilotRun:
             # for a GPU deployment): their absence is the artifact check's finding.
             pilot = load_pilot(path, absent_drafters=options.dry_run)
             pilot_text = path.read_text("utf-8-sig")
-            trace = selected_trace(pilot, path)
+            trace, trace_draw = select_trace(pilot, path)
         except (ConfigError, TraceError) as exc:
             raise UsageError(str(exc)) from None
         except (OSError, ValueError) as exc:
@@ -205,6 +207,7 @@ class PilotRun:
                     notes=[warning] if warning else [], reuse=reuse, results=results,
                     previous=_previous(options.compare, here, results, trace.sha256))
         self.size = size
+        self.trace_draw = trace_draw
 
     @classmethod
     def from_saved(cls, saved: ReusedCampaign, pilot: Pilot,
@@ -235,7 +238,7 @@ class PilotRun:
                results: Path | None, previous: Previous | None) -> None:
         """Every attribute of a run, however it was built; no step has run yet."""
         self.options = options
-        self.size = None
+        self.size, self.trace_draw = None, None
         self.cwd = cwd
         self.progress = progress
         self.pilot_path = pilot_path
@@ -246,8 +249,7 @@ class PilotRun:
         self.notes = notes
         self.reuse = reuse.directory if reuse is not None else None
         self.saved = reuse.data if reuse is not None else None
-        # Why the campaign (or a condition) is incomplete; ``incomplete``: the campaign itself
-        # (interrupted, killed or still running).
+        # Why the campaign (or a condition) is incomplete; ``incomplete``: the campaign itself.
         self.partial = reuse.partial if reuse is not None else None
         self.incomplete = self.partial is not None
         self.rejudged: dict[str, Any] | None = None
@@ -280,6 +282,10 @@ class PilotRun:
             self._results = (rejudged_results(self.reuse) if self.reuse is not None
                              else default_results(self.cwd, self.pilot.name))
         return self._results
+
+    def release(self) -> None:
+        if self._results is not None:  # the run is over: its folder's lock goes
+            release(self._results)
 
     @property
     def dry_run(self) -> bool:
@@ -329,7 +335,7 @@ class PilotRun:
             campaign = (Campaign if shard is None else partial(ShardCampaign, shard=shard))(
                 self.pilot, trace, self.results_dir, self.conditions, preflight.failed(),
                 progress=self.progress, config_text=self.pilot_text,
-                stop_rule=self._stop_rule())
+                stop_rule=self._stop_rule(), trace_draw=self.trace_draw)
         except ShardError as exc:
             self.campaign_error = str(exc)
             raise CampaignError(self.campaign_error) from None
@@ -453,8 +459,7 @@ class PilotRun:
         return gate_fails(result, self.pilot.decision.inconclusive)
 
     def exit_code(self, results: Sequence[GateResult] | None = None) -> int:
-        """The run's status (:mod:`pytest_osprey.exit_codes`), from ``results`` or, by default,
-        every planned gate judged (a judged run boots nothing for this)."""
+        """The run's status (:mod:`..exit_codes`); by default every planned gate judged."""
         judged = [self.gate_result(s) for s in self.gates] if results is None else results
         return exit_code(judged, self.pilot.decision.inconclusive,
                          incomplete=self.incomplete and not self.campaign_error,
@@ -480,9 +485,9 @@ class PilotRun:
                            else self.gate_result(s) for s in self.gates]
             except CampaignError:
                 results = [self.gate_result(s) for s in self.gates if s.kind in PREFLIGHT]
-        code = self.exit_code(results)
+        self.release()
         return RunOutcome(preflight, judgement, self.comparison, self.reports, results,
-                          code, self.campaign_error, self.notes, self.partial)
+                          self.exit_code(results), self.campaign_error, self.notes, self.partial)
 
 
 def stop_servers(grace_s: float | None = None) -> None:

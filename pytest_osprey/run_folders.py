@@ -7,7 +7,8 @@ is one line.
   choose another, so an earlier run's records, campaign.json and reports are never replaced.
 - The run claims its folder atomically: ``run.lock`` is created exclusively (``O_EXCL``) once
   the folder is seen empty, so of two runs started at once into one folder exactly one
-  proceeds, and the other is refused before it records anything.
+  proceeds, and the other is refused before it records anything. The finished run removes
+  its lock.
 - Re-judging a saved campaign writes a marked copy into ``<folder>/rejudged-<UTC time>/``
   (or into a new folder the user names), so the original summary and reports stay as they
   were.
@@ -121,6 +122,17 @@ def claim(path: Path) -> None:
         raise FolderError(one_line(exc, f"results folder {path}: cannot claim it")) from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(f"pid {os.getpid()} started {_stamp(utc=True)}\n")
+
+
+def release(path: Path) -> None:
+    """Hand ``path`` back once this run has finished with it: its ``run.lock`` goes (only
+    this process's own; a finished folder is not empty, so no later run claims it)."""
+    lock = path / LOCK
+    try:
+        if lock.read_text(encoding="utf-8").startswith(f"pid {os.getpid()} "):
+            lock.unlink()
+    except OSError:  # never there, or gone: nothing to hand back
+        pass
 
 
 def writable(path: Path) -> None:

@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from pytest_osprey.campaign.size import campaign_size
 from pytest_osprey.judgement import judge, plan_gates
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.pilot.selection import pass_draws
 from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.report.summary import write_reports
 from pytest_osprey.results.files import write_json_atomic
@@ -196,6 +198,9 @@ def record_campaign(project: Path, results: Path) -> None:
         "schedule": [], "early_stop": True, "sequential": {}, "stopped_after_block": None,
         "status": "complete", "started_at": 1000.0, "ended_at": 9000.0,
         "host": {"machine": "x86_64", "node": "n", "python": "3.11", "cpus": 2},
+        # As the campaign records them from the pilot before it runs.
+        "size": campaign_size(pilot, trace, len(CONDITIONS)).facts(),
+        "draws": {k: d.facts() for k, d in pass_draws(pilot, trace.prompts).items()},
     }
     write_json_atomic(results / "campaign.json", meta)
     write_json_atomic(results / "preflight.json", {

@@ -65,6 +65,14 @@ class Noise:
     slowdown_reference_only: bool = False  # that pass slowed for the reference alone (a bias)
     machine_sd: float = 0.0  # per machine (shard): an offset to every condition alike
     machine_interaction_sd: float = 0.0  # per machine: the candidate's gain differs there
+    # Per-server stalls: each condition is its own server; a stall starts at one of its
+    # requests with ``stall_prob`` and slows that condition's next U(stall_len) requests.
+    stall_prob: float = 0.0
+    stall_len: tuple[int, int] = (2, 8)
+    stall_factor: float = 2.0
+    # Heavy-tailed stretch shocks: every stretch x (1 + pareto_scale * Lomax(pareto_shape)).
+    pareto_scale: float = 0.0
+    pareto_shape: float = 1.5
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,15 @@ def plan_pool(design: Design, size: int = 256, seed: int = 0) -> _PlanPool:
                 key.append((((lvl * 2 + c) * n_b + s.boot) * n_p + s.pass_index) * n + pos)
                 units[s.level][q, s.boot, s.pass_index, pos] = (
                     (s.boot * n_p + s.pass_index) * len(plan.blocks[s.level]) + s.block)
+        for level in names:  # number the units in the order they ran, as ``collect`` does
+            order: dict[int, int] = {}
+            for s in plan.stretches:
+                if s.level == level:
+                    order.setdefault((s.boot * n_p + s.pass_index) * len(plan.blocks[level])
+                                     + s.block, len(order))
+            lookup = np.zeros(max(order) + 1, dtype=np.int64)
+            lookup[list(order)] = list(order.values())
+            units[level][q] = lookup[units[level][q]]
         for name, values in zip(rows, (cond, prompt, boot, pas, seg, first, conc, key),
                                 strict=True):
             rows[name].append(values)
@@ -233,6 +250,11 @@ def simulate(
         noise_log += math.log(noise.burst_factor) * ((events - lagged) > 0)
     if noise.switch_penalty:
         noise_log += noise.switch_penalty * first
+    if noise.stall_prob:
+        noise_log += math.log(noise.stall_factor) * _stalls(rng, cond, noise)
+    if noise.pareto_scale:
+        shock = rng.pareto(noise.pareto_shape, (n_sims, pool.segments))
+        noise_log += np.log1p(noise.pareto_scale * shock)[s_idx, seg]
     if design.shards > 1 and (noise.machine_sd or noise.machine_interaction_sd):
         # Pairs stay within a machine (a pass is one machine's), so a machine's offset
         # cancels; its interaction with the drafter does not. The verdict names the machines
@@ -285,6 +307,24 @@ def simulate(
                      {n: pool.units[n][pick] for n in names})
 
 
+def _stalls(rng: np.random.Generator, cond: IntArray, noise: Noise) -> FloatArray:
+    """1 where a request falls in a stall of its own condition's server: per condition, in
+    the order its requests ran, a stall starts at each with ``stall_prob`` and covers that
+    request and the condition's next U(stall_len) - 1."""
+    lo, hi = noise.stall_len
+    out = np.zeros(cond.shape)
+    rows = np.arange(cond.shape[0])[:, None]
+    for c in range(len(CONDITIONS)):
+        slots = np.argsort(cond != c, axis=1, kind="stable")[:, : int((cond[0] == c).sum())]
+        onset = rng.random(slots.shape) < noise.stall_prob
+        length = rng.integers(lo, hi + 1, slots.shape)
+        hit = np.zeros(slots.shape, dtype=bool)
+        for lag in range(hi):
+            hit[:, lag:] |= (onset & (length > lag))[:, : slots.shape[1] - lag]
+        out[rows, slots] = hit
+    return out
+
+
 def _timeline(
     latency: FloatArray, first: npt.NDArray[np.bool_], conc: IntArray
 ) -> tuple[FloatArray, FloatArray]:
@@ -328,6 +368,24 @@ def noise_models() -> dict[str, Noise]:
         replace(base, name="mixed", ar=0.3, shock_sd=0.05, burst_prob=0.02,
                 inflight_rate=0.1, slow_prob=0.1, drift_sd=0.05),
         replace(base, name="reference", ar=0.3, shock_sd=0.03, slow_prob=0.10),
+    ]
+    return {m.name: m for m in models}
+
+
+DRIFT_25 = math.log(1.25) / math.sqrt(2)  # drift_sd whose sine swings +-25%
+
+
+def low_load_models() -> dict[str, Noise]:
+    """Noise that breaks a test reading time units as independent at low load: per-server
+    stalls of 2-8 consecutive requests of one condition, smooth drift of +-25% shared by both
+    conditions over the campaign, heavy-tailed (Pareto) stretch shocks, and their mixture."""
+    base = Noise(request_sd=0.10)
+    models = [
+        replace(base, name="stalls5%", stall_prob=0.05),
+        replace(base, name="stalls10%", stall_prob=0.10),
+        replace(base, name="drift25%", drift_sd=DRIFT_25),
+        replace(base, name="pareto", pareto_scale=0.05),
+        replace(base, name="mixture", stall_prob=0.05, drift_sd=DRIFT_25, pareto_scale=0.05),
     ]
     return {m.name: m for m in models}
 
@@ -413,15 +471,44 @@ def unstable(c: Campaigns, look: int = 0) -> npt.NDArray[np.bool_]:
     return drift_state(c, look)[0]
 
 
-def _drift_vetoed(
-    c: Campaigns, keep: npt.NDArray[np.bool_], threshold: float, metric: Metric, crit: float,
-    look: int = 0,
+def drift_withheld(
+    c: Campaigns, code: IntArray, threshold: float, metric: Metric, crit: float,
+    look: int = 0, level: str | None = None,
 ) -> npt.NDArray[np.bool_]:
-    """Keeps the gate withholds: unstable and not kept against the threshold raised by the
-    bias bound (the same event as CI low / threshold <= bias bound, ``Drift.vetoes``)."""
-    shaky, bias = drift_state(c, look)
-    (z,), _ = z_scores(c, c.design.primary, metric, [math.log(threshold) + bias], look)
-    return keep & shaky & (z < crit)
+    """Keeps and drops the gate withholds (``speed_test``'s rule): the environment unstable
+    and the verdict not holding on the paired comparison without some instance that changed
+    (the drift-adjusted speedup)."""
+    from pytest_osprey.judgement.speed.drift import drift_batch, within_machines
+
+    n_looks = looks_of(c.design)
+    names = c.design.level_names()
+    level = level or c.design.primary
+    data = {name: [(_upto(side[name], c.design, look, n_looks) if look else side[name])
+                   for side in (c.reference, c.candidate)] for name in names}
+    checked = dict(data)
+    if c.design.shards > 1:  # as the gate does for a merged campaign (gate.machines_of)
+        machines = np.arange(c.design.passes) % c.design.shards
+        checked = {name: within_machines(pair, machines) for name, pair in data.items()}
+    series = [(checked[name][k], c.units[name]) for k in (0, 1) for name in names]
+    n = len(names)
+    batch = drift_batch(series, pairs=[(i, i + n) for i in range(n)])
+    held = np.zeros(code.shape, dtype=bool)
+    ref, cand = data[level]
+    units = c.units[level][:, : ref.shape[1]]
+    passes = ref.shape[2]
+    for r in range(batch.changed.shape[1]):
+        hit = batch.unstable & batch.changed[:, r] & ((code == KEEP) | (code == DROP))
+        if not hit.any():
+            continue
+        boot, pas = divmod(r, passes)
+        rest = [x[hit].copy() for x in (ref, cand)]
+        for x in rest:
+            x[:, boot, pas] = np.nan
+        (z,), _ = z_scores(Campaigns({level: rest[0]}, {level: rest[1]}, c.blocks, c.design,
+                                     {level: units[hit]}), level, metric, [math.log(threshold)])
+        lost = np.where(code[hit] == KEEP, z < crit, -z < crit)
+        held[np.flatnonzero(hit)[lost]] = True
+    return held
 
 
 def fixed_outcomes(
@@ -429,15 +516,15 @@ def fixed_outcomes(
     level: str | None = None, drift: bool = True,
 ) -> IntArray:
     """KEEP / INCONCLUSIVE / DROP codes of the fixed design (all data, one test); with
-    ``drift`` an unstable environment that could account for the margin turns KEEP into
-    INCONCLUSIVE, as the gate does."""
+    ``drift`` an unstable environment turns a KEEP or DROP that does not hold on the
+    drift-adjusted speedup into INCONCLUSIVE, as the gate does."""
     from scipy import stats
 
     (z,), _ = z_scores(c, level or c.design.primary, metric, [math.log(threshold)])
     crit = float(stats.norm.isf(alpha))
     code = np.where(z >= crit, KEEP, np.where(-z >= crit, DROP, INCONCLUSIVE))
     if drift:
-        code[_drift_vetoed(c, code == KEEP, threshold, metric, crit)] = INCONCLUSIVE
+        code[drift_withheld(c, code, threshold, metric, crit, level=level)] = INCONCLUSIVE
     return code
 
 
@@ -445,9 +532,9 @@ def sequential_outcomes(
     c: Campaigns, threshold: float, metric: Metric = "per_prompt", alpha: float = 0.025,
     futility_power: float = 0.20, rho: float = 2.0, drift: bool = True,
 ) -> tuple[IntArray, IntArray]:
-    """(decision code, looks used) of the group-sequential design per campaign; an unstable
-    environment that could account for the margin turns a keep into "continue" (inconclusive
-    at the last look)."""
+    """(decision code, looks used) of the group-sequential design per campaign; with an
+    unstable environment a keep or drop that does not hold on the drift-adjusted speedup turns
+    into "continue" (inconclusive at the last look)."""
     from scipy import stats
 
     from pytest_osprey.judgement.speed.sequential import decide, sequential_plan
@@ -461,9 +548,9 @@ def sequential_outcomes(
         (z,), df = z_scores(c, c.design.primary, metric, [math.log(threshold)], look)
         now = decide(z, plan, look, df)
         if drift:
-            vetoed = _drift_vetoed(c, now == KEEP, threshold, metric,
-                                   float(stats.norm.isf(alpha)), look)
-            now[vetoed] = INCONCLUSIVE if look == looks else -1
+            withheld = drift_withheld(c, now, threshold, metric,
+                                       float(stats.norm.isf(alpha)), look)
+            now[withheld] = INCONCLUSIVE if look == looks else -1
         fresh = (code == -1) & (now != -1)
         code[fresh] = now[fresh]
         used[fresh] = look

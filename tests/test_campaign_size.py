@@ -78,3 +78,32 @@ def test_the_judges_memory_and_the_worst_case_time_are_estimated_and_bounded(
     why = size_problem(size, memory_bytes=int(size.judge_mib * 2**20))
     assert why is not None and "the judge would need more than" in why
     assert "load.passes" in why and "max_new_tokens_cap" in why
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_the_size_line_gives_the_quality_passes_share(tmp_path: Path,
+                                                      temperature: float) -> None:
+    trace = load_trace([write_trace(tmp_path / "t.jsonl", 10, max_new_tokens=8)])
+    pilot = make_pilot(
+        {"base": {"role": "baseline"}, "cand": {"role": "candidate", "drafter": "d"}},
+        load={"levels": {"low": 1, "busy": 4}, "passes": 2},
+        sampling={"serving": {"temperature": temperature},
+                  "sampled": {"enabled": True, "prompts": 4, "samples_per_prompt": 5},
+                  "params": {"enabled": True, "prompts": 2}})
+    size = campaign_size(pilot, trace, conditions=2)
+    timed = 10 * 2 * 2
+    # Served sampled: a greedy pass of the trace runs beside the timed ones, for quality only.
+    greedy = 10 if temperature else 0
+    # ... and the baseline scores both conditions' samples (one request per sample).
+    quality = greedy + 4 * 5 + 2 * len(PROBES) + 4 * 5
+    assert (size.timed_per_condition, size.greedy_per_condition) == (timed, greedy)
+    assert size.quality_requests == 2 * quality and size.requests == 2 * (timed + quality)
+    share = quality / (timed + quality)
+    assert size.quality_share == pytest.approx(share)
+    assert (f"quality passes: {2 * quality:,} of {2 * (timed + quality):,} requests, "
+            f"{share:.0%}") in size.line()
+    assert size.facts()["scoring"] == 2 * 4 * 5
+    assert ("greedy (untimed)" in size.line()) == bool(temperature)
+    facts = size.facts()
+    assert facts["quality_requests"] == size.quality_requests
+    assert facts["requests"] == size.requests and facts["greedy"] == greedy

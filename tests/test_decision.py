@@ -173,3 +173,13 @@ def test_an_inconclusive_gate_fails_the_run_only_as_the_pilot_says() -> None:
     assert exit_code(results, "pass", failed_outside_gates=True) == EXIT_GATE_FAILED
     slow = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(0.5), Preflight())
     assert exit_code(list(slow.results.values()), "pass") == EXIT_GATE_FAILED
+
+
+def test_a_skip_reason_is_short_and_says_things_once() -> None:
+    from pytest_osprey.pytest_adapter import SKIP_WIDTH, skip_reason
+
+    said = skip_reason("could not have failed (not evaluable)", "not evaluable: no answer right")
+    assert said == "could not have failed (not evaluable): no answer right"
+    long = skip_reason("INCONCLUSIVE", "INCONCLUSIVE " + "speedup 1.04x [0.55, 1.97] " * 20)
+    assert len(long) <= SKIP_WIDTH
+    assert long.startswith("INCONCLUSIVE: speedup") and long.endswith("(report.md)")

@@ -226,8 +226,19 @@ def test_a_keep_held_back_by_an_unstable_machine_says_so_not_straddles() -> None
     d = run(p, [gate, identity("cand")], 2.5)
     assert d.verdict == "INCONCLUSIVE"
     (reason,) = d.reasons
-    assert reason.text == ("1.30x [1.20, 1.40], clears the 1.10x needed, but the machine's "
-                           "speed changed by enough to account for the margin")
+    assert reason.text == ("1.30x [1.20, 1.40], clears the 1.10x needed, but not without "
+                           "the pass where the comparison changed (unstable environment)")
+
+
+def test_a_drop_held_back_by_an_unstable_machine_says_so() -> None:
+    p = make_pilot()
+    gate = replace(speed("cand", "concurrent", 0.9, 0.85, 0.95, reason=(
+        "unstable environment: cand ran +60% in boot 1 pass 2 against the other passes"),
+        held_back="unstable_environment"), outcome="inconclusive")
+    d = run(p, [gate, identity("cand")], 2.5)
+    (reason,) = d.reasons
+    assert reason.text == ("0.90x [0.85, 0.95], is below the 1.10x needed, but not without "
+                           "the pass where the comparison changed (unstable environment)")
 
 
 def test_other_reasons_are_short_and_named() -> None:

@@ -341,6 +341,20 @@ def test_two_runs_racing_into_one_new_folder_one_proceeds(tmp_path: Path) -> Non
         assert (folder / LOCK).read_text().startswith("pid ")
 
 
+def test_a_run_releases_only_its_own_lock(tmp_path: Path) -> None:
+    from pytest_osprey.run_folders import LOCK, fresh_results, release
+
+    mine = fresh_results(tmp_path / "mine", "--reuse")
+    release(mine)
+    assert not (mine / LOCK).exists()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / LOCK).write_text("pid 1 started 2026-01-01T00:00:00Z\n")
+    release(theirs)  # another process's claim stays
+    assert (theirs / LOCK).exists()
+    release(tmp_path / "never-claimed")  # nothing there: nothing to do
+
+
 @pytest.mark.parametrize("stdout", ["closed", "reader gone"])
 def test_a_closed_or_broken_stdout_keeps_the_measurement(tmp_path: Path, stdout: str) -> None:
     """`run ... >&-` and `run ... | head -1`: the terminal output is lost, the run is not: its

@@ -96,6 +96,7 @@ def test_each_shard_is_an_ordinary_folder_naming_its_share(shards: Path) -> None
                          if r["mode"] == "greedy" and not r["filler"])
         assert greedy == {(c, p): 5 for c in ("baseline", "cand") for p in passes}
         assert (shards / f"s{k}" / "summary.json").is_file()
+        assert not (shards / f"s{k}" / "run.lock").exists()  # the finished run let go
 
 
 def test_merge_pools_the_shards_into_one_judged_folder(shards: Path, tmp_path: Path) -> None:
@@ -294,3 +295,21 @@ def test_each_machine_reports_its_own_speedup(shards: Path, tmp_path: Path) -> N
     merge_shards(tmp_path / "part", [s1], partial=True)
     part = json.loads((tmp_path / "part" / "summary.json").read_text())
     assert [s["speedup"]["cand"] for s in part["shards"]][1] is None
+
+
+def test_report_says_the_stability_warnings_before_the_verdict(
+        shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import pytest_osprey.judgement as judgement
+
+    class Unsteady:
+        warnings = ("the baseline ran 52% slower in pass 2 than in pass 1",)
+
+    merge_shards(tmp_path / "m", [shards / "s1", shards / "s2"])
+    capsys.readouterr()
+    monkeypatch.setattr(judgement, "stability", lambda data: Unsteady())
+    main(["report", str(tmp_path / "m")])
+    out = capsys.readouterr().out.splitlines()
+    warned = out.index("WARNING: the baseline ran 52% slower in pass 2 than in pass 1")
+    verdicts = [i for i, line in enumerate(out) if line.startswith(("KEEP", "DROP", "INCONC"))]
+    assert verdicts and warned < min(verdicts), out

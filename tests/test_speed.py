@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from pytest_osprey.judgement.service.latency_bound import BoundError, latency_bound
+from pytest_osprey.judgement.speed import speedup
 from pytest_osprey.judgement.speed.advice import advise
 from pytest_osprey.judgement.speed.drift import Drift, drift_check
 from pytest_osprey.judgement.speed.sequential import (
@@ -124,11 +125,16 @@ def test_total_time_gate_catches_a_drafter_that_raises_gpu_time() -> None:
 
 
 @pytest.mark.parametrize("seed", [3, 5, 8])
-def test_variance_is_statsmodels_two_way_cluster_robust_covariance(seed: int) -> None:
+def test_variance_is_statsmodels_two_way_cluster_robust_covariance(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The observations (pass x prompt log ratios) regressed on a constant, clustered by
     prompt and by time unit (blocks drawn afresh every pass): statsmodels' two-way
-    covariance, floored at the larger one-way one; df = min(prompts, units) - 1."""
+    covariance, floored at the larger one-way one; df = min(prompts, units) - 1. (The serial
+    term over time windows, which small units would switch on, is off here; its own tests
+    are in test_speed_low_load.py.)"""
     sm = pytest.importorskip("statsmodels.api")
+    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)
     rng = np.random.default_rng(seed)
     passes = 3
     data = campaign(1.1, passes=passes, seed=seed, gains=np.exp(rng.normal(0.1, 0.2, 21)))
@@ -225,40 +231,70 @@ def test_a_pass_slowed_for_everyone_is_caught_noted_and_cancels() -> None:
         1 / 1.4, rel=0.1)
     assert drift.ci_low <= drift.estimate <= drift.ci_high
     assert drift.bias_bound < 1.1  # both conditions slowed alike: the ratio is untouched
+    assert drift.changed == ()  # nor did the paired ratio move in any pass
     res = speed_test(shifted, drift=drift)
     assert res.outcome == "pass" and not res.reason
+    assert res.drift_adjusted == res.gating
     assert any(n.startswith("unstable environment: every condition ran")
-               and "keep holds" in n for n in res.notes)
+               and "the comparison stands" in n for n in res.notes)
     calm = drift_of(data)
     assert not calm.unstable and speed_test(data, drift=calm).outcome == "pass"
 
 
-def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep() -> None:
+def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only the baseline slowed in one pass: the speedup is biased upward, by half the change
-    with two passes. No real speedup: the interval clears 1.0 on the bias alone, and the drift
-    check must hold it back, naming the condition."""
+    with two passes. (The serial term already widens the interval here - a whole pass off
+    moves its units together - so it is switched off to test the drift rule alone.) No real
+    speedup: the interval clears 1.0 on the bias alone; the ratio moved in both passes (two
+    cannot tell which), and without either the keep does not hold: held back, named."""
+    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)
     biased = slowed(campaign(1.0, noise=0.05, passes=2, seed=8), 1.6, everyone=False)
     drift = drift_check([(biased.reference, BLOCKS), (biased.candidate, BLOCKS)],
                         names=("base", "cand"))
     assert drift is not None and drift.unstable and drift.series == "base"
     assert drift.bias_bound == pytest.approx(1.6, rel=0.15)
+    assert drift.changed == ((0, 0), (0, 1))
     res = speed_test(biased, drift=drift)
     assert res.gating.outcome == "pass"  # the bias alone clears the threshold
-    assert res.outcome == "inconclusive"
+    assert res.outcome == "inconclusive" and res.held_back == "unstable_environment"
     assert res.reason.startswith("unstable environment: base ran +6")  # +60% in pass 2
-    assert "more than its margin" in res.reason
+    assert "the keep does not hold on the drift-adjusted speedup" in res.reason
+    assert res.drift_adjusted is not None and res.drift_adjusted.outcome != "pass"
+    # The serial term on its own does not keep it either.
+    monkeypatch.setattr(speedup, "SERIAL_BELOW", 8)
+    assert speed_test(biased).outcome != "pass"
 
 
-def test_a_keep_whose_margin_dwarfs_the_bias_stands_with_a_note() -> None:
+def test_a_keep_whose_margin_dwarfs_the_bias_stands_with_a_note(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)  # the drift rule alone
     shifted = slowed(campaign(2.0, noise=0.05, passes=2, seed=7), 1.3, everyone=False)
     drift = drift_of(shifted)
     assert drift.unstable and drift.bias_bound == pytest.approx(1.3, rel=0.1)
     res = speed_test(shifted, drift=drift)
-    assert res.gating.ci_low > drift.bias_bound
     assert res.outcome == "pass" and not res.reason
-    assert any("keep holds" in n for n in res.notes)
-    # The same campaign against a minimum the bias could reach is held back.
-    assert speed_test(shifted, threshold=1.8, drift=drift).outcome == "inconclusive"
+    assert res.drift_adjusted is not None and res.drift_adjusted.ci_low > 1.0
+    assert any("the verdict holds on the drift-adjusted speedup" in n for n in res.notes)
+    # The same campaign against a minimum only the change could clear is held back.
+    near = speed_test(shifted, threshold=2.0, drift=drift)
+    assert near.gating.outcome == "pass" and near.outcome == "inconclusive"
+
+
+def test_a_drop_is_held_to_the_same_drift_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidate alone slowed in one pass: the speedup is biased down. A drafter at the
+    threshold looks confidently slower on the bias alone; the drop must not stand."""
+    monkeypatch.setattr(speedup, "SERIAL_BELOW", 0)
+    data = campaign(1.0, noise=0.05, passes=2, seed=8)
+    slow = np.array([1.0, 1.6])[None, :, None]
+    biased = PairedLatencies(data.reference, data.candidate * slow, BLOCKS, IDS)
+    drift = drift_of(biased)
+    assert drift.unstable and drift.changed
+    assert speed_test(biased).outcome == "fail"  # without the drift rule: a drop
+    res = speed_test(biased, drift=drift)
+    assert res.outcome == "inconclusive" and "the drop does not hold" in res.reason
 
 
 def test_drift_needs_two_pass_instances() -> None:

@@ -16,6 +16,7 @@ import pytest
 from scipy import stats
 
 from pytest_osprey.judgement.service.latency_bound import latency_bound
+from pytest_osprey.judgement.speed import speedup
 from pytest_osprey.judgement.speed.advice import advise
 from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_test
 from testkit.speed_sim import (
@@ -87,7 +88,9 @@ def test_early_stopping_keeps_alpha_and_saves_requests_at_1_2x() -> None:
     faster = simulate(SHIPPED, REFERENCE_NOISE, 1.2, n, seed=42)
     code, used = sequential_outcomes(faster, 1.0)
     share = used / SHIPPED.passes
-    assert share.mean() - 3 * share.std() / math.sqrt(n) <= 0.7, f"used {share.mean():.3f}"
+    # 0.66 of the passes before the serial term (low load: units read as a time series),
+    # which costs the early looks at x4 part of their power: 0.74 since.
+    assert share.mean() - 3 * share.std() / math.sqrt(n) <= 0.75, f"used {share.mean():.3f}"
     assert np.mean(code == 0) < 0.01  # a faster drafter is (almost) never dropped
 
 
@@ -137,7 +140,11 @@ def test_a_pass_slowed_for_the_reference_alone_cannot_buy_a_keep(model: str, pas
     n = 600
     noise = replace(MODELS[model], pass_slowdown=(0.3, 0.7), slowdown_reference_only=True)
     c = simulate(replace(SHIPPED, passes=passes), noise, 1.0, n, seed=passes + len(model))
-    assert np.mean(fixed_outcomes(c, 1.0, drift=False) == KEEP) > 4 * ALPHA  # the fault bites
+    # The fault bites a test that reads the time units as independent (the serial term
+    # counts part of it already: a whole pass off moves its units together).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(speedup, "SERIAL_BELOW", 0)
+        assert np.mean(fixed_outcomes(c, 1.0, drift=False) == KEEP) > 4 * ALPHA
     keeps = int(np.sum(fixed_outcomes(c, 1.0) == KEEP))
     assert_rate_at_most(keeps, n, ALPHA, f"reference-only slow pass, {model}, {passes} passes")
 

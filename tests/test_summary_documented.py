@@ -162,6 +162,11 @@ def test_the_campaign_says_how_it_ran_and_when(summary: dict[str, Any]) -> None:
     assert datetime.fromisoformat(c["started_at_iso"]).timestamp() == c["started_at"]
     assert datetime.fromisoformat(c["ended_at_iso"]).timestamp() == c["ended_at"]
     assert c["text"] == "ran 2 of 2 passes"
+    # The planned size and the quality passes' share, as campaign.json records them.
+    assert meta.size is not None and c["requests_planned"] == meta.size.requests
+    assert 0 < c["quality_requests"] < c["requests_planned"]
+    assert c["quality_share"] == meta.size.quality_share
+    assert c["draws"] == {k: d.prompt_ids for k, d in meta.draws.items()} and c["draws"]
 
 
 def test_models_carry_the_engine_digests(summary: dict[str, Any]) -> None:

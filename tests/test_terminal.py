@@ -100,6 +100,9 @@ def test_quiet_terminal_without_benchmark_output(outputs: dict[str, Any]) -> Non
     assert any(line.startswith("results: ") and "plain" in line for line in closing)
     # A skipped gate's reason is one line of pytest's short summary.
     assert re.search(r"^SKIPPED \[\d+\] .*: (could not have failed|reported only)", out, re.M), out
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+    assert skipped and max(map(len, skipped)) <= 200, skipped
+    assert not any("not evaluable): not evaluable" in line for line in skipped), skipped
     # Short: the whole session, progress included, fits a screen or two.
     assert len(out.splitlines()) < 70, out
 
@@ -136,6 +139,9 @@ def test_dry_run_lists_its_checks_and_leaves_no_folder(outputs: dict[str, Any],
     # Before anything runs, both adapters say what it will cost.
     assert re.search(r"campaign size: [\d,]+ requests .*judge memory about [\d,]+ MiB; at most "
                      r"[\d.,]+ (min|h) if every request ran to its timeout", res.stdout), res.stdout
+    # With the greedy timed passes the only quality requests are the parameter probes
+    # (off here): the quality passes' share is said, and is 0.
+    assert re.search(r"; quality passes: 0 of ([\d,]+) requests, 0%;", res.stdout), res.stdout
     assert not (outputs["dir"] / "osprey-results").exists()
 
 

@@ -265,7 +265,9 @@ def test_domain_shares_follow_the_source(tmp_path: Path,
     for domain, n in shares.items():  # largest remainders: within one prompt of its share
         assert abs(got[domain] - 60 * n / total) < 1
     assert {p.slice for p in trace.prompts if p.domain == "legal"} == {"unusual"}
-    assert trace.prompts[-1].slice == "unusual"  # the unusual slice last
+    # Written interleaved: the unusual slice is not left to the end of the file.
+    positions = [i for i, p in enumerate(trace.prompts) if p.slice == "unusual"]
+    assert positions[0] < len(trace.prompts) // 2
     # A random draw in each domain, not its first prompts (the source is in order).
     index = [int(p.prompt.split(":")[0].split()[-1]) for p in trace.prompts
              if p.domain == "chat" and p.prompt]
@@ -313,6 +315,31 @@ def test_ids_unique_across_slices(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert sorted(p.id for p in trace.prompts) == [
         "général-01", "général-02", "legal-01", "legal-02", "legal-03", "legal-04"]
     assert Counter(p.slice for p in trace.prompts) == {"core": 4, "unusual": 2}
+
+
+def test_the_built_trace_is_interleaved_not_grouped_by_domain(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Anything that reads the head of a built trace sees every domain, in every seed: its
+    first 8 lines are never one domain, and each domain's lines spread over the file."""
+    shares = {"chat": 300, "code": 100, "math": 60, "legal": 40}
+    src = domain_source(tmp_path, shares)
+    heads = []
+    for seed in range(8):
+        out = tmp_path / f"t{seed}.jsonl"
+        code, _, err = build(capsys, src, "--out", out, "--size", "40", "--domain-field",
+                             "domain", "--unusual-domains", "legal", "--seed", str(seed))
+        assert code == 0, err
+        prompts = load_trace([out]).prompts
+        head = [p.domain for p in prompts[:8]]
+        heads.append(tuple(head))
+        assert len(set(head)) >= 3, head  # chat is 60%: about 5 of 8, never all
+        # Each domain's prompts spread over the file: its mean position near the middle.
+        for domain in shares:
+            where = [i for i, p in enumerate(prompts) if p.domain == domain]
+            assert abs(sum(where) / len(where) - (len(prompts) - 1) / 2) < len(prompts) / 6
+        # Both slices within the first half.
+        assert {p.slice for p in prompts[:20]} == {"core", "unusual"}
+    assert len(set(heads)) > 1  # the order is seeded
 
 
 def test_first_n_bias_against_the_sample() -> None:

@@ -22,13 +22,17 @@ from typing import Any
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
 from ..engines.base import Scorer
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
+from ..pilot.draw import Draw
 from ..pilot.schema import Pilot
+from ..pilot.selection import pass_draws
 from ..pilot.trace import Prompt, Trace, render_prompt
 from ..results.campaign_file import (
     CampaignFile,
     ConditionRun,
+    DrawFacts,
     PinCheck,
     ScheduleEntry,
+    SizeFacts,
     text_sha256,
 )
 from ..results.ending import stop_text
@@ -50,6 +54,7 @@ from .requests import (
     stop_reason,
 )
 from .schedule import ReplayPlan, Stretch, plan_facts, plan_replay
+from .size import campaign_size
 from .steady import dispatch, filler_order, hold_load
 
 # How long a server whose requests failed may take to be seen exited (the kernel reaps it
@@ -90,11 +95,18 @@ class Campaign:
         progress: Progress | None = None,
         config_text: str | None = None,
         stop_rule: StopRule | None = None,
+        trace_draw: Draw | None = None,
     ) -> None:
         self.pilot = pilot
         self.trace = trace
+        # Which prompts each pass uses, drawn across the trace (recorded in campaign.json):
+        # ``trace`` (trace.limit, drawn by the caller), ``sampled``, ``params``.
+        self.draws = pass_draws(pilot, trace.prompts)
+        if trace_draw is not None:
+            self.draws = {"trace": trace_draw, **self.draws}
         self.directory = directory
         self.conditions = list(conditions)
+        self.size = campaign_size(pilot, trace, len(self.conditions))
         self.skipped = dict(skipped or {})
         self.progress = progress or (lambda _e: None)
         self.run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
@@ -467,7 +479,7 @@ class Campaign:
         state = self.states[name]
         if not sampled.enabled or state.engine is None or state.error:
             return
-        prompts = self.trace.prompts[: sampled.prompts] if sampled.prompts else self.trace.prompts
+        prompts = self.draws["sampled"].prompts
         jobs = [(p, i) for p in prompts for i in range(sampled.samples_per_prompt)]
         await self._replay(name, state, self.pilot.load.lightest(), "sampled", jobs, None)
 
@@ -493,9 +505,8 @@ class Campaign:
             writer.write(record)
             self._records.append(record)
 
-        self.progress(ProgressEvent(name, "params", level, 0, 0,
-                                    min(params.prompts, len(self.trace.prompts))))
-        prompts = self.trace.prompts[: params.prompts]
+        prompts = self.draws["params"].prompts
+        self.progress(ProgressEvent(name, "params", level, 0, 0, len(prompts)))
         await run_probes(engine, prompts, lambda p: self._text(p, engine),
                          params.max_new_tokens, self.pilot.load.request_timeout_s, emit)
         self.progress(ProgressEvent(name, "params", level, 0, len(prompts), len(prompts)))
@@ -695,8 +706,8 @@ class Campaign:
         # The sampled pass runs after the last boot's timed passes (one engine at a time:
         # after each condition's first boot's).
         later = self.plan.order == "interleaved" or boot == 0
-        n_sampled = (min(sampled.prompts or len(self.trace.prompts), len(self.trace.prompts))
-                     * sampled.samples_per_prompt if sampled.enabled and later else 0)
+        n_sampled = (len(self.draws["sampled"].prompts) * sampled.samples_per_prompt
+                     if sampled.enabled and later else 0)
         greedy = (len(self.trace.prompts) * (self.plan.boots_per_condition - boot)
                   if self.timed_mode != "greedy" and self.pilot.sampling.greedy else 0)
         total = 0.0
@@ -727,8 +738,8 @@ class Campaign:
             total, who = len(self.trace.prompts), name
         else:
             sampled = self.pilot.sampling.sampled
-            n = min(sampled.prompts or len(self.trace.prompts), len(self.trace.prompts))
-            total, who = n * sampled.samples_per_prompt, name
+            total = len(self.draws["sampled"].prompts) * sampled.samples_per_prompt
+            who = name
         done = min(self._progress_done, total)
         # A timed pass is clocked from its start; other passes from their first request's end.
         start = self._passes_run.get((state_boot, pass_index)) if timed else None
@@ -813,6 +824,8 @@ class Campaign:
             early_stop=self.stop_rule is not None,
             sequential=self.sequential,
             stopped_after_block=self.stopped_after_block,
+            draws={k: DrawFacts.model_validate(d.facts()) for k, d in self.draws.items()},
+            size=SizeFacts.model_validate(self.size.facts()),
             status=self.status,
             stop_reason=self.stop_reason,
             writer_pid=os.getpid(),

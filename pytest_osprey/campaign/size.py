@@ -5,11 +5,13 @@ refused with the keys to change, and every run says its size before it starts.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
 from ..pilot.probes import PROBES
 from ..pilot.schema import Pilot
+from ..pilot.selection import pass_draws
 from ..pilot.trace import Trace
 from .requests import max_new_tokens
 
@@ -29,20 +31,35 @@ JUDGE_SHARE = 0.5
 
 @dataclass(frozen=True)
 class CampaignSize:
-    """Measured requests (fillers and warm-up not counted) and their output-token budget;
-    "timed" includes the untimed greedy pass that runs beside sampled timed passes."""
+    """Measured requests (fillers and warm-up not counted) and their output-token budget.
+    The quality passes are those run only for quality evidence: the untimed greedy pass
+    beside sampled timed passes, the sampled pass and the sampling-parameters pass."""
 
     conditions: int
     timed_per_condition: int
     sampled_per_condition: int
     params_per_condition: int
     tokens_per_condition: int
-    scoring: int = 0
-    """Scoring requests, all sent to the baseline (the target scores every condition's
-    sampled outputs, one request per sample)."""
     worst_case_s: float = 0.0
     """Wall time if every request ran to ``load.request_timeout_s`` (the timeout breaker stops
     a condition whose requests keep timing out long before)."""
+    greedy_per_condition: int = 0
+    """The untimed greedy pass (identity, correctness) beside sampled timed passes."""
+    scoring: int = 0
+    """Scoring requests, all sent to the baseline (the target scores every condition's
+    sampled outputs, one request per sample): quality evidence too."""
+
+    @property
+    def quality_per_condition(self) -> int:
+        return self.greedy_per_condition + self.sampled_per_condition + self.params_per_condition
+
+    @property
+    def quality_requests(self) -> int:
+        return self.quality_per_condition * self.conditions + self.scoring
+
+    @property
+    def quality_share(self) -> float:
+        return self.quality_requests / self.requests if self.requests else 0.0
 
     @property
     def judge_mib(self) -> float:
@@ -53,21 +70,41 @@ class CampaignSize:
 
     @property
     def per_condition(self) -> int:
-        return self.timed_per_condition + self.sampled_per_condition + self.params_per_condition
+        return self.timed_per_condition + self.quality_per_condition
 
     @property
     def requests(self) -> int:
         return self.per_condition * self.conditions + self.scoring
 
     def line(self) -> str:
+        greedy = (f"{self.greedy_per_condition:,} greedy (untimed), "
+                  if self.greedy_per_condition else "")
         return (f"campaign size: {self.requests:,} requests ({self.per_condition:,} per "
-                f"condition: {self.timed_per_condition:,} timed, {self.sampled_per_condition:,} "
-                f"sampled, {self.params_per_condition:,} parameter probes)"
+                f"condition: {self.timed_per_condition:,} timed, {greedy}"
+                f"{self.sampled_per_condition:,} sampled, {self.params_per_condition:,} "
+                f"parameter probes)"
                 + (f" + {self.scoring:,} scoring requests to the baseline" if self.scoring
-                   else "") + f", up to "
-                f"{self.tokens_per_condition * self.conditions:,} output tokens; judge memory "
-                f"about {self.judge_mib:,.0f} MiB; at most {_duration(self.worst_case_s)} if "
-                "every request ran to its timeout")
+                   else "")
+                + f", up to {self.tokens_per_condition * self.conditions:,} "
+                f"output tokens; {self.quality_line()}; judge memory about "
+                f"{self.judge_mib:,.0f} MiB; at most {_duration(self.worst_case_s)} if every "
+                "request ran to its timeout")
+
+    def quality_line(self) -> str:
+        """The quality passes' share of the campaign, e.g. ``quality passes: 1,120 of 3,700
+        requests, 30%``."""
+        return (f"quality passes: {self.quality_requests:,} of {self.requests:,} requests, "
+                f"{self.quality_share:.0%}")
+
+    def facts(self) -> dict[str, Any]:
+        """campaign.json's ``size``."""
+        return {"conditions": self.conditions, "timed": self.timed_per_condition,
+                "greedy": self.greedy_per_condition, "sampled": self.sampled_per_condition,
+                "params": self.params_per_condition, "scoring": self.scoring,
+                "requests": self.requests,
+                "quality_requests": self.quality_requests,
+                "quality_share": round(self.quality_share, 4),
+                "output_tokens": self.tokens_per_condition * self.conditions}
 
 
 def _duration(seconds: float) -> str:
@@ -82,25 +119,27 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
     boots = load.boots_per_condition
     timed = len(prompts) * len(load.levels) * load.passes * boots
     tokens = budget * len(load.levels) * load.passes * boots
+    greedy = 0
     if sampling.serving.sampled and sampling.greedy:  # the untimed greedy pass beside them
-        timed += len(prompts) * boots
+        greedy = len(prompts) * boots
         tokens += budget * boots
+    draws = pass_draws(pilot, prompts)  # the passes' own seeded draws, as the campaign's
     sampled = 0
-    if sampling.sampled.enabled:
-        chosen = prompts[: sampling.sampled.prompts or len(prompts)]
+    if "sampled" in draws:
+        chosen = draws["sampled"].prompts
         sampled = len(chosen) * sampling.sampled.samples_per_prompt
         tokens += sum(max_new_tokens(pilot, p, sampling.sampled.max_new_tokens)
                       for p in chosen) * sampling.sampled.samples_per_prompt
     params = 0
-    if sampling.params.enabled:
-        params = min(sampling.params.prompts, len(prompts)) * len(PROBES)
+    if "params" in draws:
+        params = len(draws["params"].prompts) * len(PROBES)
         tokens += params * sampling.params.max_new_tokens
     # Closed loop: c at a time; open loop: up to its cap (uncapped: all of a stretch at once).
     waves = sum(len(prompts) * load.passes * boots / max(1, load.concurrency(level))
                 for level in load.levels)
-    waves += sampled + params + (timed - len(prompts) * len(load.levels) * load.passes * boots)
+    waves += sampled + params + greedy
     worst = waves * conditions * load.request_timeout_s
-    return CampaignSize(conditions, timed, sampled, params, tokens, worst_case_s=worst,
+    return CampaignSize(conditions, timed, sampled, params, tokens, worst, greedy,
                         scoring=sampled * conditions)
 
 

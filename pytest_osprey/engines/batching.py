@@ -32,6 +32,7 @@ from .planted_faults import PlantedFault
 if TYPE_CHECKING:
     import torch
 
+CANCELLED_BY_CLIENT = "cancelled by the client"
 MAX_BATCH = 128
 """Sequences decoded together at most; later arrivals wait, first come first served."""
 
@@ -196,8 +197,11 @@ class Batcher:
         flights[:] = [flights[i] for i in keep]
 
     def _interrupted(self, flight: Flight) -> bool:
-        if not flight.done and (flight.cancel.is_set() or self.stopping.is_set()):
+        if not flight.done and self.stopping.is_set():
             flight.error = "cancelled (the run was interrupted)"
+        elif not flight.done and flight.cancel.is_set():
+            # The client stopped waiting: a filler ended with its stretch, by design.
+            flight.error = CANCELLED_BY_CLIENT
         return flight.done
 
     # -- one step ---------------------------------------------------------------------------

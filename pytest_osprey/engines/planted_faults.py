@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .base import EngineError
+
 if TYPE_CHECKING:
     import torch
 
@@ -48,8 +50,9 @@ _PENALTIES = ("RepetitionPenaltyLogitsProcessor", "OpenAIPenalties")
 Processor = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
-class PlantedFaultError(ValueError):
-    """The variable names no fault this engine knows (one line, naming the variable)."""
+class PlantedFaultError(EngineError):
+    """The variable names no fault this engine knows (one line, naming the variable): the
+    engine does not start."""
 
 
 @dataclass(frozen=True)

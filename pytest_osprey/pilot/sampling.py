@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from .base import Count, Strict
 
 SAMPLED_PROMPTS = 8
-"""Default prompts of the sampled pass (the first of the trace)."""
+"""Default prompts of the sampled pass (a seeded stratified draw from the trace)."""
 SAMPLES_PER_PROMPT = 8
 """Default samples per prompt and condition of the sampled pass."""
 
@@ -38,8 +38,11 @@ class SampledPass(Strict):
     0.01 (power 95% CI [0.94, 1]), with no false alarm in 60 (benchmarks/distribution_power.py
     on real samples of the tiny target)."""
     prompts: Count | None = Field(
-        SAMPLED_PROMPTS, description="Use the first N prompts of the trace for the sampled "
-        "pass (None: all of them)"
+        SAMPLED_PROMPTS, description="Prompts of the sampled pass (None: all of them), drawn "
+        "seeded (sampling.seed) and stratified across the trace: every (slice, domain) "
+        "represented while N allows, the rest in proportion (largest remainders); the "
+        "unusual slice always at least one; below the number of strata, the other strata "
+        "drawn at random weighted by size. campaign.json draws.sampled records which and why"
     )
     max_new_tokens: Count | None = None
     """Output budget of the sampled pass (default: the prompt's)."""
@@ -54,7 +57,8 @@ class ParamsPass(Strict):
     """Run the sampling-parameters pass: penalties, stop strings, token limits, logit bias and
     constrained decoding on baseline and candidates (judged by the sampling_params gate)."""
     prompts: Annotated[int, Field(ge=1, le=10_000)] = 2
-    """Use the first N prompts of the trace."""
+    """Prompts of the pass, drawn as ``sampling.sampled.prompts`` are (independently of
+    them); campaign.json ``draws.params`` records which and why."""
     max_new_tokens: Annotated[int, Field(ge=4, le=1_000_000)] = 24
     """Output budget of each probe."""
 
@@ -81,6 +85,11 @@ class Serving(Strict):
 
 
 class Sampling(Strict):
+    """The passes; one that uses part of the trace draws it across the trace (``seed``).
+
+    The draw is stratified by slice and domain (pilot/draw.py), never the trace's first
+    prompts; campaign.json ``draws`` records each."""
+
     greedy: bool = True
     """Run the greedy pass (speed, identity, correctness)."""
     sampled: SampledPass = Field(default_factory=SampledPass)
@@ -91,7 +100,9 @@ class Sampling(Strict):
     """The sampling the timed passes (speed, load) run with; greedy by default."""
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     """Base seed: a sampled request's seed derives from it, the condition, the prompt and the
-    sample index (distinct for each, so every sample is drawn independently)."""
+    sample index (distinct for each, so every sample is drawn independently). It also seeds
+    which prompts ``trace.limit``, ``trace.limit_per_slice``, the sampled and the
+    parameters passes draw (the same trace and seed: the same prompts)."""
 
     @model_validator(mode="after")
     def _resolve_sampled(self) -> Sampling:

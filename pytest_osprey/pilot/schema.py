@@ -180,6 +180,11 @@ class Target(Strict):
 
 
 class TraceSpec(Strict):
+    """The campaign's prompts: a limit draws them across the trace, never its first lines.
+
+    The draw is seeded (``sampling.seed``) and stratified by slice and domain
+    (pilot/draw.py); campaign.json ``draws.trace`` records it."""
+
     files: list[PathText] = Field(min_length=1, max_length=MAX_ITEMS)
     """Prompt trace files (JSONL, see prompts/README.md)."""
     ids: list[Text] | None = Field(None, max_length=MAX_COUNT)
@@ -187,9 +192,13 @@ class TraceSpec(Strict):
     slices: list[Text] | None = Field(None, max_length=MAX_ITEMS)
     """Use only these slices."""
     limit_per_slice: Count | None = None
-    """At most this many prompts per slice (first in trace order)."""
+    """At most this many prompts per slice, drawn across the slice's domains (every domain
+    represented while the count allows, the rest in proportion; seeded by
+    ``sampling.seed``)."""
     limit: Count | None = None
-    """At most this many prompts."""
+    """At most this many prompts (after ``limit_per_slice``), drawn across the trace: every
+    (slice, domain) represented while the limit allows, the rest in proportion (largest
+    remainders), the unusual slice at least one; seeded by ``sampling.seed``."""
     unusual_slice: Text = Field("unusual", description="The slice reported (and gated) apart")
 
 
@@ -222,9 +231,10 @@ class Decision(Strict):
     summed latencies: the GPU time saved, long prompts weigh more). Both are reported."""
     drift_tolerance: Fraction = 0.2
     """A pass or boot whose latencies run off the others by more than this (each condition
-    against itself, significant at 1%) marks the environment unstable: a speed gate is then
-    INCONCLUSIVE rather than KEEP unless its margin is wider than the change could have moved
-    the speedup (a change every condition shared cancels)."""
+    against itself, significant at 1%) marks the environment unstable: a speed gate's KEEP or
+    DROP then stands only if it also holds without each pass that changed the comparison
+    (one condition changed and not the other, or their ratio moved by more than this); a
+    change every condition shared cancels in the pairs."""
     bootstrap_resamples: Annotated[int, Field(ge=100, le=1_000_000)] = 2000
     """Bootstrap resamples per speedup CI."""
     regression_tolerance: Fraction = 0.05

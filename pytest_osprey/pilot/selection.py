@@ -12,9 +12,10 @@ import os
 from collections.abc import Sequence
 
 from .base import ConfigError
+from .draw import Draw, draw_prompts, limited
 from .loading import where_in_pilot
 from .schema import Pilot
-from .trace import Trace, TraceError, load_trace
+from .trace import Prompt, Trace, TraceError, load_trace
 
 
 def _hint(name: str, known: Sequence[str]) -> str:
@@ -30,6 +31,45 @@ def _names(names: Sequence[str], n: int = 8) -> str:
 def selected_trace(pilot: Pilot, pilot_path: str | os.PathLike[str]) -> Trace:
     """The prompts the pilot selects; :class:`TraceError` for a trace file's problem,
     :class:`ConfigError` (naming the pilot's line) for a selection's."""
+    return select_trace(pilot, pilot_path)[0]
+
+
+def trace_draw(pilot: Pilot, trace: Trace) -> Draw | None:
+    """``trace.limit`` / ``limit_per_slice`` as a seeded stratified draw (the pilot's
+    ``sampling.seed``) from ``trace``, already cut to ``trace.ids`` and ``trace.slices``;
+    None when the pilot sets neither limit."""
+    spec = pilot.trace
+    if spec.limit is None and spec.limit_per_slice is None:
+        return None
+    return limited(trace.prompts, spec.limit_per_slice, spec.limit, pilot.sampling.seed,
+                   spec.unusual_slice)
+
+
+def drawn_trace(trace: Trace, draw: Draw | None) -> Trace:
+    """``trace`` cut to ``draw``'s prompts (in trace order), with its own hash."""
+    if draw is None or len(draw.prompts) == len(trace.prompts):
+        return trace
+    used = {p.file for p in draw.prompts}
+    return Trace.from_prompts(draw.prompts, [f for f in trace.files if f in used])
+
+
+def pass_draws(pilot: Pilot, prompts: Sequence[Prompt]) -> dict[str, Draw]:
+    """The prompts of the sampled and sampling-parameters passes (those enabled), each a
+    seeded stratified draw from the campaign's ``prompts``."""
+    sampling, unusual = pilot.sampling, pilot.trace.unusual_slice
+    out: dict[str, Draw] = {}
+    if sampling.sampled.enabled:
+        out["sampled"] = draw_prompts(prompts, sampling.sampled.prompts, sampling.seed,
+                                      "sampled", unusual)
+    if sampling.params.enabled:
+        out["params"] = draw_prompts(prompts, sampling.params.prompts, sampling.seed,
+                                     "params", unusual)
+    return out
+
+
+def select_trace(pilot: Pilot,
+                 pilot_path: str | os.PathLike[str]) -> tuple[Trace, Draw | None]:
+    """:func:`selected_trace` with the draw that made it (None without a limit)."""
     spec = pilot.trace
     trace = load_trace(spec.files)
     files = ", ".join(str(f) for f in spec.files)
@@ -46,7 +86,8 @@ def selected_trace(pilot: Pilot, pilot_path: str | os.PathLike[str]) -> Trace:
                               f"{name!r} is not in the trace (it has {_names(slices)})"
                               f"{_hint(name, slices)}")
     try:
-        return trace.subset(ids=spec.ids, slices=spec.slices,
-                            limit_per_slice=spec.limit_per_slice, limit=spec.limit)
+        chosen = trace.subset(ids=spec.ids, slices=spec.slices)
     except TraceError as exc:
         raise ConfigError(f"{where_in_pilot(pilot_path, ('trace',))}: {exc}") from None
+    draw = trace_draw(pilot, chosen)
+    return drawn_trace(chosen, draw), draw

@@ -196,8 +196,9 @@ class Trace:
 
         Filters apply in this order: ``ids`` and ``slices`` (a prompt must match both when
         both are given), then the first ``limit_per_slice`` prompts of each slice, then the
-        first ``limit`` prompts overall. Unknown ids or slices, a limit below 1 and a
-        selection that leaves no prompt raise :class:`TraceError`.
+        first ``limit`` prompts overall (a pilot's ``trace.limit`` and ``limit_per_slice``
+        are seeded stratified draws instead: pilot/draw.py). Unknown ids or slices, a limit
+        below 1 and a selection that leaves no prompt raise :class:`TraceError`.
         """
         src = self._source()
         if isinstance(ids, str) or isinstance(slices, str):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..pilot.schema import Pilot
+from ..pilot.selection import drawn_trace, trace_draw
 from ..pilot.trace import Prompt, TraceError, load_trace
 from ..results.preflight_file import CheckEntry
 from ..trace_build.inputs import (
@@ -312,11 +313,12 @@ def scan(prompts: Iterable[tuple[str, str]], data: Path, ngram: int = 5) -> Over
 NAME = "held out"
 
 
-def _trace_prompts(pilot: Pilot) -> list[Prompt]:
+def trace_prompts(pilot: Pilot) -> list[Prompt]:
     spec = pilot.trace
-    trace = load_trace([os.fspath(f) for f in spec.files])
-    return list(trace.subset(ids=spec.ids, slices=spec.slices,
-                             limit_per_slice=spec.limit_per_slice, limit=spec.limit).prompts)
+    trace = load_trace([os.fspath(f) for f in spec.files]).subset(ids=spec.ids,
+                                                                  slices=spec.slices)
+    # The same seeded draw as the campaign's (trace.limit), so the check sees its prompts.
+    return list(drawn_trace(trace, trace_draw(pilot, trace)).prompts)
 
 
 def held_out_check(pilot: Pilot, name: str) -> CheckEntry | None:
@@ -336,7 +338,7 @@ def held_out_check(pilot: Pilot, name: str) -> CheckEntry | None:
         return check(False, f"adaptation data {data}: not found on this machine, so the trace "
                      "was not checked against it")
     try:
-        prompts = _trace_prompts(pilot)
+        prompts = trace_prompts(pilot)
         found = scan(((p.id, prompt_text(p)) for p in prompts), data, spec.ngram)
     except TraceError as exc:
         return check(False, f"trace not readable: {exc}")

@@ -235,6 +235,19 @@ class CampaignEntry(_Sheet):
     """`started_at` in UTC, ISO 8601."""
     ended_at_iso: str | None
     """`ended_at` in UTC, ISO 8601."""
+    requests_planned: int | None = None
+    """Measured requests the campaign planned, every condition and pass (campaign.json
+    `size.requests`); null for campaigns recorded before it."""
+    quality_requests: int | None = None
+    """Of those, the requests run only for quality evidence: the untimed greedy pass beside
+    sampled timed passes, the sampled pass, the sampling-parameters pass (count); null as
+    above."""
+    quality_share: float | None = None
+    """`quality_requests / requests_planned` (0-1); null as above."""
+    draws: dict[str, list[str]] = Field(default_factory=dict)
+    """Pass (`trace` for trace.limit, `sampled`, `params`) -> the prompt ids it drew, seeded
+    and stratified by slice and domain across the trace (campaign.json `draws` says why);
+    `{}` for campaigns recorded before draws."""
 
 
 class ModelEntry(_Sheet):

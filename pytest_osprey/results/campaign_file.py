@@ -116,6 +116,60 @@ class PlanFacts(_Facts):
         return {pid: k for k, ids in enumerate(self.blocks.get(level, [])) for pid in ids}
 
 
+class DrawnStratum(_Facts):
+    slice: str
+    domain: str
+    available: int
+    """Prompts of this (slice, domain) the draw chose from."""
+    drawn: int
+
+
+class DrawFacts(_Facts):
+    """Which prompts one pass used and why (pilot/draw.py): a seeded draw stratified by
+    slice and domain across the trace, never its head."""
+
+    purpose: str
+    """``trace`` (trace.limit / limit_per_slice), ``sampled`` or ``params``."""
+    seed: int
+    """The pilot's ``sampling.seed``."""
+    budget: int | None = None
+    """The prompts asked for (null: all)."""
+    population: int
+    """Prompts drawn from."""
+    drawn: int
+    allocation: str
+    """``all``, ``proportional`` (every stratum represented, the rest in proportion to its
+    size, largest remainders) or ``fewer than strata`` (the unusual slice keeps one, other
+    strata drawn at random weighted by size)."""
+    reason: str
+    """The same in a sentence."""
+    strata: list[DrawnStratum] = Field(default_factory=list)
+    prompt_ids: list[str] = Field(default_factory=list)
+    """The drawn prompts, in trace order."""
+
+
+class SizeFacts(_Facts):
+    """The campaign's size as planned before it ran (campaign/size.py), per condition; a
+    shard records the whole plan's (an early stop runs fewer)."""
+
+    conditions: int
+    timed: int
+    """Timed requests per condition (speed)."""
+    greedy: int = 0
+    """The untimed greedy pass beside sampled timed passes (identity, correctness)."""
+    sampled: int = 0
+    """The sampled pass (the distribution check)."""
+    params: int = 0
+    """The sampling-parameters pass."""
+    requests: int
+    """All conditions' measured requests."""
+    quality_requests: int
+    """Of ``requests``, those run only for quality evidence: greedy + sampled + params."""
+    quality_share: float
+    """``quality_requests / requests``."""
+    output_tokens: int
+
+
 def text_sha256(text: str | None) -> str | None:
     """sha256 of a saved text (UTF-8), None for none."""
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -197,6 +251,12 @@ class CampaignFile(_Facts):
     """A merged campaign's shards (``python -m pytest_osprey merge``); empty otherwise."""
     merge_note: str | None = None
     """What a merged campaign lacks or mixes (missing shards, heterogeneous machines)."""
+    draws: dict[str, DrawFacts] = Field(default_factory=dict)
+    """Pass -> which prompts it used and why: ``trace`` (only with trace.limit or
+    limit_per_slice), ``sampled``, ``params`` (those that ran); empty in campaigns recorded
+    before draws (the passes then took the first prompts of the trace)."""
+    size: SizeFacts | None = None
+    """The planned size; null in campaigns recorded before it."""
     writer_pid: int | None = None
     """The process writing this campaign: with ``host.node``, how a reader tells a campaign
     still running from one whose process was killed (status left at running)."""

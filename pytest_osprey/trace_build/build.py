@@ -36,7 +36,7 @@ from ..results.files import write_json_atomic, write_text_atomic
 from .dedupe import near_duplicates
 from .readers import Dropped, Fields, Record, read_sources
 from .redaction import Redactor
-from .sampling import Stratum, stratified_sample
+from .sampling import Stratum, interleaved, stratified_sample
 
 #: Characters per token of the estimate used without a tokenizer (English text, BPE).
 CHARS_PER_TOKEN = 4
@@ -257,8 +257,9 @@ def build(opts: BuildOptions) -> Built:
     outputs: list[int] = []
     budgets: Counter[str] = Counter()
     expects: Counter[str] = Counter()
-    order = [(s, d, i) for s, d in sorted(drawn, key=lambda k: (k[0] == UNUSUAL, k))
-             for i in drawn[(s, d)]]
+    # Written interleaved (domains round-robin, slices mixed), never grouped: a reader that
+    # takes the head of the file still sees every domain.
+    order = [(s, d, i) for (s, d), i in interleaved(drawn, opts.seed)]
     # Ids number a domain across both slices (and domains that slug alike), so none repeats.
     per_slug = Counter(_slug(d) for _, d, _ in order)
     numbered: Counter[str] = Counter()

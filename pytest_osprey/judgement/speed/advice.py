@@ -10,7 +10,8 @@ the inconclusive region). The sample size for 80% power then follows from the va
 components (stable prompt-to-prompt variation, which only more prompts reduce;
 pass-to-pass variation, which more passes reduce too; what noise shared in time adds, which
 falls with the number of time units, prompts x passes) and the t-test's degrees of freedom
-(min(prompts, time units) - 1: more passes raise it too).
+(min(prompts, time units) - 1: more passes raise it too; at low load the serial term's
+effective time clusters stand for the units).
 
 The range reported runs from the optimistic quartile to the pessimistic one; the central
 value is the one validated (tests/test_speed_simulation.py: at a true 1.2x its median is
@@ -129,7 +130,9 @@ def advise(
     # What the time units add beyond the prompt part (shared-in-time noise): it falls with
     # the number of units, i.e. with prompts x passes (a block holds a fixed number).
     excess = max(gate.se_log**2 - prompt_var(n, passes), 0.0)
-    units = comp.time_units if comp.time_units > 0 else k
+    units = float(comp.time_units if comp.time_units > 0 else k)
+    if result.serial_clusters > 0:  # low load: the serial term's effective clusters, which
+        units = result.serial_clusters  # grow with the units at a fixed reach
 
     def var_at(prompts: float, npasses: float) -> float:
         return prompt_var(prompts, npasses) + excess * (n * passes) / (prompts * npasses)

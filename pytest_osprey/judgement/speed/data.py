@@ -42,7 +42,8 @@ class PairedLatencies:
     NaN marks a request that failed or did not run (yet); a cell holding several copies of
     a prompt (a stretch that cycled the trace) holds their geometric mean. ``units`` gives
     each cell's time unit (one block in one pass of one boot: the stretches of both
-    conditions that replayed it), dense from 0; by default ``(boot, pass, blocks[i])``, the
+    conditions that replayed it), dense from 0 in the order the units ran (the variance's
+    serial term reads them as a time series); by default ``(boot, pass, blocks[i])``, the
     layout of fixed blocks. ``blocks[i]`` is prompt i's block in its first pass (the drift
     check's clusters).
     """
@@ -132,10 +133,21 @@ def collect(requests: Iterable[Request], reference: str, candidate: str) -> Pair
     with np.errstate(invalid="ignore", divide="ignore"):
         out = {c: np.where(counts[c] > 0, np.exp(logs[c] / counts[c]), np.nan) for c in logs}
     _, dense_blocks = np.unique([first[i][2] for i in range(len(ids))], return_inverse=True)
-    # Time units: (boot, pass, block), numbered densely; cells that never ran get -1.
+    # Time units: (boot, pass, block), numbered densely in the order they ran (their first
+    # stretch, then start time: a pass replays its blocks in a shuffled order, and the serial
+    # term of the variance reads the units as a time series); cells that never ran get -1.
+    width = int(block_at.max()) + 1
     keys = np.where(block_at >= 0, (np.arange(boots * passes).reshape(boots, passes, 1)
-                                    * (int(block_at.max()) + 1) + block_at), -1)
+                                    * width + block_at), -1)
+    ran: dict[int, tuple[int, float]] = {}
+    for r in rows:
+        key = (r.boot * passes + r.pass_index) * width + r.block
+        ran[key] = min(ran.get(key, (r.stretch, r.start_s)), (r.stretch, r.start_s))
     known = np.unique(keys[keys >= 0])
-    units = np.where(keys >= 0, np.searchsorted(known, keys), -1).astype(np.int64)
+    order = sorted(known.tolist(), key=lambda k: (ran.get(k, (0, 0.0)), k))
+    rank = np.empty(known.size, dtype=np.int64)
+    rank[np.searchsorted(known, order)] = np.arange(known.size)
+    units = np.where(keys >= 0, rank[np.searchsorted(known, np.maximum(keys, 0))],
+                     -1).astype(np.int64)
     return PairedLatencies(out[reference], out[candidate],
                            np.asarray(dense_blocks, dtype=np.int64), tuple(ids), units)

@@ -5,10 +5,10 @@ then mixes two states of the machine; a pass that ran slower for one condition a
 the speedup. The check compares every pass instance (boot x pass) of a series (one condition
 at one load level) with the series' other instances, paired by prompt - each series on its own
 and all pooled - and flags an unstable environment when one instance is off by more than a
-tolerance with significance. The speed gate then refuses to KEEP unless the keep's margin
-exceeds what the change could have done to the speedup (``Drift.bias_bound``,
-``Drift.vetoes``): a 29% slower pass does not put a 1.5x speedup against a 0.6x minimum in
-doubt, but it does a 1.2x one against 1.0x.
+tolerance with significance. The speed gate then judges the paired comparison without each
+instance that changed (the drift-adjusted speedup, ``speed_test``): a verdict stands only if
+it also holds there. A change both conditions shared cancels in the pairs and leaves the
+verdict standing; one that hit one condition alone and bought the verdict does not.
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ import numpy.typing as npt
 
 from ..stats.core import FloatArray
 from .data import IntArray
+
+CHANGE_SHARE = 1.0
+"""A pair's ratio counts as changed in an instance when it moved by more than this share of
+the tolerance (robustly: the median over prompts) ..."""
+CHANGE_SHARE_LONG = 0.25
+"""... and this share where a time unit holds :data:`LONG_UNIT` prompts or more."""
+LONG_UNIT = 8
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,11 @@ class Drift:
     candidate, paired by prompt (a change both share cancels; one that hit one condition alone
     does not). A speedup averages its instances, so this is twice the most one instance can
     move it with two instances, more with more; with one series, its own largest change.
+    Descriptive: the speed gate judges drift by the paired comparison without each instance
+    in ``changed``: those where one condition of a (reference, candidate) pair changed and the
+    other did not, or where the pair's ratio moved against its other instances (the same rank
+    test; with two instances both, as a contrast of two cannot tell which one moved), see
+    ``speed_test``.
     """
 
     estimate: float
@@ -61,11 +73,7 @@ class Drift:
     reason: str
     bias_bound: float = 1.0
     series: str = ""
-
-    def vetoes(self, ci_low: float, threshold: float) -> bool:
-        """Whether this puts a keep in doubt: the environment was unstable and the change
-        could account for the speedup's margin (its lower bound over ``threshold``)."""
-        return self.unstable and ci_low / threshold <= self.bias_bound
+    changed: tuple[tuple[int, int], ...] = ()  # (boot, pass) of every instance that changed
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class DriftBatch:
     p_value: FloatArray  # (F,S,R) Bonferroni-adjusted (instances and tests)
     fired: npt.NDArray[np.bool_]  # (F,S)
     log_bias_bound: FloatArray  # (S,) see ``Drift.bias_bound``
+    changed: npt.NDArray[np.bool_]  # (S,R) instances where the comparison changed: _changed
 
 
 @dataclass(frozen=True)
@@ -214,17 +223,69 @@ def drift_batch(
     series is tested once (the pool is that series). ``pairs``: (reference, candidate) series
     indices of a comparison, for the bias bound; by default the first two series.
     """
-    return _batch(_series(levels), levels[0][0].shape[0], tolerance, alpha, pairs)
+    return _batch(_series(levels), levels[0][0].shape[0], tolerance, alpha, pairs,
+                  _paired(levels, pairs))
+
+
+def _paired(
+    levels: Sequence[tuple[FloatArray, IntArray]], pairs: Sequence[tuple[int, int]] | None
+) -> list[_Series | None]:
+    """Per (reference, candidate) pair of series: the paired ratio as a series of its own
+    (reference over candidate latency, per prompt and instance), whose instance changes are
+    what moves the speedup."""
+    use = [(0, 1)] if pairs is None else pairs
+    return _series([(levels[i][0] / levels[j][0], levels[i][1]) for i, j in use
+                    if max(i, j) < len(levels) and levels[i][0].shape == levels[j][0].shape])
+
+
+def _cells_per_unit(one: _Series) -> float:
+    """Prompts per time unit of a series (its first campaign's first instance)."""
+    units = one.units[0, 0]
+    return float(units.size / max(np.unique(units).size, 1))
+
+
+def _changed(
+    every: list[_Series | None], hit: npt.NDArray[np.bool_],
+    pairs: Sequence[tuple[int, int]] | None, paired: Sequence[_Series | None], n: int,
+    n_inst: int, contrasts_n: int, alpha: float, tolerance: float,
+) -> npt.NDArray[np.bool_]:
+    """(S,R): instances where the comparison changed - one condition of a pair changed
+    there and the other did not (their own tests), or a pair's ratio moved there (the same
+    rank test on the ratio, each pair and all pooled, Bonferroni over instances and tests).
+    A change both conditions shared does neither."""
+    out = np.zeros((n, n_inst), dtype=bool)
+    used = [one for one in paired if one is not None and one.contrasts.shape[1] == n_inst]
+    if not used:
+        return out
+    tests = [used] + ([[one] for one in used] if len(used) > 1 else [])
+    moved = np.zeros((n, n_inst), dtype=bool)  # the ratio moved by a material amount
+    for family in tests:
+        e, q = _test(family)
+        # Where a time unit is a long stretch (>= LONG_UNIT requests), a pair's two
+        # stretches lie far apart and a change shared by both conditions does not cancel
+        # within it: a smaller move counts.
+        long = min(_cells_per_unit(one) for one in family) >= LONG_UNIT
+        share = CHANGE_SHARE_LONG if long else CHANGE_SHARE
+        material = np.abs(np.nan_to_num(e)) > math.log1p(tolerance) * share
+        moved |= material
+        out |= material & (np.minimum(q * contrasts_n * len(tests), 1.0) <= alpha)
+    index = {i: f for f, i in enumerate(i for i, s in enumerate(every) if s is not None)}
+    if hit.shape[0] > 1:  # the single-series tests follow the pool (families 1..)
+        for i, j in [(0, 1)] if pairs is None else pairs:
+            if i in index and j in index:
+                out |= (hit[1 + index[i]] ^ hit[1 + index[j]]) & moved
+    return out
 
 
 def _batch(
     every: list[_Series | None], n: int, tolerance: float, alpha: float,
-    pairs: Sequence[tuple[int, int]] | None,
+    pairs: Sequence[tuple[int, int]] | None, paired: Sequence[_Series | None] = (),
 ) -> DriftBatch:
     parts = [s for s in every if s is not None]
     if not parts:  # fewer than two instances anywhere: nothing to compare
         return DriftBatch(np.zeros(n, dtype=bool), np.full((1, n, 1), np.nan),
-                          np.ones((1, n, 1)), np.zeros((1, n), dtype=bool), np.zeros(n))
+                          np.ones((1, n, 1)), np.zeros((1, n), dtype=bool), np.zeros(n),
+                          np.zeros((n, 1), dtype=bool))
     families = [parts] + ([[s] for s in parts] if len(parts) > 1 else [])
     tested = [_test(f) for f in families]
     est = np.stack([e for e, _ in tested])  # (F,S,R)
@@ -232,9 +293,12 @@ def _batch(
     contrasts_n = 1 if n_inst == 2 else n_inst  # two instances: one contrast, seen twice
     p = np.minimum(np.stack([q for _, q in tested]) * contrasts_n * len(families), 1.0)
     material = np.abs(np.nan_to_num(est)) > math.log1p(tolerance)
-    fired = np.asarray((material & (p <= alpha)).any(axis=2), dtype=bool)
+    hit = material & (p <= alpha)  # (F,S,R)
+    fired = np.asarray(hit.any(axis=2), dtype=bool)
     bias = _log_bias(every, [(0, 1)] if pairs is None else pairs, n)
-    return DriftBatch(np.asarray(fired.any(axis=0), dtype=bool), est, p, fired, bias)
+    changed = _changed(every, hit, pairs, paired, n, n_inst, contrasts_n, alpha, tolerance)
+    return DriftBatch(np.asarray(fired.any(axis=0), dtype=bool), est, p, fired, bias,
+                      changed)
 
 
 def drift_check(
@@ -267,7 +331,8 @@ def drift_check(
     present = [i for i, one in enumerate(every) if one is not None]  # the tested series
     if not present:
         return None
-    b = _batch(every, 1, tolerance, alpha, pairs)
+    b = _batch(every, 1, tolerance, alpha, pairs,
+               _paired([(lat[None], blocks) for lat, blocks in levels], pairs))
     # Report one condition when it alone changed (the largest of those that fired), else
     # the pool: all of them changed, or none.
     size = np.abs(np.nan_to_num(b.log_change[:, 0])).max(axis=1)
@@ -296,9 +361,10 @@ def drift_check(
         reason = (f"{subject} ran {math.exp(e) - 1:+.0%} in boot {boot + 1} pass "
                   f"{pass_index + 1} against the other passes (p={p_r:.2g}; "
                   f"tolerance {tolerance:.0%})")
+    changed = tuple(divmod(int(i), passes) for i in np.flatnonzero(b.changed[0]))
     return Drift(math.exp(e), math.exp(low), math.exp(high), p_r, (boot, pass_index),
                  tolerance, alpha, bool(b.unstable[0]), reason,
-                 math.exp(float(b.log_bias_bound[0])), who)
+                 math.exp(float(b.log_bias_bound[0])), who, changed)
 
 
 def _cluster_bootstrap_median(

@@ -203,7 +203,8 @@ def _ratio(v: float) -> str:
     return f"{v:.3f}" if math.isfinite(v) else ("inf" if v > 0 else "0")
 
 
-def _details(res: SpeedResult) -> dict[str, Any]:
+def _details(res: SpeedResult, names: tuple[str, str] = ("reference", "candidate")
+             ) -> dict[str, Any]:
     def metric(m: Any) -> dict[str, Any]:
         return {"estimate": m.estimate, "ci": [m.ci_low, m.ci_high], "p_value": m.p_value,
                 "df": m.df, "outcome": m.outcome}
@@ -212,8 +213,11 @@ def _details(res: SpeedResult) -> dict[str, Any]:
     out: dict[str, Any] = {
         "method": f"two-way cluster-robust t-test over {res.n_prompts} prompts x "
                   f"{res.n_time_units} time units (df {res.gating.df:.1f})"
+                  + (f", time units as a series (serial term, {res.serial_clusters:.1f} "
+                     f"effective time clusters)" if res.serial_clusters > 0 else "")
                   + (f", between-boot component over {res.n_boots} boots"
                      if res.n_boots > 1 else ""),
+        "serial_clusters": res.serial_clusters,
         "metric": res.metric,
         "n_prompts": res.n_prompts,
         "n_clusters": res.n_clusters,
@@ -234,7 +238,17 @@ def _details(res: SpeedResult) -> dict[str, Any]:
         out["drift"] = {"estimate": d.estimate, "ci": [d.ci_low, d.ci_high],
                         "p_value": d.p_value, "boot": d.instance[0] + 1,
                         "pass": d.instance[1] + 1, "unstable": d.unstable,
-                        "tolerance": d.tolerance, "bias_bound": d.bias_bound}
+                        "tolerance": d.tolerance, "bias_bound": d.bias_bound,
+                        "changed": [{"boot": b + 1, "pass": p + 1} for b, p in d.changed]}
+    if res.drift_adjusted is not None:
+        out["drift_adjusted"] = metric(res.drift_adjusted)
+    if res.stall is not None:
+        st = res.stall
+        out["stall"] = {"condition": names[0] if st.side == "reference" else names[1],
+                        "first_unit": st.first_unit, "last_unit": st.last_unit,
+                        "from": {"boot": st.passes[0][0], "pass": st.passes[0][1]},
+                        "to": {"boot": st.passes[1][0], "pass": st.passes[1][1]},
+                        "size": st.size, "score": st.score, "p_value": st.p_value}
     if res.reason:
         out["reason"] = res.reason
     if res.held_back:
@@ -265,7 +279,7 @@ def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResu
         return GateResult(spec, "fail" if spec.gating else "skip", f"cannot judge speed: {exc}")
     gate = res.gating
     outcome: Outcome = res.outcome
-    p_value, details = gate.p_value, _details(res)
+    p_value, details = gate.p_value, _details(res, (spec.reference, spec.condition))
     sequential = ""
     if pilot.decision.early_stop and spec.slice is None and spec.load == pilot.primary_load \
             and spec.reference == pilot.baseline:
@@ -308,6 +322,8 @@ def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResu
     if res.reason:
         summary += f"; {res.reason}"
     summary += "".join(f"; {note}" for note in res.notes if note != CONFOUNDED)
+    if res.stall is not None:
+        summary += f"; {res.stall.text(spec.reference, spec.condition)}"
     summary += sequential
     if outcome == "inconclusive":
         advice = advise(res, levels=len(pilot.load.levels))

@@ -257,16 +257,19 @@ def sequential_look(
     """Decide at ``look`` from the data seen so far (``PairedLatencies.upto``).
 
     ``confidence`` sets the nominal interval shown; the decision uses the plan's boundaries.
-    An unstable ``drift`` that could account for the keep's margin vetoes it: the campaign
-    continues (inconclusive at the end).
+    With an unstable ``drift`` a keep or a drop must also hold on the drift-adjusted speedup
+    (``SpeedResult.drift_adjusted``); otherwise the campaign continues (inconclusive at the
+    end).
     """
     if not 1 <= look <= plan.looks:
         raise SpeedError(f"look {look} outside the plan's 1..{plan.looks}")
     res = speed_test(data, threshold, confidence, metric, drift)
     z = float(z_from_p(np.array([res.gating.p_value]))[0])
     code = int(decide(np.array([z]), plan, look, np.array([res.gating.df]))[0])
-    if code == 2 and (res.n_clusters < 2
-                      or (drift is not None and drift.vetoes(res.gating.ci_low, threshold))):
+    adjusted = res.drift_adjusted  # set when the environment was unstable
+    if (code == 2 and (res.n_clusters < 2 or (adjusted is not None
+                                              and adjusted.outcome != "pass"))) or (
+            code == 0 and adjusted is not None and adjusted.outcome != "fail"):
         code = 1 if look == plan.looks else -1
     k = look - 1
     return Look(look, plan.looks, _NAMES[code], z, plan.keep[k], plan.drop[k], plan.stop[k], res)

@@ -7,7 +7,10 @@ hitting every request in flight) therefore stays inside one **time unit** = one 
 one pass of one boot, and a prompt's stable effect recurs in every pass. The deciding test
 of each metric is a t-test of its log speedup against ``log(threshold)`` with a variance
 clustered two ways, by prompt and by time unit (Cameron, Gelbach & Miller), and
-``df = min(prompts, time units) - 1``:
+``df = min(prompts, time units) - 1``. At low load (units of fewer than 8 requests of a
+condition) the time dimension is a serial term instead: the units in the order they ran as
+a time series (Parzen HAC, fixed-b), so a stall of one server spanning several units counts
+once; its effective clusters stand for the units in df (:func:`_serial`):
 
 * ``per_prompt``: the mean over prompts of the per-prompt log ratio (per pass, reference
   minus candidate log latency, averaged over passes) - a geometric-mean speedup that counts
@@ -47,7 +50,7 @@ from .data import (
 from .drift import Drift
 
 __all__ = ["METRICS", "FloatArray", "IntArray", "Metric", "PairedLatencies", "Request",
-           "SpeedError", "SpeedResult", "collect", "speed_test"]
+           "SpeedError", "SpeedResult", "Stall", "collect", "speed_test"]
 
 Metric = Literal["per_prompt", "total_time"]
 HeldBack = Literal["one_block", "unstable_environment"]
@@ -82,6 +85,7 @@ class Batch:
     boots: int
     passes: FloatArray  # mean passes per (boot, prompt) with data
     units: FloatArray  # time units with data
+    serial: FloatArray  # effective time clusters of the serial term (0: not active)
 
 
 def _nanmean(x: FloatArray, axis: int) -> FloatArray:
@@ -130,6 +134,7 @@ class _Variance:
     between_rows: FloatArray  # variance of per-prompt mean values (mean form)
     prompts: FloatArray  # prompt clusters with data
     units: FloatArray  # time units with data
+    serial: FloatArray  # effective time clusters of the serial term (0: not active)
 
 
 def _two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Variance:
@@ -137,7 +142,9 @@ def _two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Va
     (its stable effect recurs in every pass) and by time unit (noise shared in time), minus
     their intersection (one cell), each with its CR1 factor; never below either one-way
     variance (the difference can fall under both by chance). df = min(prompts, time units) - 1:
-    the scarcer dimension bounds what the data can say about its component. With b >= 2
+    the scarcer dimension bounds what the data can say about its component. At low load the
+    time dimension is the serial term of :func:`_serial` instead (units read as a time
+    series), and its effective clusters replace the units in df. With b >= 2
     boots, the prompt part carries the two-way method-of-moments between-boot component of
     ``_mean_variance`` (its df when smaller).
     """
@@ -158,9 +165,72 @@ def _two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Va
     n_obs = valid.sum(axis=(1, 2, 3)).astype(np.float64)
     var_i = (np.where(valid, psi, 0.0) ** 2).sum(axis=(1, 2, 3)) * n_obs / np.maximum(
         n_obs - 1, 1.0)
+    var_s, eff = _serial(np.asarray(sums, dtype=np.float64).reshape(n_sims, n_units), seen,
+                         n_obs / np.maximum(g, 1.0))
+    var_t = np.where(eff > 0, var_s, var_t)
+    g_t = np.where(eff > 0, eff, g)
     var = np.maximum(var_p + var_t - var_i, np.maximum(var_p, var_t)) + boot_var
-    df = np.minimum(df_p, np.maximum(g - 1, 0.0))
-    return _Variance(var, df, boot_var, between_rows, present.sum(axis=1).astype(np.float64), g)
+    df = np.minimum(df_p, np.maximum(g_t - 1, 0.0))
+    return _Variance(var, df, boot_var, between_rows, present.sum(axis=1).astype(np.float64), g,
+                     eff)
+
+
+SERIAL_BELOW = 8
+"""The serial term is on where a time unit holds fewer paired requests than this (x1-x4)."""
+SERIAL_SPAN = (16, 8)
+"""Requests of one condition the serial term's kernel reaches over: where a unit holds one
+(x1), and where it holds several. Calibrated against stalls of 2-8 consecutive requests of
+one condition (docs/speed-calibration.md): at x1 a reach of 8 left false keeps near 4%."""
+SERIAL_MIN_SPAN = 5
+PARZEN_MEAN = 0.75  # integral of the Parzen kernel over [-1, 1]
+PARZEN_SQUARE = 0.539285  # integral of its square: the estimate's precision (Kiefer-Vogelsang)
+
+
+def _parzen(x: FloatArray) -> FloatArray:
+    x = np.abs(x)
+    return np.where(x <= 0.5, 1 - 6 * x * x + 6 * x**3, np.where(x < 1, 2 * (1 - x) ** 3, 0.0))
+
+
+def _serial(
+    sums: FloatArray, seen: npt.NDArray[np.bool_], cells: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """(time-dimension variance, its effective clusters; both 0 where inactive).
+
+    ``sums``: per campaign the influence sums of the time units in the order they ran,
+    ``cells``: paired cells per unit. Where a unit holds fewer than :data:`SERIAL_BELOW`
+    requests of a condition (at x1 one), a stall of one server spans several consecutive
+    units, which clustering by unit would count as independent draws. The unit sums then
+    enter a HAC (Newey-West type) variance with the Parzen kernel, reaching over
+    :data:`SERIAL_SPAN` requests of a condition (``M`` units, at least
+    :data:`SERIAL_MIN_SPAN`: 17 at x1, 5 at x4; at most half the units). Few units: fixed-b
+    (Kiefer & Vogelsang 2005): the estimate of centred sums is biased low by about
+    ``1 - 0.75 b`` (b = M / units) and as precise as ``1 / (0.539 b)`` independent clusters,
+    which stand in for the time units in df. Calibration: docs/speed-calibration.md.
+    """
+    n_sims, n_units = sums.shape
+    active = cells < SERIAL_BELOW
+    if not active.any():
+        return np.zeros(n_sims), np.zeros(n_sims)
+    # Close the gaps left by units without data: the k-th unit that ran is the k-th term.
+    rank = np.cumsum(seen, axis=1) - 1
+    flat = (np.arange(n_sims)[:, None] * n_units + np.where(seen, rank, 0)).ravel()
+    terms = np.bincount(flat, weights=np.where(seen, sums, 0.0).ravel(),
+                        minlength=n_sims * n_units).reshape(n_sims, n_units)
+    count = seen.sum(axis=1).astype(np.float64)
+    reach = np.where(cells < 1.5, SERIAL_SPAN[0], SERIAL_SPAN[1])
+    # The lag where the weight falls to 0; at least SERIAL_MIN_SPAN units (a stall of 8
+    # requests can touch three units of 4; with 4 the false keep at x4 stayed near 3.4%).
+    span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
+    # A campaign (or an early look) with fewer units than two reaches cannot measure a
+    # correlation that long: the reach is cut to half its units (b <= 0.5).
+    span = np.minimum(span, np.maximum(count / 2, 2.0))
+    var = (terms**2).sum(axis=1)
+    for lag in range(1, int(span[active].max())):
+        weight = _parzen(lag / span)
+        var += 2 * weight * (terms[:, lag:] * terms[:, :-lag]).sum(axis=1)
+    b = np.minimum(span / np.maximum(count, 1.0), 1.0)
+    var = np.maximum(var, 0.0) / (1 - PARZEN_MEAN * b)
+    return np.where(active, var, 0.0), np.where(active, 1 / (PARZEN_SQUARE * b), 0.0)
 
 
 def _mean_variance(
@@ -229,7 +299,7 @@ def speed_batch(
     n_boots = reference.shape[1]
     between = np.maximum(v.between_rows - np.nan_to_num(within / (mean_passes * n_boots)), 0.0)
     return Batch(est, v.var, v.df, v.boot_var, between, within, v.prompts, n_boots,
-                 mean_passes, v.units)
+                 mean_passes, v.units, v.serial)
 
 
 def deciding_t(
@@ -310,6 +380,161 @@ def confidence_bounds(
     return out[0], out[1]
 
 
+# --------------------------------------------------------------------------- stalls
+
+
+STALL_RUNS = range(2, 9)
+"""Run lengths (consecutive time units) the stall scan tries."""
+STALL_ALPHA = 0.01
+"""A run is named a stall at this Bonferroni-adjusted p (positions x run lengths) ..."""
+STALL_MIN = 1.2
+"""... and when that condition ran at least this many times slower than its pairs there."""
+STALL_CLIP = 2.0
+"""Unit scores are winsorised at this many robust SDs before runs are summed."""
+STALL_SPREAD = 0.959
+"""SD of a standard normal winsorised at :data:`STALL_CLIP`."""
+
+
+@dataclass(frozen=True)
+class StallBatch:
+    """The stall scan of campaigns stacked on a leading axis (see :func:`stall_scan`)."""
+
+    score: FloatArray  # (S,) largest |robust z| of a run
+    p_value: FloatArray  # (S,) Bonferroni over positions and run lengths
+    side: IntArray  # (S,) 0: the reference ran slow, 1: the candidate
+    first: IntArray  # (S,) the run's first time unit (0-based, in the order they ran)
+    length: IntArray  # (S,) time units in the run
+    size: FloatArray  # (S,) how many times slower the slow side ran than its pairs there
+
+    @property
+    def found(self) -> npt.NDArray[np.bool_]:
+        return np.asarray((self.p_value <= STALL_ALPHA) & (self.size >= STALL_MIN))
+
+
+def stall_scan(reference: FloatArray, candidate: FloatArray, units: IntArray) -> StallBatch:
+    """The run of consecutive time units over which one condition ran most markedly slower
+    than its paired neighbours, per campaign ``(S, boots, passes, prompts)``.
+
+    Each cell's paired log ratio less the median of its prompt's other passes (the prompt's
+    and the drafter's stable effects out) is averaged per time unit; in the order the units
+    ran, the unit values in robust SDs (MAD), winsorised at :data:`STALL_CLIP`, are summed
+    over every run of 2-8 units and scaled by a winsorised normal's spread. Shared drift
+    cancels in the pairs; a stall of one server does not: it pushes a run of the ratio one
+    way. The score's p is Bonferroni over positions and lengths.
+    """
+    from scipy import stats
+
+    n_sims = reference.shape[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.log(reference) - np.log(candidate)
+    flat_d = d.reshape(n_sims, -1, d.shape[-1])  # (S, instances, prompts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        # Each cell against its prompt's other instances (not itself: with 4 passes a median
+        # that includes the cell would halve its residual).
+        others = np.stack([np.nanmedian(np.delete(flat_d, r, axis=1), axis=1)
+                           for r in range(flat_d.shape[1])], axis=1)
+        resid = (flat_d - others).reshape(d.shape)
+    u = np.broadcast_to(units, d.shape)
+    ok = np.isfinite(resid) & (u >= 0)
+    n_units = int(u.max()) + 1 if u.size else 1
+    flat = (np.arange(n_sims)[:, None, None, None] * n_units + u)[ok]
+    size = n_sims * n_units
+    sums = np.bincount(flat, weights=resid[ok], minlength=size).reshape(n_sims, n_units)
+    counts = np.bincount(flat, minlength=size).reshape(n_sims, n_units)
+    seen = counts > 0
+    order = np.argsort(~seen, axis=1, kind="stable")  # units with data first, in time order
+    x = np.take_along_axis(np.where(seen, sums / np.maximum(counts, 1), 0.0), order, axis=1)
+    t_len = seen.sum(axis=1)
+    live = np.arange(n_units)[None, :] < t_len[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        xm = np.where(live, x, np.nan)
+        centre = np.nanmedian(xm, axis=1)
+        scale = 1.4826 * np.nanmedian(np.abs(xm - centre[:, None]), axis=1)
+    scale = np.where(scale > 0, scale, np.inf)
+    # Scores winsorised at STALL_CLIP robust SDs: one slow request (a heavy tail) cannot make
+    # a run; most of the run must be slow. Their spread is that of a clipped normal (what
+    # the MAD standardises to): estimated from the data it would count the stalls in.
+    score = np.where(live, np.clip((x - centre[:, None]) / scale[:, None], -STALL_CLIP,
+                                   STALL_CLIP), 0.0)
+    spread = np.full(n_sims, STALL_SPREAD)
+    cum = np.concatenate([np.zeros((n_sims, 1)), np.cumsum(score, axis=1)], axis=1)
+    raw = np.concatenate([np.zeros((n_sims, 1)), np.cumsum(np.where(live, x, 0.0), axis=1)],
+                         axis=1)
+    best = np.zeros(n_sims)
+    first = np.zeros(n_sims, dtype=np.int64)
+    length = np.zeros(n_sims, dtype=np.int64)
+    mean = np.zeros(n_sims)
+    for k in STALL_RUNS:
+        if k > n_units:
+            break
+        run = cum[:, k:] - cum[:, :-k]  # (S, n_units - k + 1): runs starting at t
+        fits = (np.arange(run.shape[1])[None, :] + k) <= t_len[:, None]
+        z = np.where(fits, np.abs(run) / (spread[:, None] * math.sqrt(k)), 0.0)
+        at = z.argmax(axis=1)
+        top = z[np.arange(n_sims), at]
+        better = top > best
+        best = np.where(better, top, best)
+        first = np.where(better, at, first)
+        length = np.where(better, k, length)
+        level = (raw[:, k:] - raw[:, :-k])[np.arange(n_sims), at] / k - centre
+        mean = np.where(better, level, mean)
+    tests = np.maximum(t_len, 1) * len(STALL_RUNS)
+    p = np.minimum(1.0, 2 * tests * stats.norm.sf(best))
+    side = np.where(mean >= 0, 0, 1).astype(np.int64)
+    return StallBatch(best, p, side, first, length, np.exp(np.abs(mean)))
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A run of one condition's requests that ran markedly slower than its paired neighbours
+    (a GC pause, a compaction, a noisy neighbour on one server). Named, not removed: the
+    variance's serial term counts such a run as one event, not as independent draws.
+
+    ``side``: "reference" or "candidate"; ``first_unit``/``last_unit``: the run's time units
+    (1-based, in the order they ran), ``passes``: the (boot, pass) it started and ended in
+    (1-based); ``size``: how many times slower that side ran than its pairs there;
+    ``score``: the run's robust z; ``p_value``: Bonferroni over the runs scanned.
+    """
+
+    side: Literal["reference", "candidate"]
+    first_unit: int
+    last_unit: int
+    passes: tuple[tuple[int, int], tuple[int, int]]
+    size: float
+    score: float
+    p_value: float
+
+    def text(self, reference: str = "reference", candidate: str = "candidate") -> str:
+        who = reference if self.side == "reference" else candidate
+        (b0, p0), (b1, p1) = self.passes
+        where = f"pass {p0}" if (b0, p0) == (b1, p1) else f"passes {p0}-{p1}"
+        if b0 != 1 or b1 != 1:
+            where = f"boot {b0} pass {p0} to boot {b1} pass {p1}"
+        return (f"{who} stalled: {self.last_unit - self.first_unit + 1} consecutive time units "
+                f"({where}) ran {self.size:.2f}x slower than their pairs (robust z "
+                f"{self.score:.1f}, p={self.p_value:.2g}); counted once by the serial term")
+
+
+def detect_stall(data: PairedLatencies) -> Stall | None:
+    """The stall :func:`stall_scan` finds in ``data``, or None."""
+    units = data.time_units
+    scan = stall_scan(data.reference[None], data.candidate[None], units[None])
+    if not scan.found[0]:
+        return None
+    ran = np.unique(units[units >= 0])
+    lo = int(ran[int(scan.first[0])])
+    hi = int(ran[int(scan.first[0]) + int(scan.length[0]) - 1])
+    cells = [np.argwhere(units == k)[0] for k in (lo, hi)]
+    spans = ((int(cells[0][0]) + 1, int(cells[0][1]) + 1),
+             (int(cells[1][0]) + 1, int(cells[1][1]) + 1))
+    side: Literal["reference", "candidate"] = (
+        "reference" if int(scan.side[0]) == 0 else "candidate")
+    return Stall(side, int(scan.first[0]) + 1, int(scan.first[0]) + int(scan.length[0]), spans,
+                 float(scan.size[0]), float(scan.score[0]), float(scan.p_value[0]))
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -375,8 +600,13 @@ class SpeedResult:
     components: Components
     drift: Drift | None
     notes: tuple[str, ...] = field(default_factory=tuple)
-    held_back: HeldBack | None = None  # why not KEEP despite the interval, as ``reason`` says
+    held_back: HeldBack | None = None  # why no verdict despite the interval, as ``reason`` says
     n_time_units: int = 0  # (boot, pass, block) units; n_clusters = min(prompts, these)
+    # With an unstable environment: the gating metric without the pass instance that changed
+    # (``drift_adjusted``); a verdict must hold on it too.
+    drift_adjusted: MetricResult | None = None
+    serial_clusters: float = 0.0  # the serial term's effective time clusters (0: off)
+    stall: Stall | None = None
 
 
 def _metric_result(
@@ -393,6 +623,41 @@ def _metric_result(
     return MetricResult(metric, math.exp(float(batch.log_estimate[0])), math.exp(lo),
                         math.exp(hi), float(p_value(t, df)[0]), float(t[0]), float(df[0]),
                         math.sqrt(float(batch.var[0])), outcome)
+
+
+def without(data: PairedLatencies, boot: int, pass_index: int) -> PairedLatencies:
+    """``data`` without one pass instance (its cells missing)."""
+    ref, cand = data.reference.copy(), data.candidate.copy()
+    ref[boot, pass_index] = np.nan
+    cand[boot, pass_index] = np.nan
+    return PairedLatencies(ref, cand, data.blocks, data.prompt_ids, data.time_units)
+
+
+def drift_adjusted(
+    data: PairedLatencies, changed: tuple[tuple[int, int], ...], metric: Metric,
+    log_thr: float, alpha: float, outcome: StatOutcome,
+) -> MetricResult | None:
+    """The gating metric without each instance in ``changed`` (boot, pass), the one least
+    favourable to ``outcome`` (lowest lower bound for a keep, highest upper bound for a
+    drop, else the widest): a change of the environment that hit one condition in an
+    instance cannot have bought a verdict that also holds without that instance. None when
+    leaving an instance out leaves fewer than two paired prompts."""
+    out: list[MetricResult] = []
+    for boot, pass_index in changed:
+        rest = without(data, boot, pass_index)
+        if int((np.isfinite(rest.reference) & np.isfinite(rest.candidate)).any(
+                axis=(0, 1)).sum()) < 2:
+            return None
+        batch = speed_batch(rest.reference[None], rest.candidate[None], rest.time_units,
+                            metric)
+        out.append(_metric_result(rest, batch, metric, log_thr, alpha))
+    if not out:
+        return None
+    if outcome == "pass":
+        return min(out, key=lambda m: m.ci_low)
+    if outcome == "fail":
+        return max(out, key=lambda m: m.ci_high)
+    return max(out, key=lambda m: math.log(m.ci_high) - math.log(m.ci_low))
 
 
 def _components(batch: Batch) -> Components:
@@ -425,10 +690,13 @@ def speed_test(
     """Judge the candidate's speedup over the reference at one load level.
 
     Both metrics are computed; ``metric`` gates. "pass" (KEEP) when the gating metric's
-    lower confidence bound exceeds ``threshold`` - unless ``drift`` says the environment was
-    unstable by enough to account for that margin (``Drift.vetoes``), which turns it into
-    "inconclusive" with that reason; a smaller instability is a note. "fail" (DROP) when its upper
-    bound is below ``threshold``: the candidate is confidently slower than required.
+    lower confidence bound exceeds ``threshold``; "fail" (DROP) when its upper bound is below
+    it. When ``drift`` says the environment was unstable, either verdict must also hold on the
+    drift-adjusted speedup (:func:`drift_adjusted`: the paired comparison without each pass
+    instance that changed, so a change that hit one condition cannot buy the verdict);
+    otherwise it turns "inconclusive" with that reason. A run of one condition's requests
+    that ran markedly slower than its pairs is named (``stall``); the serial term of the
+    variance counts it.
     """
     if not (threshold > 0 and math.isfinite(threshold)):
         raise SpeedError(f"threshold must be a positive speedup, got {threshold}")
@@ -451,21 +719,32 @@ def speed_test(
     boots = data.reference.shape[0]
     outcome, reason = gate.outcome, ""
     held_back: HeldBack | None = None
+    adjusted: MetricResult | None = None
     notes: list[str] = []
     if n_clusters < 2:
         outcome, reason = ("inconclusive", "one time unit (one block in one pass): no "
                            "variation between units to judge by")
         held_back = "one_block"
-    elif outcome == "pass" and drift is not None and drift.unstable:
-        margin = f"{gate.ci_low:.2f}x against {threshold:.2f}x needed"
-        if drift.vetoes(gate.ci_low, threshold):
+    elif drift is not None and drift.unstable and not drift.changed:
+        adjusted = gate  # a change both conditions shared: the pairs did not move
+        notes.append(f"unstable environment: {drift.reason}; the paired ratio did not change "
+                     f"between passes, so the comparison stands")
+    elif drift is not None and drift.unstable:
+        adjusted = drift_adjusted(data, drift.changed, metric, log_thr, alpha, outcome)
+        shown = "no pass left to judge by" if adjusted is None else (
+            f"drift-adjusted speedup {adjusted.estimate:.2f}x [{adjusted.ci_low:.2f}, "
+            f"{adjusted.ci_high:.2f}] (without the pass that changed) against "
+            f"{threshold:.2f}x")
+        if outcome in ("pass", "fail") and (adjusted is None or adjusted.outcome != outcome):
+            verdict = "keep" if outcome == "pass" else "drop"
             outcome, held_back = "inconclusive", "unstable_environment"
-            reason = (f"unstable environment: {drift.reason}; a change that size could "
-                      f"move the speedup by {drift.bias_bound:.2f}x, more than its margin "
-                      f"(lower bound {margin})")
+            reason = (f"unstable environment: {drift.reason}; the {verdict} does not hold on "
+                      f"the {shown}")
+        elif outcome in ("pass", "fail"):
+            notes.append(f"unstable environment: {drift.reason}; the verdict holds on the "
+                         f"{shown}")
         else:
-            notes.append(f"unstable environment: {drift.reason}; the keep holds even if that "
-                         f"moved the speedup by {drift.bias_bound:.2f}x (lower bound {margin})")
+            notes.append(f"unstable environment: {drift.reason}; {shown}")
     if boots == 1:
         notes.append(CONFOUNDED)
     return SpeedResult(
@@ -475,5 +754,6 @@ def speed_test(
         n_clusters=n_clusters, n_boots=boots, n_passes=data.reference.shape[1],
         boot_confounded=boots == 1, confounding=CONFOUNDED if boots == 1 else "",
         components=_components(batches[metric]), drift=drift, notes=tuple(notes),
-        held_back=held_back, n_time_units=n_units,
+        held_back=held_back, n_time_units=n_units, drift_adjusted=adjusted,
+        serial_clusters=float(batches[metric].serial[0]), stall=detect_stall(data),
     )

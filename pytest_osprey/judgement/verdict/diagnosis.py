@@ -148,13 +148,16 @@ def _speed_text(g: GateResult) -> str:
     assert g.estimate is not None and g.ci_low is not None
     thr = g.threshold if g.threshold is not None else 1.0
     text = f"{g.estimate:.2f}x [{g.ci_low:.2f}, {g.ci_high or 0:.2f}]"
-    held = g.outcome == "inconclusive" and g.ci_low > thr  # clear of it, held back by a reason
-    word = {"fail": "below", "inconclusive": "clears" if held else "straddles"}.get(g.outcome)
+    inconclusive = g.outcome == "inconclusive"
+    held_keep = inconclusive and g.ci_low > thr  # clear of it, held back by a reason
+    held_drop = inconclusive and g.ci_high is not None and g.ci_high < thr
+    word = {"fail": "below", "inconclusive": "clears" if held_keep else
+            "is below" if held_drop else "straddles"}.get(g.outcome)
     if word:
         text += f", {word} the {thr:.2f}x needed"
-    if held:
-        text += (", but the machine's speed changed by enough to account for the margin"
-                 if d.get("held_back") == "unstable_environment"
+    if held_keep or held_drop:
+        text += (", but not without the pass where the comparison changed (unstable "
+                 "environment)" if d.get("held_back") == "unstable_environment"
                  else f", but {d.get('reason', '')}")
     advice = d.get("advice")
     settle = advice.get("settle") if isinstance(advice, Mapping) else None
