@@ -72,6 +72,7 @@ def test_a_campaign_scores_its_samples_and_an_honest_drafter_passes(
         record = sampled[(line.condition, line.prompt_id, line.sample_index)]
         assert [p.token for p in line.positions] == record.output_ids
         assert line.scorer == "base"
+        assert line.vocab is not None and line.vocab >= pilot.sampling.sampled.score_top_k
         assert all(len(p.top_ids) == pilot.sampling.sampled.score_top_k for p in line.positions)
         assert all(p.logprob <= p.top_logprobs[0] + 1e-3 for p in line.positions)
         assert list(line.classes) == classes_of(record)

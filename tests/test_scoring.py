@@ -75,17 +75,18 @@ def test_an_unknown_or_unreadable_split_is_first_then_later(
 # ------------------------------------------------------------------- scores.jsonl
 
 
-def _line(condition: str, index: int, run_id: str | None = "r1") -> ScoreLine:
+def _line(condition: str, index: int, run_id: str | None = "r1",
+          vocab: int | None = 32000) -> ScoreLine:
     positions = tuple(ScoredPosition(7 + t, -0.123456 - t, (7 + t, 3), (-0.123456 - t, -2.5))
                       for t in range(3))
     return ScoreLine(condition, "p0", index, "base", positions, ("first", "drafted", "bonus"),
-                     run_id)
+                     run_id, vocab)
 
 
 def test_scores_round_trip_rounded_to_four_decimals(tmp_path: Path) -> None:
     path = tmp_path / "scores.jsonl"
     writer = ScoreWriter(path)
-    writer.write([_line("base", 0), _line("cand", 1)])
+    writer.write([_line("base", 0), _line("cand", 1, vocab=None)])
     writer.write([_line("cand", 2, run_id="older")])
     writer.close()
     back = read_scores(path, "r1")
@@ -94,6 +95,7 @@ def test_scores_round_trip_rounded_to_four_decimals(tmp_path: Path) -> None:
     assert first.token == 8 and first.top_ids == (8, 3)
     assert first.logprob == round(-1.123456, 4) and first.top_logprobs == (-1.1235, -2.5)
     assert back[1].classes == ("first", "drafted", "bonus") and back[1].scorer == "base"
+    assert (back[0].vocab, back[1].vocab) == (32000, None)
     assert len(read_scores(path)) == 3
 
 
@@ -245,12 +247,16 @@ class _Engine:
 
 
 class _Scoring(_Engine):
+    vocab_size = 50
+
     async def score(self, prompt: str, outputs: Any, top_k: int) -> list[list[ScoredPosition]]:
         self.calls.append((self.condition, prompt, len(outputs)))
         return [[ScoredPosition(t, -1.0, (t, 0), (-1.0, -2.0)) for t in o] for o in outputs]
 
 
 class _Refusing(_Engine):
+    vocab_size = None
+
     async def score(self, prompt: str, outputs: Any, top_k: int) -> list[list[ScoredPosition]]:
         raise EngineError(f"{self.condition}: scoring at /generate: no input_token_logprobs")
 
@@ -284,4 +290,4 @@ def test_interleaved_the_baseline_scores_every_conditions_samples_while_up(
     assert sorted((c, n) for c, _, n in calls) == [("base", 3)] * 4
     assert len(data.scores_of("base")) == len(data.scores_of("cand")) == 6
     assert all(s.scorer == "base" and s.classes == ("drafted", "drafted", "bonus")
-               for s in data.scores)
+               and s.vocab == 50 for s in data.scores)

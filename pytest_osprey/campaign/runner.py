@@ -298,7 +298,7 @@ class Campaign:
                 return
             self._scores.write([
                 ScoreLine(name, pid, r.sample_index, base, tuple(positions),
-                          tuple(classes_of(r)), self.run_id)
+                          tuple(classes_of(r)), self.run_id, scorer.vocab_size)
                 for r, positions in zip(records, scored, strict=True)
                 if len(positions) == len(r.output_ids)])
             done += len(records)

@@ -125,7 +125,11 @@ class Engine(Protocol):
 @runtime_checkable
 class Scorer(Protocol):
     """An engine's optional capability: the target's own distribution at every position of
-    given outputs (the distribution gate's exact test reads it)."""
+    given outputs (the distribution gate's exact test reads it). An engine that knows the
+    size of the distribution (its logits' width) says it as ``vocab_size`` (else None)."""
+
+    @property
+    def vocab_size(self) -> int | None: ...
 
     async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
                     top_k: int) -> list[list[ScoredPosition]]:

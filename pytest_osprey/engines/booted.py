@@ -126,6 +126,8 @@ class BootedServer(ABC, Generic[ClientT]):
             return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
         return self.checked(request, await self.client.generate(request))
 
+    vocab_size: int | None = None  # a server does not say how wide its logits are
+
     async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
                     top_k: int) -> list[list[ScoredPosition]]:
         """The target's raw distribution at every position of ``outputs`` (base.Scorer),

@@ -81,6 +81,8 @@ class EndpointEngine:
         return checked(await client.generate(request), request.max_new_tokens,
                        accept_length_most(self.pilot, self.condition))
 
+    vocab_size: int | None = None  # a server does not say how wide its logits are
+
     async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
                     top_k: int) -> list[list[ScoredPosition]]:
         """The target's raw distribution at every position of ``outputs`` (base.Scorer),

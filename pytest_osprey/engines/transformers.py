@@ -287,6 +287,12 @@ class TransformersEngine:
         return await loop.run_in_executor(
             _torch_thread(), self._score, list(ids), [list(o) for o in outputs], top_k)
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The target's logits' width: how many tokens the scored distributions span."""
+        head = self._model.get_output_embeddings() if self._model is not None else None
+        return int(head.weight.shape[0]) if head is not None else None
+
     def _score(self, prompt: list[int], outputs: list[list[int]],
                top_k: int) -> list[list[ScoredPosition]]:
         import torch

@@ -84,6 +84,7 @@ class ScoreLine:
     positions: tuple[ScoredPosition, ...]
     classes: tuple[PositionClass, ...]
     run_id: str | None = None
+    vocab: int | None = None  # the scorer's vocabulary size, where it knows it (the tail's bound)
 
     def to_json(self) -> str:
         def r(x: float) -> float:
@@ -98,6 +99,8 @@ class ScoreLine:
             "top_logprobs": [[r(x) for x in p.top_logprobs] for p in self.positions],
             "classes": list(self.classes),
         }
+        if self.vocab is not None:
+            data["vocab"] = self.vocab
         return json.dumps(data, ensure_ascii=False, allow_nan=False)
 
     @classmethod
@@ -118,9 +121,11 @@ class ScoreLine:
                 for t, lp, ids, lps in zip(tokens, logprobs, top_ids, top_lps, strict=True))
             if any(len(p.top_ids) != len(p.top_logprobs) for p in positions):
                 raise ValueError("top_ids and top_logprobs of different lengths")
+            vocab = data.get("vocab")
             return cls(str(data["condition"]), str(data["prompt_id"]),
                        int(data["sample_index"]), str(data.get("scorer", "")), positions,
-                       tuple(classes), data.get("run_id"))
+                       tuple(classes), data.get("run_id"),
+                       None if vocab is None else int(vocab))
         except (KeyError, TypeError, ValueError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise RecordsError(f"{where}: not a score line ({what})") from None

@@ -163,11 +163,14 @@ def _judge_exact(spec: GateSpec, pilot: Pilot, data: SavedCampaign,
     alpha = pilot.limits.quality.distribution_alpha
     conf = pilot.decision.confidence
     seed = pilot.sampling.seed
-    res = exact_test(scored_samples(lines), served, alpha, seed, confidence=conf)
     scorer = lines[0].scorer
     control_lines = data.scores_of(scorer) if scorer != spec.condition else []
+    # The vocabulary bounds the tail beyond the top-K from both sides, where the scorer knew it.
+    sizes = {line.vocab for line in (*lines, *control_lines)}
+    vocab = sizes.pop() if len(sizes) == 1 else None
+    res = exact_test(scored_samples(lines), served, alpha, seed, confidence=conf, vocab=vocab)
     control = (exact_test(scored_samples(control_lines), served, alpha, seed + 1,
-                          confidence=conf) if control_lines else None)
+                          confidence=conf, vocab=vocab) if control_lines else None)
     details: dict[str, Any] = {"method": "exact", "scorer": scorer,
                                "samples": len(lines), "candidate": exact_details(res),
                                "control": None if control is None else exact_details(control)}
