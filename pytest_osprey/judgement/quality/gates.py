@@ -208,11 +208,13 @@ def judge_distribution(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> Gat
         return GateResult(spec, "fail", "no prompt has 2 sampled outputs on both sides")
     res = distribution_check(ref, cand, alpha=pilot.limits.quality.distribution_alpha,
                              seed=pilot.sampling.seed)
+    # Said, so that a reader knows why no position is named: the target did not score these
+    # samples (an endpoint without logprobs, or a run before scoring existed).
     return GateResult(
-        spec, res.outcome, res.summary, estimate=res.distance, threshold=res.alpha,
-        p_value=res.p_value,
+        spec, res.outcome, f"{res.summary} (two-sample check: the samples were not scored by "
+        "the target)", estimate=res.distance, threshold=res.alpha, p_value=res.p_value,
         evidence="not_evaluable" if res.smallest_p > res.alpha else "tested",
-        details={"smallest_p": res.smallest_p, "critical": res.critical,
+        details={"method": "two-sample", "smallest_p": res.smallest_p, "critical": res.critical,
                  "similarity_ratio": res.similarity_ratio, "prompts": res.n_prompts,
                  "samples_per_prompt": res.samples_per_prompt, "worst": res.worst},
     )
