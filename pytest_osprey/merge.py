@@ -32,6 +32,7 @@ from .pilot.loading import load_pilot_text
 from .results import Preflight, SavedCampaign, read_preflight
 from .results.campaign_file import CampaignFile, ConditionRun, MergedShard, stopped_conditions
 from .results.records import RecordWriter
+from .results.scores import SCORES_FILE, ScoreWriter
 from .run import PilotRun
 from .run_folders import FolderError, fresh_results
 from .run_inputs import ReusedCampaign, UsageError, open_saved
@@ -240,6 +241,14 @@ def merge_shards(out: Path, directories: list[Path], *, partial: bool = False,
                 writer.write(replace(r, run_id=run_id, shard=s.index))
     finally:
         writer.close()
+    # The target's scores of the sampled passes (shard quality_from's), under the new run id.
+    scores = next(s for s in shards if s.index == quality_from).data.scores
+    if scores:
+        score_writer = ScoreWriter(out / SCORES_FILE)
+        try:
+            score_writer.write([replace(line, run_id=run_id) for line in scores])
+        finally:
+            score_writer.close()
     meta.save(out)
     source = shards[0].directory
     for name in ("pilot.yaml", "preflight.json"):
