@@ -58,6 +58,7 @@ from .results.campaign_file import (
     text_sha256,
 )
 from .results.records import RecordWriter
+from .results.scores import SCORES_FILE, ScoreWriter
 from .run import PilotRun
 from .run_folders import FolderError, claim, one_line
 from .run_inputs import ReusedCampaign, UsageError, open_saved
@@ -444,6 +445,14 @@ def _write(work: Path, meta: CampaignFile, shards: list[_Shard]) -> Merged:
                         continue
                     writer.write(replace(r, run_id=run_id, shard=s.index))
         meta.records_sha256 = file_sha256(work / "records.jsonl")
+        # The target's scores of the sampled passes (shard quality_from's), under the new run id.
+        scores = next(s for s in shards if s.index == quality_from).data.scores
+        if scores:
+            score_writer = ScoreWriter(work / SCORES_FILE)
+            try:
+                score_writer.write([replace(line, run_id=run_id) for line in scores])
+            finally:
+                score_writer.close()
         meta.save(work)
         source = shards[0].directory
         for name in ("pilot.yaml", "preflight.json"):

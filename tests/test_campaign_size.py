@@ -26,8 +26,11 @@ def test_size_counts_every_pass_the_pilot_asks_for(tmp_path: Path) -> None:
     assert size.sampled_per_condition == 4 * 5
     assert size.params_per_condition == 2 * len(PROBES)
     assert size.tokens_per_condition == 8 * 10 * 2 * 3 * 2 + 6 * 4 * 5 + 4 * 2 * len(PROBES)
-    assert size.requests == 2 * size.per_condition
+    # The baseline scores every condition's sampled outputs, one request per sample.
+    assert size.scoring == 2 * 4 * 5
+    assert size.requests == 2 * size.per_condition + size.scoring
     assert size_problem(size) is None and f"{size.requests:,} requests" in size.line()
+    assert f"{size.scoring:,} scoring requests to the baseline" in size.line()
 
 
 def test_a_budget_no_run_can_hold_is_refused_naming_the_keys(tmp_path: Path) -> None:
@@ -91,13 +94,15 @@ def test_the_size_line_gives_the_quality_passes_share(tmp_path: Path,
     timed = 10 * 2 * 2
     # Served sampled: a greedy pass of the trace runs beside the timed ones, for quality only.
     greedy = 10 if temperature else 0
-    quality = greedy + 4 * 5 + 2 * len(PROBES)
+    # ... and the baseline scores both conditions' samples (one request per sample).
+    quality = greedy + 4 * 5 + 2 * len(PROBES) + 4 * 5
     assert (size.timed_per_condition, size.greedy_per_condition) == (timed, greedy)
     assert size.quality_requests == 2 * quality and size.requests == 2 * (timed + quality)
     share = quality / (timed + quality)
     assert size.quality_share == pytest.approx(share)
     assert (f"quality passes: {2 * quality:,} of {2 * (timed + quality):,} requests, "
             f"{share:.0%}") in size.line()
+    assert size.facts()["scoring"] == 2 * 4 * 5
     assert ("greedy (untimed)" in size.line()) == bool(temperature)
     facts = size.facts()
     assert facts["quality_requests"] == size.quality_requests

@@ -338,3 +338,19 @@ def test_report_says_the_stability_warnings_before_the_verdict(
     warned = out.index("WARNING: the baseline ran 52% slower in pass 2 than in pass 1")
     verdicts = [i for i, line in enumerate(out) if line.startswith(("KEEP", "DROP", "INCONC"))]
     assert verdicts and warned < min(verdicts), out
+
+
+def test_merge_keeps_the_targets_scores_of_the_sampled_pass(shards: Path, tmp_path: Path) -> None:
+    from pytest_osprey.results.scores import ScoredPosition, ScoreLine, read_scores
+
+    s1 = shutil.copytree(shards / "s1", tmp_path / "s1")
+    run_id = json.loads((s1 / "campaign.json").read_text())["run_id"]
+    position = ScoredPosition(1, -0.5, (1, 2), (-0.5, -1.0))
+    lines = [ScoreLine(c, "p0", 0, "baseline", (position,), ("first",), run_id)
+             for c in ("baseline", "cand")]
+    (s1 / "scores.jsonl").write_text("".join(x.to_json() + "\n" for x in lines))
+    merge_shards(tmp_path / "m", [s1, shards / "s2"])
+    back = read_scores(tmp_path / "m" / "scores.jsonl")
+    assert [(x.condition, x.prompt_id) for x in back] == [("baseline", "p0"), ("cand", "p0")]
+    merged_id = json.loads((tmp_path / "m" / "campaign.json").read_text())["run_id"]
+    assert {x.run_id for x in back} == {merged_id} != {run_id}

@@ -73,6 +73,9 @@ class ProgressEvent:
             text = {"boot": "booting", "warmup": f"warming up ({self.total} requests)",
                     "error": f"FAILED: {self.message}"}[self.phase]
             return f"[osprey] {self.condition}: {text}"
+        if self.phase == "score":  # the target scoring sampled outputs (scores.jsonl)
+            count = f" ({self.done}/{self.total} samples)" if self.total else ""
+            return f"[osprey] {self.condition}: {self.message}{count}"
         eta = (f", ETA {duration_text(self.eta_s)}" if self.eta_s is not None and not finished
                else "")
         extra = f", {self.message}" if self.message else ""

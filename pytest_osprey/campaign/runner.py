@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_engine
+from ..engines.base import Scorer
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.draw import Draw
 from ..pilot.schema import Pilot
@@ -39,6 +40,7 @@ from ..results.ending import stop_text
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.pins import recheck_pins
 from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
+from ..results.scores import SCORES_FILE, ScoreLine, ScoreWriter, classes_of
 from ..version import __version__
 from .events import Progress, ProgressEvent, StopRule, campaign_eta, pass_eta
 from .probing import run_probes
@@ -116,6 +118,8 @@ class Campaign:
         self.config_text = config_text
         self.stop_rule = stop_rule
         self._writer: RecordWriter | None = None
+        self._scores = ScoreWriter(directory / SCORES_FILE)
+        self._scoring_off: str | None = None  # why the sampled outputs cannot be scored
         self._records: list[RequestRecord] = []
         self.sequential: dict[str, list[dict[str, Any]]] = {}
         self.stopped_after_block: int | None = None
@@ -172,6 +176,7 @@ class Campaign:
             for state in self.states.values():
                 state.engine = None
             self._writer.close()
+            self._scores.close()
             # The records as this run leaves them: a merge refuses them changed afterwards.
             with contextlib.suppress(OSError):  # unreadable now: left unverified, not raised
                 self.records_sha256 = file_sha256(self.directory / "records.jsonl")
@@ -206,6 +211,10 @@ class Campaign:
                 for name in self.conditions:
                     await self._sampled_pass(name)
                     await self._params_pass(name)
+                # The baseline is up: it scores every condition's samples, its own included.
+                scorer = self.states[self.pilot.baseline].engine
+                for name in self.conditions:
+                    await self._score_samples(name, scorer)
             for name in self.conditions:
                 self._stop(self.states[name])
             if stopped:
@@ -227,6 +236,79 @@ class Campaign:
                     await self._sampled_pass(name)
                     await self._params_pass(name)
                 self._stop(self.states[name])
+        await self._score_after()
+
+    async def _score_after(self) -> None:
+        """One engine at a time: the baseline has stopped by the end, so it boots once more
+        to score every condition's sampled outputs (the embedded engine loads the target in
+        process), then stops."""
+        base = self.pilot.baseline
+        if not any(r.mode == "sampled" and r.ok for r in self._records) or base not in self.states:
+            return
+        self.progress(ProgressEvent(base, "score", message="booting the baseline once more to "
+                                    "score the sampled outputs with the target"))
+        boot = BootSpec(condition=base, log_dir=self.directory / "logs",
+                        env={**self.pilot.target.env, **self.pilot.conditions[base].env})
+        try:
+            engine = make_engine(self.pilot, base, boot)
+        except EngineError as exc:
+            self._scoring_off = f"the baseline could not boot to score: {exc}"
+            self.progress(ProgressEvent(base, "score", message=self._scoring_off))
+            return
+        try:
+            try:
+                await asyncio.to_thread(engine.start)
+            except EngineError as exc:
+                self._scoring_off = f"the baseline could not boot to score: {exc}"
+                self.progress(ProgressEvent(base, "score", message=self._scoring_off))
+                return
+            for name in self.conditions:
+                await self._score_samples(name, engine)
+        finally:
+            engine.stop()
+
+    async def _score_samples(self, name: str, scorer: Engine | None) -> None:
+        """The condition's sampled outputs scored by ``scorer`` (the baseline, i.e. the
+        target) into scores.jsonl: per sample, per position the target's raw log-probability
+        of the token and its top-K, and the position's class. Where the baseline cannot score
+        (an endpoint without logprobs) nothing is written and the distribution gate keeps
+        its two-sample check; the progress says why."""
+        samples = [r for r in self._records
+                   if r.condition == name and r.mode == "sampled" and r.ok and r.output_ids]
+        base = self.pilot.baseline
+        if not samples or self._scoring_off is not None:
+            return
+        if scorer is None or not isinstance(scorer, Scorer):
+            self._scoring_off = ("the baseline is not up" if scorer is None
+                                 else "the baseline's engine cannot score outputs")
+            self.progress(ProgressEvent(base, "score", message=f"sampled outputs not scored: "
+                                        f"{self._scoring_off}"))
+            return
+        by_prompt: dict[str, list[RequestRecord]] = {}
+        for r in samples:
+            by_prompt.setdefault(r.prompt_id, []).append(r)
+        prompts = self.trace.by_id()
+        top_k = self.pilot.sampling.sampled.score_top_k
+        done = 0
+        self.progress(ProgressEvent(base, "score", message=f"scoring {name}'s sampled outputs",
+                                    total=len(samples)))
+        for pid, records in by_prompt.items():
+            try:
+                scored = await scorer.score(self._text(prompts[pid], scorer),
+                                            [r.output_ids for r in records], top_k)
+            except EngineError as exc:
+                self._scoring_off = str(exc)
+                self.progress(ProgressEvent(base, "score", message=f"sampled outputs not "
+                                            f"scored: {exc}"))
+                return
+            self._scores.write([
+                ScoreLine(name, pid, r.sample_index, base, tuple(positions),
+                          tuple(classes_of(r)), self.run_id, scorer.vocab_size)
+                for r, positions in zip(records, scored, strict=True)
+                if len(positions) == len(r.output_ids)])
+            done += len(records)
+        self.progress(ProgressEvent(base, "score", message=f"scored {name}'s sampled outputs",
+                                    done=done, total=len(samples)))
 
     async def _replay_plan(self, stretches: Sequence[Stretch]) -> bool:
         """Replay ``stretches`` in order; True when early stopping ended the greedy passes.

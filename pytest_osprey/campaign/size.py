@@ -45,6 +45,9 @@ class CampaignSize:
     a condition whose requests keep timing out long before)."""
     greedy_per_condition: int = 0
     """The untimed greedy pass (identity, correctness) beside sampled timed passes."""
+    scoring: int = 0
+    """Scoring requests, all sent to the baseline (the target scores every condition's
+    sampled outputs, one request per sample): quality evidence too."""
 
     @property
     def quality_per_condition(self) -> int:
@@ -52,7 +55,7 @@ class CampaignSize:
 
     @property
     def quality_requests(self) -> int:
-        return self.quality_per_condition * self.conditions
+        return self.quality_per_condition * self.conditions + self.scoring
 
     @property
     def quality_share(self) -> float:
@@ -71,7 +74,7 @@ class CampaignSize:
 
     @property
     def requests(self) -> int:
-        return self.per_condition * self.conditions
+        return self.per_condition * self.conditions + self.scoring
 
     def line(self) -> str:
         greedy = (f"{self.greedy_per_condition:,} greedy (untimed), "
@@ -79,7 +82,10 @@ class CampaignSize:
         return (f"campaign size: {self.requests:,} requests ({self.per_condition:,} per "
                 f"condition: {self.timed_per_condition:,} timed, {greedy}"
                 f"{self.sampled_per_condition:,} sampled, {self.params_per_condition:,} "
-                f"parameter probes), up to {self.tokens_per_condition * self.conditions:,} "
+                f"parameter probes)"
+                + (f" + {self.scoring:,} scoring requests to the baseline" if self.scoring
+                   else "")
+                + f", up to {self.tokens_per_condition * self.conditions:,} "
                 f"output tokens; {self.quality_line()}; judge memory about "
                 f"{self.judge_mib:,.0f} MiB; at most {_duration(self.worst_case_s)} if every "
                 "request ran to its timeout")
@@ -94,7 +100,8 @@ class CampaignSize:
         """campaign.json's ``size``."""
         return {"conditions": self.conditions, "timed": self.timed_per_condition,
                 "greedy": self.greedy_per_condition, "sampled": self.sampled_per_condition,
-                "params": self.params_per_condition, "requests": self.requests,
+                "params": self.params_per_condition, "scoring": self.scoring,
+                "requests": self.requests,
                 "quality_requests": self.quality_requests,
                 "quality_share": round(self.quality_share, 4),
                 "output_tokens": self.tokens_per_condition * self.conditions}
@@ -132,7 +139,8 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
                 for level in load.levels)
     waves += sampled + params + greedy
     worst = waves * conditions * load.request_timeout_s
-    return CampaignSize(conditions, timed, sampled, params, tokens, worst, greedy)
+    return CampaignSize(conditions, timed, sampled, params, tokens, worst, greedy,
+                        scoring=sampled * conditions)
 
 
 _KEYS = ("lower trace.ids / the trace's prompts, load.levels, load.passes, "

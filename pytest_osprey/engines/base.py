@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..results.records import Measurement
+from ..results.scores import ScoredPosition
 
 
 class EngineError(RuntimeError):
@@ -119,3 +120,20 @@ class Engine(Protocol):
         ...
 
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """An engine's optional capability: the target's own distribution at every position of
+    given outputs (the distribution gate's exact test reads it). An engine that knows the
+    size of the distribution (its logits' width) says it as ``vocab_size`` (else None)."""
+
+    @property
+    def vocab_size(self) -> int | None: ...
+
+    async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]:
+        """Per output, per position: the raw (T=1, unprocessed) log-probability of the token
+        there and the top ``top_k`` ids and log-probabilities, given ``prompt`` (the text
+        generate() was sent) and the output's tokens before it. Raises EngineError."""
+        ...

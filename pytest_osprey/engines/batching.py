@@ -61,6 +61,8 @@ class Flight:
     verify: int = 0  # target forwards this sequence took part in
     full_drafts: int = 0  # verify steps that checked all k drafts
     accepted: list[int] = field(default_factory=list)  # per draft position, of those steps
+    step_drafts: list[int] = field(default_factory=list)  # per verify step: drafts checked
+    step_accepts: list[int] = field(default_factory=list)  # ... and of those, accepted
     finish: str | None = None  # "stop" or "length" once done
     error: str | None = None
     settled: bool = False
@@ -225,6 +227,8 @@ class Batcher:
                     f.to_drafter = f.to_drafter + emitted
             f.to_target = [token]
             f.verify += 1
+            f.step_drafts.append(len(d.tokens))
+            f.step_accepts.append(m)
             if d.proposed == self.k and self.k > 0:
                 f.full_drafts += 1
                 if len(f.accepted) < self.k:

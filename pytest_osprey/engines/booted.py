@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from ..results.records import checked
-from .base import BootSpec, GenerationRequest, GenerationResult
+from ..results.scores import ScoredPosition
+from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
 from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import bearer
 from .process import ServerProcess, api_key_from, choose_port, engine_env, mask_argv
+from .scoring import prompt_ids
 from .speculation import accept_length_most
 
 if TYPE_CHECKING:
@@ -28,6 +31,9 @@ class ServerClient(Protocol):
     """The HTTP client of one booted server."""
 
     async def generate(self, req: GenerationRequest) -> GenerationResult: ...
+
+    async def score(self, prompt: Sequence[int], outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]: ...
 
     def fingerprint(self) -> dict[str, Any]: ...
 
@@ -119,6 +125,17 @@ class BootedServer(ABC, Generic[ClientT]):
         if self.client is None:
             return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
         return self.checked(request, await self.client.generate(request))
+
+    vocab_size: int | None = None  # a server does not say how wide its logits are
+
+    async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]:
+        """The target's raw distribution at every position of ``outputs`` (base.Scorer),
+        asked of this server."""
+        if self.client is None:
+            raise EngineError(f"condition {self.condition!r}: engine not started")
+        ids = prompt_ids(self.pilot.target.model, prompt, self.condition)
+        return await self.client.score(ids, outputs, top_k)
 
     def checked(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
         """``result``, or a failed request where the server reported what cannot be."""

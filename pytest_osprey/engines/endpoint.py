@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from ..results.records import checked
+from ..results.scores import ScoredPosition
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
 from .chat_template import load_chat_tokenizer, template_digest
 from .httpstream import bearer
 from .process import api_key_from
+from .scoring import prompt_ids
 from .sglang import SGLangClient
 from .speculation import VLLM_METRICS, accept_length_most, spec_counters_of
 from .vllm import OpenAIClient
@@ -77,6 +80,18 @@ class EndpointEngine:
             return GenerationResult.failure(f"condition {self.condition!r}: engine not started")
         return checked(await client.generate(request), request.max_new_tokens,
                        accept_length_most(self.pilot, self.condition))
+
+    vocab_size: int | None = None  # a server does not say how wide its logits are
+
+    async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]:
+        """The target's raw distribution at every position of ``outputs`` (base.Scorer),
+        asked of this endpoint; an EngineError where it returns no logprobs."""
+        client = self.sglang or self.openai
+        if client is None:
+            raise EngineError(f"condition {self.condition!r}: engine not started")
+        ids = prompt_ids(self.pilot.target.model, prompt, self.condition)
+        return await client.score(ids, outputs, top_k)
 
     def fingerprint(self) -> dict[str, Any]:
         fp: dict[str, Any] = {"engine": f"endpoint/{self.endpoint.protocol}"}

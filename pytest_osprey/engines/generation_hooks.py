@@ -84,3 +84,23 @@ def token_times(events: Sequence[tuple[float, int]]) -> list[float]:
         times.extend(prev + step * (k + 1) for k in range(n))
         prev = t
     return times
+
+
+def sampling_processors(request: GenerationRequest, n_prompt: int, eos: set[int],
+                        device: str) -> list[Warper]:
+    """The request's extra sampling parameters as logits processors, in generate()'s order
+    (repetition penalty, min_new_tokens, then the engine's own: penalties, logit bias)."""
+    from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+    processors: list[Warper] = []
+    if request.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(float(request.repetition_penalty)))
+    if request.min_new_tokens:
+        processors.append(MinNewTokensLengthLogitsProcessor(
+            n_prompt, request.min_new_tokens, sorted(eos), device=device))
+    if request.frequency_penalty or request.presence_penalty:
+        processors.append(OpenAIPenalties(n_prompt, request.frequency_penalty,
+                                          request.presence_penalty))
+    if request.logit_bias:
+        processors.append(LogitBias({int(k): float(v) for k, v in request.logit_bias.items()}))
+    return processors

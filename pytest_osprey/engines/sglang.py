@@ -8,11 +8,13 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from ..results.records import impossible
+from ..results.scores import ScoredPosition
 from .base import (
     BootSpec,
     EngineError,
@@ -25,6 +27,7 @@ from .base import (
 from .booted import BootedServer
 from .httpstream import ClientPool, TokenClock, bearer, guarded, read_json, stream_json
 from .process import engine_python
+from .scoring import post_json, sglang_body, sglang_scores
 from .sglang_stream import (
     SGLangStream,
     abort_message,
@@ -277,6 +280,20 @@ class SGLangClient:
             spec_proposed=reported(proposed),  # type: ignore[arg-type]
             finish_reason=finish_reason_of(finish),
         )
+
+    async def score(self, prompt: Sequence[int], outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]:
+        """Per output, the target's raw distribution at each of its positions
+        (engines/scoring.py): one /generate per output, generating nothing."""
+        out: list[list[ScoredPosition]] = []
+        for output in outputs:
+            if not output:
+                out.append([])
+                continue
+            answer = await post_json(self.pool, "/generate", sglang_body(prompt, output, top_k),
+                                     self.condition)
+            out.append(sglang_scores(answer, output, top_k, self.condition))
+        return out
 
     def server_info(self) -> dict[str, Any]:
         """Every resolved server argument (bounded: see httpstream.bounded); {} where neither

@@ -21,11 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..results.scores import ScoredPosition
 from . import gpu_memory
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
 from .batching import CANCELLED_BY_CLIENT, MAX_BATCH, Batcher, Flight, Processor
 from .chat_template import template_digest
-from .generation_hooks import LogitBias, OpenAIPenalties, sampling_warpers, token_times
+from .embedded_scoring import score_outputs
+from .generation_hooks import sampling_processors, sampling_warpers, token_times
 from .planted_faults import planted_fault
 from .quantize import round_weights
 from .speculation import fixed_k_facts
@@ -273,6 +275,22 @@ class TransformersEngine:
             admitted.cancel.set()
             raise
 
+    async def score(self, prompt: str, outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]:
+        """The target's raw distribution at every position of ``outputs`` (base.py Scorer)."""
+        if self._model is None:
+            raise EngineError(f"{self.condition}: engine is not started")
+        ids = self._tokenizer(prompt)["input_ids"]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            _torch_thread(), score_outputs, self._model, self.pilot.target.device, list(ids),
+            [list(o) for o in outputs], top_k)
+
+    @property
+    def vocab_size(self) -> int | None:
+        head = self._model.get_output_embeddings() if self._model is not None else None  # width
+        return int(head.weight.shape[0]) if head is not None else None
+
     def _counted(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
         if result.error == CANCELLED_BY_CLIENT:
             self._cancelled += 1  # a filler its stretch no longer needed: not a failure
@@ -306,7 +324,7 @@ class TransformersEngine:
             generator.manual_seed(request.seed if request.seed is not None
                                   else int(torch.randint(2**62, ())))
         return Flight(request, start, list(prompt), self._processors(request, n_prompt),
-                      self._warpers(request), generator, on_done=lambda _: None)
+                      sampling_warpers(request), generator, on_done=lambda _: None)
 
     def _result(self, flight: Flight) -> GenerationResult:
         e2e = time.perf_counter() - flight.start
@@ -337,6 +355,8 @@ class TransformersEngine:
             spec_drafts=flight.full_drafts if drafting else None,
             spec_accepted_per_position=(flight.accepted or [0] * self._draft_tokens())
             if drafting else None,
+            spec_step_accepts=list(flight.step_accepts) if drafting else None,
+            spec_step_drafts=list(flight.step_drafts) if drafting else None,
             finish_reason=finish,
         )
 
@@ -351,27 +371,7 @@ class TransformersEngine:
         return spec.num_draft_tokens if spec else 4
 
     def _processors(self, request: GenerationRequest, n_prompt: int) -> list[Processor]:
-        """The request's extra sampling parameters as logits processors, in generate()'s
-        order (repetition penalty, min_new_tokens, then the engine's own)."""
-        from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
-
-        processors: list[Processor] = []
-        if request.repetition_penalty != 1.0:
-            processors.append(RepetitionPenaltyLogitsProcessor(float(request.repetition_penalty)))
-        if request.min_new_tokens:
-            processors.append(MinNewTokensLengthLogitsProcessor(
-                n_prompt, request.min_new_tokens, sorted(self._eos()),
-                device=self.pilot.target.device))
-        if request.frequency_penalty or request.presence_penalty:
-            processors.append(OpenAIPenalties(n_prompt, request.frequency_penalty,
-                                               request.presence_penalty))
-        if request.logit_bias:
-            processors.append(LogitBias({int(k): float(v)
-                                          for k, v in request.logit_bias.items()}))
-        return processors
-
-    def _warpers(self, request: GenerationRequest) -> list[Processor]:
-        return sampling_warpers(request)
+        return sampling_processors(request, n_prompt, self._eos(), self.pilot.target.device)
 
     def _eos(self) -> set[int]:
         ids: set[int] = set()

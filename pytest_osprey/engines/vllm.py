@@ -7,12 +7,13 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from ..results.records import impossible
+from ..results.scores import ScoredPosition
 from .base import (
     BootSpec,
     EngineError,
@@ -34,6 +35,7 @@ from .httpstream import (
     stream_json,
 )
 from .process import engine_python
+from .scoring import openai_body, openai_scores, post_json
 from .speculation import (
     VLLM_METRICS,
     EffectiveSpeculation,
@@ -299,6 +301,21 @@ class OpenAIClient:
             accept_length=reported(accept) if steps else None,
             finish_reason=finish,
         )
+
+    async def score(self, prompt: Sequence[int], outputs: Sequence[Sequence[int]],
+                    top_k: int) -> list[list[ScoredPosition]]:
+        """Per output, the target's raw distribution at each of its positions
+        (engines/scoring.py): one /v1/completions per output, its prompt_logprobs."""
+        out: list[list[ScoredPosition]] = []
+        for output in outputs:
+            if not output:
+                out.append([])
+                continue
+            answer = await post_json(self.pool, "/v1/completions",
+                                     openai_body(self.model, prompt, output, top_k),
+                                     self.condition)
+            out.append(openai_scores(answer, len(prompt), output, top_k, self.condition))
+        return out
 
     async def counters(self) -> dict[str, float]:
         try:

@@ -46,6 +46,10 @@ class SampledPass(Strict):
     )
     max_new_tokens: Count | None = None
     """Output budget of the sampled pass (default: the prompt's)."""
+    score_top_k: Annotated[int, Field(ge=1, le=1000)] = 20
+    """Top-K log-probabilities the baseline (the target) returns per sampled token when it
+    scores the samples (scores.jsonl) for the distribution gate's exact test; the tail
+    beyond K is bounded by its mass, never ignored."""
 
 
 class ParamsPass(Strict):

@@ -24,6 +24,7 @@ from ..judgement.figures.measured import P99_MIN_REQUESTS
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
+from .exact_table import HEADER, exact_tables
 from .plotkit import level_order
 from .setup import memory_basis, shards_line
 from .terminal import (
@@ -514,6 +515,8 @@ def _gate_figures(g: dict[str, Any], currency: str = "") -> str:
     kind = str(g.get("kind"))
     unit = GATE_UNITS.get(kind) or ((1.0, "{:.3g} " + currency) if kind == GateKind.COST
                                     else (1.0, "{:.4g}"))
+    if (g.get("details") or {}).get("method") == "exact":  # an effective temperature
+        unit = (1.0, "T\u0302 {:.2f}")
     parts = []
     if g.get("estimate") is not None:
         parts.append(_with_unit(g.get("estimate"), unit))
@@ -564,6 +567,20 @@ def _gates(summary: dict[str, Any]) -> str:
                 "information. In pytest a reported-only gate that passes shows PASSED; any "
                 "other outcome shows SKIPPED with its result.</p>",
                 _gate_table(reported, currency), "</div>"]
+    return "".join(out)
+
+
+def _exact(summary: dict[str, Any]) -> str:
+    tables = exact_tables(summary)
+    if not tables:
+        return ""
+    out = ['<h3 id="exact">Sampled distribution (exact test)</h3>',
+           '<p class="note">Sampled tokens scored by the target, per position class: score z '
+           "(0 expected), PIT p, draws of the target's top-1 against expectation, draws "
+           "outside the served support, and the fitted effective temperature.</p>"]
+    for caption, rows in tables:
+        out += [f"<p><b>{esc(caption)}</b></p>",
+                table(HEADER, [tuple(esc(c) for c in r) for r in rows], {1, 2, 3, 4, 5})]
     return "".join(out)
 
 
@@ -807,7 +824,7 @@ def render_html(summary: dict[str, Any], data: SavedCampaign, plots: dict[str, b
     body = "".join((
         _banner(summary), _header(summary, data, str(title)), _verdicts(summary, data),
         _key_figures(summary, data), _reasons(summary), _setup(summary, data),
-        _stability(summary, titled), _gates(summary),
+        _stability(summary, titled), _gates(summary), _exact(summary),
         _figures(summary, data), _analyses(summary, titled), _cost(summary), _history(summary),
         _plots(titled), _outputs(data), _errors(data),
     ))

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..judgement import Figures
 from ..results.campaign_file import CampaignFile
+from .exact_table import HEADER, exact_tables
 from .setup import hardware, memory_basis, shards_line, short_setup, started
 from .terminal import Columns, in_flight_text, speedup_cells, speedup_text, table_rows
 
@@ -265,6 +266,18 @@ def _cost(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
     return "Cost and break-even", lines
 
 
+def exact_section(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    tables = exact_tables(summary)
+    if not tables:
+        return None
+    lines = ["Sampled tokens scored by the target, per position class: score z (0 expected), "
+             "PIT p, draws of the target's top-1 against expectation, draws outside the served "
+             "support, and the fitted effective temperature.", ""]
+    for caption, rows in tables:
+        lines += [f"**{esc(caption)}**", "", *_table(HEADER, rows), ""]
+    return "Sampled distribution (exact test)", lines
+
+
 def _setup(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
     return "Set-up", _table(("set-up", "value"), [(r.get("what"), r.get("value"))
                                        for r in summary.get("setup", [])])
@@ -436,7 +449,8 @@ def markdown(summary: Mapping[str, Any], meta: CampaignFile, title: str, folder:
         raw = text.encode("utf-8")[:limit]
         text = raw[: raw.rfind(b"\n") + 1].decode("utf-8", "ignore")
         return text + "\n*report.md cut at its size cap: the rest is in report.html.*\n"
-    sections = [*_gates(summary), _cost(summary), _setup(summary), _stability(summary),
+    sections = [*_gates(summary), exact_section(summary), _cost(summary), _setup(summary),
+                _stability(summary),
                 *_all_figures(summary, meta), domain_section(summary), _goodput(summary)]
     left_out = []
     for sec in sections:

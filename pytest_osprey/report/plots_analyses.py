@@ -207,7 +207,12 @@ def distribution_title(gate: Mapping[str, Any] | None) -> str:
         return "not judged"
     details = gate.get("details") or {}
     parts = [str(gate.get("outcome")).upper()]
-    if gate.get("estimate") is not None:
+    if details.get("method") == "exact":  # the target scored the samples: no distance
+        parts.append(f"exact test of {details.get('samples')} samples scored by the target")
+        if gate.get("estimate") is not None:
+            parts.append(f"effective temperature {gate['estimate']:.2f} (the class with the "
+                         "smallest p)")
+    elif gate.get("estimate") is not None:
         text = f"distance (mean MMD\u00b2) {gate['estimate']:.3g}"
         if details.get("critical") is not None:
             text += f", flagged from {details['critical']:.3g}"

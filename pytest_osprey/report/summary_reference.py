@@ -94,17 +94,30 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "baseline against its own rerun; null without one). `p_value`: P(Bin(at_risk, "
         "max_loss_rate) >= losses)"),
     GateKind.DISTRIBUTION: KindDoc(
-        "the stratified permutation test (each prompt's samples relabelled independently) of "
-        "the summed standardised MMD^2 under a sequence kernel does not reject at the "
+        "where the target scored the samples (scores.jsonl): the exact per-position test "
+        "(score test, randomised PIT, top-1 rate, tail rate, draws outside the served "
+        "support, per position class: first token, drafted positions, bonus tokens, or "
+        "positions 2+ where the engine does not tell them apart) does not reject at the "
+        "threshold, and the baseline's own samples (the A/A control) pass it too (a failing "
+        "control: inconclusive). Where nothing was scored (an endpoint without logprobs): "
+        "the stratified permutation test (each prompt's samples relabelled independently) "
+        "of the summed standardised MMD^2 under a sequence kernel does not reject at the "
         "threshold; inconclusive (evidence `not_evaluable`) when the smallest attainable "
         "p-value of the budget exceeds it",
-        "distance: mean unbiased MMD^2 over prompts (0 expected for identical samplers; "
-        "unitless, kernel scale 0-2)",
+        "exact: the effective temperature of the class with the smallest p (served: "
+        "`sampling.sampled.temperature`); MMD: mean unbiased MMD^2 over prompts (0 expected "
+        "for identical samplers; unitless, kernel scale 0-2)",
         "alpha, `limits.quality.distribution_alpha` (probability)",
-        "`smallest_p` (floor of the p-value at this budget), `critical` (the smallest "
-        "distance this budget flags), `similarity_ratio` (candidate within-prompt sample "
-        "similarity over the baseline's; descriptive, not judged), `prompts`, "
-        "`samples_per_prompt`, `worst` (the most different prompt, in words)"),
+        "exact: `method` (`exact`), `scorer`, `samples`, `candidate` and `control` (each: "
+        "`outcome`, `p_value`, `summary`, `served`, `split_known`, `confidence`, and per "
+        "class `n`, `score_z`, `pit_p`, `top1_observed`, `top1_expected`, "
+        "`outside_support`, `temperature`, `temperature_ci` (null bound: beyond the fit's "
+        "range), `decisive`, `p_value`, `outcome`); MMD: `method` (`two-sample`), "
+        "`smallest_p` (floor of the p-value "
+        "at this budget), `critical` (the smallest distance this budget flags), "
+        "`similarity_ratio` (candidate within-prompt sample similarity over the baseline's; "
+        "descriptive, not judged), `prompts`, `samples_per_prompt`, `worst` (the most "
+        "different prompt, in words)"),
     GateKind.SAMPLING_PARAMS: KindDoc(
         "every sampling-parameter probe (penalties, stop, max/min tokens, logit bias: "
         "identical greedy tokens; JSON schema, regex: valid output) honoured as by the "

@@ -20,6 +20,7 @@ from .records import (
     read_records,
     timed_mode,
 )
+from .scores import SCORES_FILE, ScoreLine, read_scores
 
 
 @dataclass
@@ -36,6 +37,7 @@ class SavedCampaign:
     prompts: dict[str, Prompt] | None = None  # the trace, where it can be read (correctness)
     fillers: list[RequestRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what reading the folder had to mend
+    scores: list[ScoreLine] = field(default_factory=list)  # scores.jsonl (none: not scored)
 
     def __post_init__(self) -> None:
         if isinstance(self.meta, Mapping):  # a plain dict (tests, older callers)
@@ -66,6 +68,10 @@ class SavedCampaign:
             if r.condition == condition and r.mode == mode and (load is None or r.load == load)
         ]
 
+    def scores_of(self, condition: str) -> list[ScoreLine]:
+        """The condition's sampled outputs as the target scored them ([]: not scored)."""
+        return [s for s in self.scores if s.condition == condition]
+
     def condition_error(self, condition: str) -> str | None:
         return self.meta.condition_error(condition)
 
@@ -91,7 +97,8 @@ def load_campaign(directory: Path) -> SavedCampaign:
     if bad := sum(a is not b for a, b in zip(sound, unique, strict=True)):
         notes.append(f"{records_path}: {bad} record(s) with an impossible value judged as "
                      "failed requests (the value is not judged)")
-    return SavedCampaign(directory, meta, sound, saved_trace(meta), notes=notes)
+    scores = read_scores(directory / SCORES_FILE, meta.run_id)
+    return SavedCampaign(directory, meta, sound, saved_trace(meta), notes=notes, scores=scores)
 
 
 # The most tokens one verify step can commit in any pilot (64 draft tokens + the target's own):

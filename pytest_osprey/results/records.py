@@ -62,8 +62,12 @@ class Measurement:
     finish_reason: str | None = None
     spec_step_accepts: list[int] | None = None
     """Per verify step, in order, how many drafted tokens it accepted, where the engine tells
-    (the embedded engine does). The output's positions follow from it: the first token (the
-    prefill's), then per step its accepted drafts and the one token the step adds (bonus)."""
+    (the embedded engine does). With :attr:`spec_step_drafts` the output's positions follow
+    (results/scores.py ``position_classes``): per step its accepted drafts, then the one token
+    the step adds: a resample at a drafted position where a draft was rejected, else a bonus
+    token (or the first token, where the first step checked no draft)."""
+    spec_step_drafts: list[int] | None = None
+    """Per verify step, in order, how many drafts it checked (beside spec_step_accepts)."""
 
     @classmethod
     def failure(cls, error: str, **kw: Any) -> Measurement:
@@ -95,6 +99,7 @@ def _finite(value: Any) -> bool:
 
 # Integers (a token id counts as one).
 _COUNTS = frozenset({"prompt_tokens", "spec_verify_ct", "spec_drafts", "output_ids",
+                     "spec_step_accepts", "spec_step_drafts",
                      "spec_accepted_per_position", "spec_accepted", "spec_proposed"})
 
 
@@ -117,7 +122,8 @@ def impossible_value(m: Measurement, max_new_tokens: int | None,
             return impossible(name, value, "negative")
         if name in _COUNTS and not isinstance(value, int):
             return impossible(name, value, "not an integer")
-    for name in ("itl_s", "top2_margin", "spec_accepted_per_position", "output_ids"):
+    for name in ("itl_s", "top2_margin", "spec_accepted_per_position", "output_ids",
+                 "spec_step_accepts", "spec_step_drafts"):
         for value in getattr(m, name) or ():
             if not _finite(value):
                 return impossible(name, value, "not a finite number")

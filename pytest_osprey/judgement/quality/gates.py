@@ -3,17 +3,21 @@ honoured, acceptance health. Each gate states whether it could have failed (``ev
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from ...pilot.probes import BY_NAME, PLAIN
 from ...pilot.schema import Pilot
 from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
+from ...results.scores import ScoreLine
 from ..gates.result import GateResult, Outcome
 from ..gates.spec import GateSpec
 from .acceptance import collapses, describe, pooled
 from .correctness import correctness_gate
 from .distribution import budget_problem, distribution_check, records_to_samples
+from .exact import ExactResult, ScoredSample, ScoredToken, Served, exact_test
 from .identity import classify, first_divergence, garwood, greedy_identity
 
 
@@ -121,19 +125,96 @@ def judge_correctness(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> Gate
 # --------------------------------------------------------------------------- distribution
 
 
+def scored_samples(lines: Sequence[ScoreLine]) -> list[ScoredSample]:
+    """scores.jsonl's lines as the exact test reads them."""
+    return [ScoredSample(line.prompt_id, line.sample_index, tuple(
+        ScoredToken(p.token, p.logprob, p.top_ids, p.top_logprobs, k)
+        for p, k in zip(line.positions, line.classes, strict=True))) for line in lines]
+
+
+def served_sampling(pilot: Pilot) -> Served:
+    """The sampling the sampled pass asked for: what its samples should follow."""
+    s = pilot.sampling.sampled
+    return Served(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
+
+
+def exact_details(res: ExactResult) -> dict[str, Any]:
+    """The per-class figures of an exact test (score z, PIT p, top-1 observed/expected,
+    draws outside the served support, effective temperature and its CI) as gate details."""
+    return {"outcome": res.outcome, "p_value": res.p_value, "summary": res.summary,
+            "split_known": res.split_known, "confidence": res.confidence,
+            "served": res.served.words(),
+            "classes": {k: {"n": c.n, "score_z": c.score_z, "pit_p": c.pit_p,
+                            "top1_observed": c.top1_observed, "top1_expected": c.top1_expected,
+                            "outside_support": c.outside_support,
+                            "temperature": c.temperature,
+                            "temperature_ci": list(c.temperature_ci),
+                            "decisive": c.decisive, "p_value": c.p_value,
+                            "outcome": c.outcome}
+                        for k, c in res.classes.items()}}
+
+
+def _judge_exact(spec: GateSpec, pilot: Pilot, data: SavedCampaign,
+                 lines: list[ScoreLine]) -> GateResult:
+    """The candidate's samples against the target's own distribution, per position class;
+    the scorer's own samples (the baseline's) are the A/A control: where they fail, the
+    scores do not describe what the server samples from, and nothing is concluded."""
+    served = served_sampling(pilot)
+    alpha = pilot.limits.quality.distribution_alpha
+    conf = pilot.decision.confidence
+    seed = pilot.sampling.seed
+    scorer = lines[0].scorer
+    control_lines = data.scores_of(scorer) if scorer != spec.condition else []
+    # The vocabulary bounds the tail beyond the top-K from both sides, where the scorer knew it.
+    sizes = {line.vocab for line in (*lines, *control_lines)}
+    vocab = sizes.pop() if len(sizes) == 1 else None
+    res = exact_test(scored_samples(lines), served, alpha, seed, confidence=conf, vocab=vocab)
+    control = (exact_test(scored_samples(control_lines), served, alpha, seed + 1,
+                          confidence=conf, vocab=vocab) if control_lines else None)
+    details: dict[str, Any] = {"method": "exact", "scorer": scorer,
+                               "samples": len(lines), "candidate": exact_details(res),
+                               "control": None if control is None else exact_details(control)}
+    tokens = sum(c.n for c in res.classes.values())
+    size = f"{len(lines)} samples, {tokens} tokens scored by {scorer} (the target)"
+    if control is not None and control.outcome == "fail":
+        return GateResult(
+            spec, "inconclusive",
+            f"the target's scores disagree with what {scorer} itself samples (A/A control "
+            f"fails: {control.summary}), so the candidate's test is not trusted; candidate: "
+            f"{res.summary} ({size})", p_value=res.p_value, threshold=alpha, details=details)
+    control_text = ("" if control is None else
+                    f"; A/A control ({scorer}'s own samples) as served, p={control.p_value:.3g}")
+    return GateResult(spec, res.outcome, f"{res.summary} ({size}){control_text}",
+                      estimate=_worst_temperature(res), p_value=res.p_value, threshold=alpha,
+                      details=details)
+
+
+def _worst_temperature(res: ExactResult) -> float | None:
+    """The effective temperature of the class with the smallest p (the gate's estimate)."""
+    if not res.classes:
+        return None
+    worst = min(res.classes.values(), key=lambda c: c.p_value)
+    return None if math.isnan(worst.temperature) else worst.temperature
+
+
 def judge_distribution(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     assert spec.reference is not None
+    lines = data.scores_of(spec.condition)
+    if lines:  # the target scored the samples: the exact test decides
+        return _judge_exact(spec, pilot, data, lines)
     ref = records_to_samples(data.records, spec.reference)
     cand = records_to_samples(data.records, spec.condition)
     if not any(len(ref.get(p, ())) >= 2 and len(v) >= 2 for p, v in cand.items()):
         return GateResult(spec, "fail", "no prompt has 2 sampled outputs on both sides")
     res = distribution_check(ref, cand, alpha=pilot.limits.quality.distribution_alpha,
                              seed=pilot.sampling.seed)
+    # Said, so that a reader knows why no position is named: the target did not score these
+    # samples (an endpoint without logprobs, or a run before scoring existed).
     return GateResult(
-        spec, res.outcome, res.summary, estimate=res.distance, threshold=res.alpha,
-        p_value=res.p_value,
+        spec, res.outcome, f"{res.summary} (two-sample check: the samples were not scored by "
+        "the target)", estimate=res.distance, threshold=res.alpha, p_value=res.p_value,
         evidence="not_evaluable" if res.smallest_p > res.alpha else "tested",
-        details={"smallest_p": res.smallest_p, "critical": res.critical,
+        details={"method": "two-sample", "smallest_p": res.smallest_p, "critical": res.critical,
                  "similarity_ratio": res.similarity_ratio, "prompts": res.n_prompts,
                  "samples_per_prompt": res.samples_per_prompt, "worst": res.worst},
     )

@@ -32,6 +32,7 @@ from ...results.folder import SavedCampaign
 from ..figures.measured import Figures, accept_lengths
 from ..gates.kinds import GateKind as K
 from ..gates.result import GateResult, Outcome, Verdict
+from ..quality.exact import CLASS_WORDS
 from ..speed.crossover import Crossover, crossover, levels_from_gates
 from .partial import WITHHELD
 from .unchecked import Unchecked, unchecked
@@ -165,6 +166,30 @@ def _speed_text(g: GateResult) -> str:
     return text
 
 
+def _exact_text(d: Mapping[str, Any]) -> str:
+    """The exact test's weakest position class in figures: its effective temperature and CI
+    against the served one, its score z and top-1 count."""
+    if (d.get("control") or {}).get("outcome") == "fail":
+        return ("the target's scores disagree with the baseline's own samples (A/A control "
+                "fails): the candidate's test is not trusted")
+    classes = (d.get("candidate") or {}).get("classes") or {}
+    if not classes:
+        return "no token scored"
+    name, c = min(classes.items(), key=lambda kv: kv[1].get("p_value", 1.0))
+    lo, hi = (c.get("temperature_ci") or [None, None])[:2]
+
+    def t(x: Any) -> str:
+        return "inf" if x is None or x == math.inf else f"{x:.2f}"
+
+    temp = c.get("temperature")
+    fitted = isinstance(temp, int | float) and not math.isnan(temp)
+    fit = f"effective temperature {t(temp)} [{t(lo)}, {t(hi)}], " if fitted else ""
+    return (f"{CLASS_WORDS.get(name, name)}: {fit}"
+            + f"score z {c.get('score_z', 0):+.1f}, top-1 drawn {c.get('top1_observed')} "
+            f"times for {c.get('top1_expected', 0):.0f} expected "
+            f"(served {(d.get('candidate') or {}).get('served')})")
+
+
 def short_text(g: GateResult) -> str:
     """The gate's result in a few words (figures, not internal ids or p-values), from its
     fields and details; a gate without them shows its summary's first line."""
@@ -181,6 +206,8 @@ def short_text(g: GateResult) -> str:
         return (f"pass rate {d['candidate_rate']:.0%} vs {d['reference_rate']:.0%} over "
                 f"{d.get('n_pairs')} prompts; could be {abs(g.ci_low) * 100:.0f} points worse, "
                 f"{abs(g.threshold or 0) * 100:.0f} allowed")
+    if g.spec.kind == K.DISTRIBUTION and d.get("method") == "exact":
+        return _exact_text(d)
     if g.spec.kind == K.DISTRIBUTION and "prompts" in d and g.estimate is not None:
         return (f"distance {g.estimate:.4f} (flagged from {d.get('critical', 0):.4f}) over "
                 f"{d['prompts']} prompts x {d.get('samples_per_prompt')} samples")
