@@ -18,7 +18,7 @@ import pytest
 
 from .campaign import ProgressEvent
 from .engines import BootSpec, Engine, EngineError, make_engine
-from .judgement import PREFLIGHT, GateResult, GateSpec, Judgement
+from .judgement import PREFLIGHT, GateResult, GateSpec, Judgement, sampling_budget_sees
 from .pilot import Pilot
 from .report.console import Line, closing_lines, dry_run_lines
 from .results import Preflight, SavedCampaign
@@ -268,6 +268,8 @@ def pytest_report_header(config: pytest.Config) -> Generator[None, Any, Any]:
         return lines
     config.stash[_SHOWN] = len(run.notes)
     size = [f"osprey {run.size.line()}"] if run.size is not None else []
+    sees = sampling_budget_sees(run.pilot, len(run.trace.prompts)) if size and run.trace else None
+    size += [f"osprey quality: {sees}"] if sees else []
     return [*lines, *size, *(scrub(f"osprey warning: {note}") for note in run.notes)]
 
 

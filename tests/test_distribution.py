@@ -12,7 +12,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +30,7 @@ from pytest_osprey.judgement.quality.distribution import (
     records_to_samples,
     smallest_p,
 )
-from pytest_osprey.judgement.quality.gates import sampling_budget_problem
+from pytest_osprey.judgement.quality.gates import sampling_budget_problem, sampling_budget_sees
 from pytest_osprey.judgement.stats.core import StatsError
 from pytest_osprey.results.records import RequestRecord
 from pytest_osprey.run import PilotRun, UsageError
@@ -290,3 +292,29 @@ def test_the_diagnosis_sizes_a_difference_and_claims_no_direction() -> None:
         for wrong in ("less varied", "more varied", "less diverse", "more diverse", "sharper",
                       "flatter"):
             assert wrong not in res.summary
+
+
+def test_a_sampled_pass_that_cannot_see_greedy_verification_is_refused() -> None:
+    """The MMD budget rule passes 2 prompts x 5 samples, but one token each is too few for
+    the exact test to see drafts verified greedily: refused before anything boots, naming
+    the keys; a budget that sees it says, with its power, what else it sees."""
+    base: dict[str, Any] = {
+        "target": {"model": "m"}, "trace": {"files": ["t.jsonl"]},
+        "conditions": {"b": {"role": "baseline"}, "c": {"role": "candidate"}}}
+    small = make_pilot(**base, sampling={"sampled": {
+        "enabled": True, "samples_per_prompt": 5, "prompts": 2, "max_new_tokens": 1}})
+    assert budget_problem(2, 5, 0.01) is None
+    problem = sampling_budget_problem(small, trace_prompts=20)
+    assert problem is not None and "greedy verification" in problem
+    assert "sampling.sampled.prompts" in problem
+    shipped = make_pilot(**base, sampling={"sampled": {
+        "enabled": True, "samples_per_prompt": 8, "prompts": 4, "max_new_tokens": 24}})
+    assert sampling_budget_problem(shipped, trace_prompts=20) is None
+    sees = sampling_budget_sees(shipped, trace_prompts=20)
+    assert sees is not None and "4x8x24" in sees and "80% power" in sees
+    assert re.search(r"temperature shift of 0\.\d+", sees)
+    bigger = sampling_budget_sees(make_pilot(**base, sampling={"sampled": {
+        "enabled": True, "samples_per_prompt": 8, "prompts": 16, "max_new_tokens": 24}}), 20)
+    shift = float(re.search(r"shift of ([\d.]+)", sees).group(1))  # type: ignore[union-attr]
+    assert bigger is not None and float(
+        re.search(r"shift of ([\d.]+)", bigger).group(1)) < shift  # type: ignore[union-attr]

@@ -31,7 +31,7 @@ from .history import (
 )
 from .quality.acceptance import per_position_acceptance
 from .quality.distribution import END, records_to_samples
-from .quality.gates import sampling_budget_problem
+from .quality.gates import sampling_budget_problem, sampling_budget_sees
 from .service.goodput import GoodputRow, GoodputSection, goodput_section
 from .speed.gate import look_at, machine_speedups
 from .speed.stability import BlockDrift, BlockLoad, Stability, stability
@@ -49,5 +49,6 @@ __all__ = [
     "diagnose_all", "evaluate", "goodput_section", "held_out_overlaps", "judge", "look_at",
     "machine_speedups", "open_previous",
     "per_position_acceptance", "plan_gates", "records_to_samples", "sampling_budget_problem",
+    "sampling_budget_sees",
     "stability", "withhold",
 ]

@@ -18,6 +18,8 @@ from .acceptance import collapses, describe, pooled
 from .correctness import correctness_gate
 from .distribution import budget_problem, distribution_check, records_to_samples
 from .exact import ExactResult, ScoredSample, ScoredToken, Served, exact_test
+from .exact_power import Budget, what_the_budget_sees
+from .exact_power import budget_problem as exact_budget_problem
 from .identity import classify, first_divergence, garwood, greedy_identity
 
 
@@ -35,9 +37,34 @@ def sampling_budget_problem(pilot: Pilot, trace_prompts: int) -> str | None:
     why = budget_problem(prompts, sampled.samples_per_prompt,
                          pilot.limits.quality.distribution_alpha)
     if why is None:
+        exact = _exact_budget(pilot, trace_prompts)
+        if exact is not None:  # the exact test must see greedy verification (SGLang on CPU)
+            why = exact_budget_problem(*exact, pilot.limits.quality.distribution_alpha)
+    if why is None:
         return None
     return (f"sampling.sampled.samples_per_prompt / sampling.sampled.prompts: {why} "
             f"(limits.quality.distribution_alpha)")
+
+
+def sampling_budget_sees(pilot: Pilot, trace_prompts: int) -> str | None:
+    """What the sampled pass can see, said before anything boots ("... detects a temperature
+    shift of 0.15 at the speculative positions with 80% power ..."); None without one."""
+    exact = _exact_budget(pilot, trace_prompts)
+    if exact is None:
+        return None
+    return what_the_budget_sees(*exact, pilot.limits.quality.distribution_alpha)
+
+
+def _exact_budget(pilot: Pilot, trace_prompts: int) -> tuple[Budget, Served] | None:
+    """The sampled pass as the exact test's power sees it (tokens: the pass's budget, or the
+    pilot's cap; outputs that end sooner hold fewer), or None where it samples nothing."""
+    sampled = pilot.sampling.sampled
+    served = served_sampling(pilot)
+    if not sampled.enabled or served.temperature == 0:
+        return None
+    prompts = min(sampled.prompts or trace_prompts, trace_prompts)
+    tokens = sampled.max_new_tokens or pilot.max_new_tokens_cap or 128
+    return Budget(prompts, sampled.samples_per_prompt, tokens, sampled.score_top_k), served
 
 
 # --------------------------------------------------------------------------- greedy identity
