@@ -91,10 +91,10 @@ def _run(args: argparse.Namespace) -> int:
     from .report.console import Line, closing_lines, dry_run_lines
     from .run import PilotRun, RunOptions, UsageError, sigterm_interrupts, stop_servers
 
-    last: list[tuple[str, str, str, int]] = []
+    last: list[tuple[str, str, str, int, str]] = []
 
     def progress(event: ProgressEvent) -> None:
-        key = (event.condition, event.phase, event.load, event.block)
+        key = event.key
         finished = bool(event.total) and event.done == event.total
         if not last or key != last[-1] or finished:
             last[:] = [key]

@@ -385,7 +385,7 @@ class ProgressPrinter:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.last: tuple[str, str, str, int] | None = None
+        self.last: tuple[str, str, str, int, str] | None = None
         self.last_t = 0.0
 
     def __call__(self, e: ProgressEvent) -> None:
@@ -394,7 +394,7 @@ class ProgressPrinter:
         tr = self.config.pluginmanager.getplugin("terminalreporter")
         if tr is None:
             return
-        key = (e.condition, e.phase, e.load, e.block)
+        key = e.key
         now = time.monotonic()
         first = key != self.last
         finished = e.total and e.done == e.total

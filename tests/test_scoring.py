@@ -135,6 +135,10 @@ def _sglang_answer(body: dict[str, Any]) -> Reply:
     ids, start, k = body["input_ids"], body["logprob_start_len"], body["top_logprobs_num"]
     own, tops = [], []
     for t in range(start, len(ids)):
+        if t == start:  # as SGLang 0.5.23 answers: no logprob at the start position itself
+            own.append([None, ids[t], None])
+            tops.append(None)
+            continue
         lp = _truth(ids[:t])
         order = np.argsort(-lp)[:k]
         own.append([float(lp[ids[t]]), ids[t], None])
@@ -177,7 +181,7 @@ def test_sglang_scores_from_input_logprobs_as_documented() -> None:
         bodies = server.bodies("/generate")
     _check(scored, 4)
     assert bodies[0]["input_ids"] == PROMPT + OUTPUTS[0]
-    assert bodies[0]["logprob_start_len"] == len(PROMPT)
+    assert bodies[0]["logprob_start_len"] == len(PROMPT) - 1
     assert bodies[0]["return_logprob"] is True and bodies[0]["top_logprobs_num"] == 4
     assert bodies[0]["sampling_params"]["max_new_tokens"] == 0
 
@@ -291,3 +295,23 @@ def test_interleaved_the_baseline_scores_every_conditions_samples_while_up(
     assert len(data.scores_of("base")) == len(data.scores_of("cand")) == 6
     assert all(s.scorer == "base" and s.classes == ("drafted", "drafted", "bonus")
                and s.vocab == 50 for s in data.scores)
+
+
+def test_sglang_scores_a_recorded_real_answer() -> None:
+    """SGLang 0.5.23 on CPU, recorded: its entry at logprob_start_len carries no logprob, so
+    the request starts one before the output and every output position is scored."""
+    from pytest_osprey.engines.scoring import sglang_scores
+
+    recorded = json.loads((Path(__file__).parent / "fixtures" / "sglang-0.5.23-cpu"
+                           / "score_input_logprobs.json").read_text())
+    request, answer = recorded["request"], recorded["answer"]
+    own = answer["meta_info"]["input_token_logprobs"]
+    assert own[0][0] is None  # the start position's own entry, as the server answers it
+    n_prompt = request["logprob_start_len"] + 1
+    output = request["input_ids"][n_prompt:]
+    scored = sglang_scores(answer, output, request["top_logprobs_num"], "baseline")
+    assert [p.token for p in scored] == output
+    for pos in scored:
+        assert pos.logprob < 0 and len(pos.top_ids) == request["top_logprobs_num"]
+        assert list(pos.top_logprobs) == sorted(pos.top_logprobs, reverse=True)
+        assert pos.logprob <= pos.top_logprobs[0]

@@ -238,3 +238,17 @@ def test_a_campaigns_progress_events_carry_both_etas(tmp_path: Path,
         "[osprey] serving pass 1 of 3: ")
     greedy = [e for e in events if e.phase == "greedy (untimed)"]
     assert greedy and all(e.campaign_eta_s is None for e in greedy)
+
+
+def test_why_outputs_were_not_scored_is_news_to_the_terminal() -> None:
+    """Each scoring message is shown (a terminal shows each phase once, a failure after the
+    start of scoring included); a timed pass's repeats are not."""
+    start = ProgressEvent("baseline", "score", message="scoring cand's sampled outputs",
+                          total=24)
+    failed = ProgressEvent("baseline", "score", message="sampled outputs not scored: no "
+                           "input_token_logprobs")
+    assert start.key != failed.key
+    assert "not scored: no input_token_logprobs" in failed.line()
+    one = ProgressEvent("all", "serving", block=0, done=1, total=84, passes=4)
+    two = ProgressEvent("all", "serving", block=0, done=2, total=84, passes=4)
+    assert one.key == two.key

@@ -65,6 +65,14 @@ class ProgressEvent:
     passes: int = 0  # timed passes planned (a timed pass's event)
     campaign_eta_s: float | None = None  # seconds left in the whole campaign
 
+    @property
+    def key(self) -> tuple[str, str, str, int, str]:
+        """What makes an event news to a terminal that shows each phase once: its condition,
+        phase, load and pass, and for the scoring phase its message (which condition's
+        outputs are scored, or why they cannot be)."""
+        return (self.condition, self.phase, self.load, self.block,
+                self.message if self.phase == "score" else "")
+
     def line(self, finished: bool = False) -> str:
         """The event in words (the terminal of both adapters)."""
         if self.phase == "done":

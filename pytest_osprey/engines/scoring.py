@@ -3,9 +3,12 @@
 Servers score any token sequence without generating (docs/design facts):
 
 - SGLang ``/generate`` with ``input_ids`` (prompt + output), ``max_new_tokens`` 0,
-  ``return_logprob``, ``logprob_start_len`` at the prompt's length and ``top_logprobs_num`` K:
+  ``return_logprob``, ``logprob_start_len`` and ``top_logprobs_num`` K:
   ``meta_info.input_token_logprobs`` holds ``[logprob, id, text]`` per position from the start
-  on, ``meta_info.input_top_logprobs`` the top K there in the same form;
+  on, ``meta_info.input_top_logprobs`` the top K there in the same form. The entry at the
+  start position itself has no logprob (``null``: 0.5.23 computes none for it, as recorded in
+  tests/fixtures/sglang-0.5.23-cpu/score_input_logprobs.json), so the start is the prompt's
+  last token, one before the output;
 - vLLM ``/v1/completions`` with the token ids as the prompt, ``max_tokens`` 1,
   ``prompt_logprobs`` K and ``echo``: ``choices[0].prompt_logprobs`` holds per prompt position
   (None for the first) ``{id: {"logprob", "rank", ...}}``, the token there and the top K.
@@ -86,7 +89,8 @@ def _top(pairs: list[tuple[float, int]], k: int) -> tuple[tuple[int, ...], tuple
 def sglang_body(prompt: Sequence[int], output: Sequence[int], top_k: int) -> dict[str, Any]:
     return {"input_ids": [*prompt, *output],
             "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-            "return_logprob": True, "logprob_start_len": len(prompt),
+            # One before the output: the start position's own entry carries no logprob.
+            "return_logprob": True, "logprob_start_len": max(len(prompt) - 1, 0),
             "top_logprobs_num": top_k, "stream": False}
 
 
