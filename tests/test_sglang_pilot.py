@@ -60,8 +60,21 @@ def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
     # Greedy verification at temperature 0.8 collapses the sampled outputs towards the
     # greedy one: caught, and it decides the verdict and headline.
     verdict_of = {v["candidate"]: v for v in summary["verdicts"]}
+    gate_of = {(g["kind"], g["id"]): g for g in summary["gates"]}
     for cand in ("standalone", "eagle3"):
         assert outcomes[("distribution", f"{cand}-vs-baseline")] == "fail", outcomes
+        # Scored by the plain server (its input logprobs): the first token, which the target
+        # samples alone, as served; positions 2+ near greedy (effective temperature near 0);
+        # the plain server's own samples as served (the A/A control).
+        dist = gate_of[("distribution", f"{cand}-vs-baseline")]
+        details = dist["details"]
+        assert details["method"] == "exact", details
+        assert details["control"]["outcome"] == "pass", details["control"]
+        classes = details["candidate"]["classes"]
+        assert classes["first"]["outcome"] == "pass", classes
+        assert classes["later"]["outcome"] == "fail", classes
+        assert classes["later"]["temperature_ci"][1] < 0.2, classes
+        assert "near greedily" in dist["summary"] and "served 0.8" in dist["summary"], dist
         v = verdict_of[cand]
         assert v["verdict"] == "DROP", v
         assert any(b["name"] == "sampled outputs" for b in v["bullets"]), v
