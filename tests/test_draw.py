@@ -242,14 +242,16 @@ def test_campaign_json_records_the_draws_and_the_size_the_records_bear_out(
     # The sampled pass sent exactly the drawn prompts.
     sent = {r.prompt_id for r in data.records if r.mode == "sampled"}
     assert sent == set(sampled.prompt_ids)
-    # The planned size is what ran: timed, greedy (untimed) and sampled requests.
+    # The planned size is what ran: timed, greedy (untimed) and sampled requests ...
     size = meta.size
     assert size is not None
     modes = Counter(r.mode for r in data.records if not r.filler)
     assert modes == {"serving": 2 * size.timed, "greedy": 2 * size.greedy,
                      "sampled": 2 * size.sampled}
-    assert size.requests == sum(modes.values())
-    assert size.quality_requests == modes["greedy"] + modes["sampled"]
+    # ... and the baseline's scoring of every sampled output (requests, not records).
+    assert size.scoring == modes["sampled"]
+    assert size.requests == sum(modes.values()) + size.scoring
+    assert size.quality_requests == modes["greedy"] + modes["sampled"] + size.scoring
     assert size.quality_share == pytest.approx(size.quality_requests / size.requests, abs=1e-4)
     assert load_trace([trace_path]).ids[:6] != trace.ids  # the limit drew, not the head
 

@@ -356,10 +356,23 @@ def detectable_temperature_shift(budget: Budget, served: Served, power: float = 
     return math.inf
 
 
+SIMULATED_MOST = Budget(8, 16, 32)
+"""The largest budget preflight simulates: power only grows with the budget, so a larger one
+is judged at this size (a lower bound on its power, an upper bound on the shift it sees)."""
+
+
+def simulated(budget: Budget) -> Budget:
+    """``budget`` cut to :data:`SIMULATED_MOST` in each dimension (its top-K kept)."""
+    m = SIMULATED_MOST
+    return Budget(min(budget.prompts, m.prompts), min(budget.samples, m.samples),
+                  min(budget.tokens, m.tokens), budget.logprobs)
+
+
 def what_the_budget_sees(budget: Budget, served: Served, alpha: float = 0.01,
                          power: float = 0.8, *, family: str = "tiny") -> str:
-    """One sentence for preflight: the temperature shift this budget detects with ``power``."""
-    shift = detectable_temperature_shift(budget, served, power, alpha, family=family)
+    """One sentence for preflight: the temperature shift this budget detects with ``power``
+    (at most; judged at :func:`simulated` size)."""
+    shift = detectable_temperature_shift(simulated(budget), served, power, alpha, family=family)
     sized = (f"a temperature shift of {shift:g}" if math.isfinite(shift)
              else f"no temperature shift up to {MAX_SHIFT:g}")
     return (f"the sampled pass ({budget.words()} prompts x samples x tokens, top-"
@@ -373,7 +386,8 @@ def budget_problem(budget: Budget, served: Served, alpha: float = 0.01, power: f
     or None. Preflight refuses such a budget."""
     if served.temperature == 0:
         return None  # greedy service: greedy verification is what it should do
-    seen = power_against("greedy", budget, served, alpha, family=family, replicates=25)
+    seen = power_against("greedy", simulated(budget), served, alpha, family=family,
+                         replicates=25)
     if seen >= power:
         return None
     return (f"the sampled pass ({budget.words()}) detects greedy verification in only "
@@ -385,6 +399,7 @@ __all__ = [
     "FAMILIES",
     "FAULTS",
     "SHIFTS",
+    "SIMULATED_MOST",
     "Budget",
     "Draws",
     "analytic_temperature_power",
@@ -393,6 +408,7 @@ __all__ = [
     "p_values",
     "power_against",
     "simulate",
+    "simulated",
     "to_positions",
     "what_the_budget_sees",
 ]
