@@ -44,8 +44,6 @@ SAMPLING_PARAMS = frozenset({"frequency_penalty", "presence_penalty", "repetitio
                              "top_k", "min_p", "ignore_eos"})
 
 
-
-
 def _settle(future: asyncio.Future[GenerationResult], result: GenerationResult) -> None:
     if not future.done():  # a cancelled request's future is done already
         future.set_result(result)
@@ -54,16 +52,9 @@ def _settle(future: asyncio.Future[GenerationResult], result: GenerationResult) 
 def _dtype(name: str) -> torch.dtype:
     import torch
 
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-        "half": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float64": torch.float64,
-    }
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float64": torch.float64}
     if name not in table:
         raise EngineError(f"unknown dtype {name!r}; valid: {', '.join(table)}")
     return table[name]
@@ -324,7 +315,7 @@ class TransformersEngine:
             generator.manual_seed(request.seed if request.seed is not None
                                   else int(torch.randint(2**62, ())))
         return Flight(request, start, list(prompt), self._processors(request, n_prompt),
-                      sampling_warpers(request), generator, on_done=lambda _: None)
+                      self._warpers(request), generator, on_done=lambda _: None)
 
     def _result(self, flight: Flight) -> GenerationResult:
         e2e = time.perf_counter() - flight.start
@@ -372,6 +363,9 @@ class TransformersEngine:
 
     def _processors(self, request: GenerationRequest, n_prompt: int) -> list[Processor]:
         return sampling_processors(request, n_prompt, self._eos(), self.pilot.target.device)
+
+    def _warpers(self, request: GenerationRequest) -> list[Processor]:
+        return sampling_warpers(request)
 
     def _eos(self) -> set[int]:
         ids: set[int] = set()
