@@ -356,7 +356,7 @@ def detectable_temperature_shift(budget: Budget, served: Served, power: float = 
     return math.inf
 
 
-SIMULATED_MOST = Budget(8, 16, 32)
+SIMULATED_MOST = Budget(16, 16, 32)
 """The largest budget preflight simulates: power only grows with the budget, so a larger one
 is judged at this size (a lower bound on its power, an upper bound on the shift it sees)."""
 
