@@ -274,3 +274,17 @@ class PilotRun:
     def campaign(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.results / "campaign.json").read_text("utf-8"))
         return data
+
+
+def run_two_shards(root: Path, pilot: Path) -> None:
+    """Shards 1 and 2 of ``pilot`` run in this process into ``root/s1`` and ``root/s2``; the
+    fake servers marked with ``root`` are ended whatever happens."""
+    from pytest_osprey.campaign.shards import Shard
+    from pytest_osprey.run import PilotRun, RunOptions
+
+    try:
+        for k in (1, 2):
+            run = PilotRun(pilot, RunOptions(results=root / f"s{k}", shard=Shard(k, 2)))
+            assert run.run().exit_code in (0, 1)
+    finally:
+        kill_marked(str(root))

@@ -13,11 +13,9 @@ from typing import Any
 import pytest
 
 from pytest_osprey.__main__ import main
-from pytest_osprey.campaign.shards import Shard
 from pytest_osprey.results import records as records_module
-from pytest_osprey.run import PilotRun, RunOptions
 from testkit.factories import write_pilot
-from testkit.pilot_run import MARK, fake_sglang, kill_marked
+from testkit.pilot_run import MARK, fake_sglang, run_two_shards
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +26,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sections["load"].pop("block_prompts")
     sections["target"]["env"][MARK] = str(root)
     pilot = write_pilot(root, sections.pop("conditions"), prompts=5, **sections)
-    try:
-        for k in (1, 2):
-            run = PilotRun(pilot, RunOptions(results=root / f"s{k}", shard=Shard(k, 2)))
-            assert run.run().exit_code in (0, 1)
-    finally:
-        kill_marked(str(root))
+    run_two_shards(root, pilot)
     return root
 
 

@@ -20,7 +20,7 @@ from pytest_osprey.campaign.shards import Shard, ShardError, parse_shard, shard_
 from pytest_osprey.merge import MergeError, merge_shards
 from pytest_osprey.run import PilotRun, RunOptions, UsageError
 from testkit.factories import write_pilot
-from testkit.pilot_run import MARK, fake_sglang, kill_marked
+from testkit.pilot_run import MARK, fake_sglang, kill_marked, run_two_shards
 
 IDS = [f"p{i}" for i in range(12)]
 STRATA = {pid: ("rare" if i % 4 == 3 else "core") for i, pid in enumerate(IDS)}
@@ -74,12 +74,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two shards of a 4-pass pilot on the fake SGLang server, run in this process."""
     root = tmp_path_factory.mktemp("shards")
     pilot = _pilot(root)
-    try:
-        for k in (1, 2):
-            run = PilotRun(pilot, RunOptions(results=root / f"s{k}", shard=Shard(k, 2)))
-            assert run.run().exit_code in (0, 1)
-    finally:
-        kill_marked(str(root))
+    run_two_shards(root, pilot)
     return root
 
 
