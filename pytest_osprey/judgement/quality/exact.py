@@ -394,8 +394,10 @@ def describe(c: ClassResult, served: Served) -> str:
     if c.tail_p < 1:
         lo, hi = c.tail_expected
         parts.append(f"{c.tail_observed} draws beyond the top-K for {lo:.1f}-{hi:.1f} expected")
-    consistent = (f", effective temperature {_t(c.temperature)} ({ci}) consistent with the "
-                  f"served {served.temperature:g}" if fitted else "")
+    # The fitted temperature covers the served one, yet the draws fail: no temperature change
+    # explains them (a mixture, garbage at some positions), which is said, not a direction.
+    consistent = (f"; not a temperature change (best fit {_t(c.temperature)}, {ci}, covers "
+                  f"the served {served.temperature:g})" if fitted else "")
     return f"{name} not drawn from the served distribution: {', '.join(parts)}{consistent}"
 
 
