@@ -55,9 +55,27 @@ def test_the_progress_line_at_an_early_stop_says_it_as_the_ending_does() -> None
                           sequential={"cand": [{"look": 1, "decision": "drop"}]})
     said = stop_text(1, 4, {"cand": "drop"})
     assert said == ("stopped after pass 1 of 4: speed crossed the early-DROP boundary; not "
-                    "measured: drift between passes, near-tie control (a second pass of the "
+                    "measured: drift between passes, near-tie control (a second greedy pass of the "
                     "baseline)")
     assert campaign_end(data).text.startswith(said)
     assert stop_text(2, 4, {"a": "keep", "b": "drop"}) == (
         "stopped after pass 2 of 4: a: speed cleared the early-KEEP boundary; b: speed "
         "crossed the early-DROP boundary")
+
+
+def test_one_untimed_greedy_pass_beside_sampled_timed_passes_lists_the_missing_control() -> None:
+    """Served sampled, the greedy pass runs once per boot: four timed passes measure drift,
+    but greedy identity has no rerun of the reference to compare near-ties with."""
+    timed = [make_record(c, f"p{i}", repetition=r, mode="serving")
+             for c in ("base", "cand") for r in range(4) for i in range(4)]
+    greedy = [make_record(c, f"p{i}", repetition=0, mode="greedy")
+              for c in ("base", "cand") for i in range(4)]
+    end = campaign_end(saved_campaign(timed + greedy, plan=_plan(4), status="complete"))
+    assert end.not_measured == ["near-tie control (a second greedy pass of the baseline)"]
+    assert end.text == ("ran 4 of 4 passes; not measured: near-tie control (a second greedy "
+                        "pass of the baseline)")
+    # Two boots each ran the greedy pass: the reference's second boot is the control.
+    reboot = [make_record(c, f"p{i}", repetition=0, mode="greedy", boot=1)
+              for c in ("base", "cand") for i in range(4)]
+    assert campaign_end(saved_campaign(timed + greedy + reboot, plan=_plan(4),
+                                       status="complete")).not_measured == []

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from pytest_osprey.judgement import GateSpec, evaluate
 from pytest_osprey.judgement.quality.identity import (
     Stratum,
     classify,
@@ -17,8 +18,9 @@ from pytest_osprey.judgement.quality.identity import (
     greedy_identity,
     relabel_p,
 )
+from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
-from testkit.factories import make_record
+from testkit.factories import make_pilot, make_record, saved_campaign
 from testkit.sim_greedy import HARMLESS, Run, campaign, chat_like
 
 SIG = 0.001
@@ -130,3 +132,18 @@ def test_harmless_numerics_pass_at_256_tokens() -> None:
     runs = 30
     hits = _fails(HARMLESS, 256, runs, seed=4)
     assert stats.binomtest(hits, runs, 0.025, alternative="greater").pvalue > SIG, hits
+
+
+def test_the_gate_says_what_it_compared_and_one_limit() -> None:
+    """One untimed greedy pass at one level is named as such (not "every pass and load"),
+    and without a control the sentence holds the candidate to one stated limit."""
+    recs = [make_record(c, f"p{i}", output_ids=[1, 2, 3], top2_ids=[[1, 9], [2, 9], [3, 9]],
+                        top2_margin=[1.0, 1.0, 1.0])
+            for c in ("baseline", "cand") for i in range(3)]
+    pilot = make_pilot({"baseline": {"role": "baseline"}, "cand": {"role": "candidate"}})
+    res = evaluate(GateSpec("greedy_identity", "cand", reference="baseline"), pilot,
+                   saved_campaign(recs, baseline="baseline", candidates=["cand"]), Preflight())
+    assert res.outcome == "pass", res.summary
+    assert "3/3 identical outputs (greedy, 3 prompts x 1 pass at load low)" in res.summary
+    assert "every prompt, pass and load" not in res.summary
+    assert "the fixed limit 0.20%/token (no identical-condition control" in res.summary

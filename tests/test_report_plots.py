@@ -206,3 +206,19 @@ def test_page_without_sampled_or_per_position_data(tmp_path: Path) -> None:
     page = render_html(summary, data, all_plots(data, 1.1, 0, summary))
     assert "Deciding speedup: <b>not judged</b>" in page
     assert "Not recorded: the engine reported no per-position counts" in page
+
+
+def test_titles_say_what_was_timed() -> None:
+    """Served sampled, the plots show the timed requests at the serving sampling, not the
+    untimed greedy pass beside them; a campaign timed greedy says so."""
+    sampled = [make_record(cond, f"p{i}", mode="serving", temperature=0.7, top_p=0.95,
+                           output_tokens=3) for cond in ("baseline", "cand") for i in range(4)]
+    greedy = [make_record(cond, f"p{i}", output_tokens=3)
+              for cond in ("baseline", "cand") for i in range(4)]
+    served = ttft_throughput_figure(saved_campaign(sampled + greedy, baseline="baseline",
+                                                   candidates=["cand"]))
+    assert "timed requests sampled at T 0.7, top-p 0.95" in served.get_suptitle()
+    assert "greedy" not in served.get_suptitle()
+    timed_greedy = ttft_throughput_figure(saved_campaign(greedy, baseline="baseline",
+                                                         candidates=["cand"]))
+    assert "timed greedy requests" in timed_greedy.get_suptitle()

@@ -177,7 +177,7 @@ def test_closing_lines_name_what_could_not_have_failed_and_how_it_ended() -> Non
                        "the baseline met the targets in 2 of 21 requests"]
     assert lines[-1] == ("campaign: stopped after pass 1 of 4: speed cleared the early-KEEP "
                          "boundary; not measured: drift between passes, near-tie control (a "
-                         "second pass of the baseline); speed units per level: low 1, "
+                         "second greedy pass of the baseline); speed units per level: low 1, "
                          "concurrent 1")
     assert any(line.startswith("WARNING: x4 (concurrent) measured queueing")
                for line in lines)

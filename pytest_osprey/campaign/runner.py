@@ -36,7 +36,7 @@ from ..results.campaign_file import (
     file_sha256,
     text_sha256,
 )
-from ..results.ending import stop_text
+from ..results.ending import greedy_runs, stop_text
 from ..results.folder import SavedCampaign, load_campaign
 from ..results.pins import recheck_pins
 from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
@@ -355,7 +355,8 @@ class Campaign:
             self.stopped_after_block = self._look
             decisions = {c: str(f.get("decision")) for c, f in look.looks.items()}
             self.progress(ProgressEvent("all", "done", message=stop_text(
-                len(self._passes_run), self._planned_passes, decisions)))
+                len(self._passes_run), self._planned_passes, decisions,
+                greedy_runs(self._records))))
         self._save_meta()
         return look.decided
 

@@ -89,3 +89,16 @@ def draft_tokens(data: SavedCampaign) -> int:
 def accept_axis_top(data: SavedCampaign, highest: list[float]) -> float:
     """Right end of the accept-length axis: k + 1 for k drafted tokens (or what was seen)."""
     return max([*highest, draft_tokens(data) + 1.0, 2.0])
+
+
+def timed_words(data: SavedCampaign) -> str:
+    """What the timed records are, for a plot's title: the timed passes run at the serving
+    sampling where the pilot serves sampled, and only then is a greedy pass beside them
+    (untimed, not plotted)."""
+    if data.timed_mode != "serving":
+        return "timed greedy requests"
+    rec = next((r for r in data.records if r.mode == "serving"), None)
+    if rec is None or rec.temperature is None:
+        return "timed requests at the serving sampling"
+    top_p = "" if rec.top_p in (None, 1.0) else f", top-p {rec.top_p:g}"
+    return f"timed requests sampled at T {rec.temperature:g}{top_p}"

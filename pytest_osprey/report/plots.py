@@ -1,6 +1,6 @@
 """Report plots as PNG bytes (matplotlib's Agg canvas; no pyplot, no display, no global state).
 
-Every function reads a :class:`SavedCampaign` (greedy pass) and copes with empty conditions:
+Every function reads a :class:`SavedCampaign`'s timed records and copes with empty conditions:
 a panel with nothing to draw says so instead of failing.
 """
 
@@ -24,6 +24,7 @@ from .plotkit import (
     empty_note,
     level_order,
     speedup_axis,
+    timed_words,
     to_png,
 )
 from .plots_analyses import analysis_plots
@@ -65,7 +66,7 @@ def latency_cdf(data: SavedCampaign) -> bytes:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle("Completion latency CDF (greedy pass, successful requests)")
+    fig.suptitle(f"Completion latency CDF ({timed_words(data)}, successful requests)")
     return to_png(fig)
 
 
@@ -225,7 +226,8 @@ def accept_length_plot(data: SavedCampaign) -> bytes:
     ax.set_xlabel("accept length (tokens per verify step, bonus token included)")
     ax.set_ylabel("requests")
     ax.grid(alpha=0.3)
-    ax.set_title("Accept length per request (greedy pass, all load levels)")
+    ax.set_title(f"Accept length per request ({timed_words(data)}, all load levels)",
+                 fontsize=10)
     return to_png(fig)
 
 
@@ -270,7 +272,7 @@ def ttft_throughput_figure(data: SavedCampaign) -> Figure:
         top.set_ylabel("time to first token (ms)" if j == 0 else "ms")
         bottom.set_ylabel("output tokens/s per request" if j == 0 else "tokens/s")
     fig.suptitle("Time to first token (top) and throughput (bottom) per request\n"
-                 "greedy pass, successful requests; each load level on its own axis",
+                 f"{timed_words(data)}, successful requests; each load level on its own axis",
                  fontsize=10)
     return fig
 

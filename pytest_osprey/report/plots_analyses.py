@@ -24,6 +24,7 @@ from .plotkit import (
     empty_note,
     level_order,
     speedup_axis,
+    timed_words,
     to_png,
 )
 
@@ -81,7 +82,7 @@ def timeline(data: SavedCampaign) -> bytes:
     ax.set_ylabel("completion latency (ms)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncols=min(4, max(1, len(levels))), loc="upper left")
-    ax.set_title("Timeline: every greedy request as it ran (shaded: alternate passes)",
+    ax.set_title(f"Timeline: {timed_words(data)}, as they ran (shaded: alternate passes)",
                  fontsize=11, pad=14)
     return to_png(fig)
 

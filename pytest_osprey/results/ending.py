@@ -6,11 +6,12 @@ terminal, report.md, report.html and summary.json say the same thing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .folder import SavedCampaign
+from .records import RequestRecord
 
 # What the sequential look's decision means, said without the statistics' jargon.
 _DECIDED = {
@@ -64,7 +65,8 @@ def campaign_end(data: SavedCampaign) -> CampaignEnd:
         for cand, looks in meta.sequential.items():
             if looks:
                 decisions[cand] = str(looks[-1].get("decision"))
-    missing = not_measured(passes_run, planned)
+    greedy = greedy_runs(data.records)
+    missing = not_measured(passes_run, planned, greedy)
     units: dict[str, int] = {}
     if plan is not None:
         for level, blocks in plan.blocks.items():
@@ -73,18 +75,27 @@ def campaign_end(data: SavedCampaign) -> CampaignEnd:
     return CampaignEnd(meta.status, planned, passes_run, stopped,
                        meta.stopped_after_block if stopped else None, decisions, missing,
                        units, _text(meta.status, planned, passes_run, stopped, decisions,
-                                    missing, units))
+                                    missing, units, greedy))
 
 
-def not_measured(passes_run: int, planned: int) -> list[str]:
-    """What ``passes_run`` of ``planned`` passes could not measure: one pass of several has
-    no pass to compare with."""
-    if passes_run == 1 and planned > 1:
-        return ["drift between passes", "near-tie control (a second pass of the baseline)"]
-    return []
+def greedy_runs(records: Iterable[RequestRecord]) -> int:
+    """Greedy passes run, boots included: the timed ones where the campaign times greedy,
+    else the one untimed greedy pass per boot beside the sampled timed passes."""
+    return len({(r.boot, r.repetition) for r in records if r.mode == "greedy" and not r.filler})
 
 
-def stop_text(after: int, planned: int, decisions: Mapping[str, str]) -> str:
+def not_measured(passes_run: int, planned: int, greedy: int | None = None) -> list[str]:
+    """What ``passes_run`` of ``planned`` timed passes and ``greedy`` greedy passes (default:
+    the timed ones) could not measure: one pass of several has no pass to compare with, and
+    one greedy pass gives greedy identity no near-tie control (the reference's rerun)."""
+    missing = ["drift between passes"] if passes_run == 1 and planned > 1 else []
+    if (passes_run if greedy is None else greedy) == 1:
+        missing.append("near-tie control (a second greedy pass of the baseline)")
+    return missing
+
+
+def stop_text(after: int, planned: int, decisions: Mapping[str, str],
+              greedy: int | None = None) -> str:
     """An early stop in plain words: ``stopped after pass 1 of 4: speed cleared the
     early-KEEP boundary``, each candidate named when they were decided differently, then
     what the passes run could not measure."""
@@ -94,7 +105,7 @@ def stop_text(after: int, planned: int, decisions: Mapping[str, str]) -> str:
     else:
         why = "; ".join(f"{c}: {_DECIDED.get(d, d)}" for c, d in decisions.items())
     text = f"stopped after pass {after} of {planned}: {why}"
-    missing = not_measured(after, planned)
+    missing = not_measured(after, planned, greedy)
     return text + ("; not measured: " + ", ".join(missing) if missing else "")
 
 
@@ -104,13 +115,13 @@ def _of(done: int, planned: int) -> str:
 
 def _text(status: str, planned: int, passes_run: int, stopped: bool,
           decisions: Mapping[str, str], not_measured: list[str],
-          units: Mapping[str, int]) -> str:
+          units: Mapping[str, int], greedy: int) -> str:
     if status == "interrupted":
         head = f"interrupted after {_of(passes_run, planned)}"
     elif status == "running":
         head = f"still running: {_of(passes_run, planned)} so far"
     elif stopped:
-        head = stop_text(passes_run, planned, decisions)
+        head = stop_text(passes_run, planned, decisions, greedy)
     else:
         head = f"ran {_of(passes_run, planned)}"
     if not_measured and not stopped:

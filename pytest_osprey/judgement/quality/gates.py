@@ -75,6 +75,17 @@ def _rate(events: int, tokens: int, confidence: float) -> str:
     return f"{events} in {tokens} tokens ({events / max(tokens, 1):.2%}/token, <= {high:.2%})"
 
 
+def _compared_words(data: SavedCampaign, spec: GateSpec) -> str:
+    """What the greedy comparison covered, as run: prompts, greedy passes (boots included) and
+    load levels, so a single untimed pass is not read as every pass."""
+    recs = data.of(spec.condition, mode="greedy")
+    prompts = len({r.prompt_id for r in recs})
+    passes = len({(r.boot, r.repetition) for r in recs})
+    loads = sorted({r.load for r in recs})
+    return (f"greedy, {prompts} prompt{'s' if prompts != 1 else ''} x {passes} "
+            f"pass{'es' if passes != 1 else ''} at load {', '.join(loads)}")
+
+
 def judge_greedy_identity(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
     q = pilot.limits.quality
     assert spec.reference is not None
@@ -91,10 +102,10 @@ def judge_greedy_identity(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> 
         tolerance = (f"control (the reference's later passes against its first) {seen}; "
                      f"relabelling p={test.p_value:.3g}")
     else:
-        tolerance = (f"no identical-condition control recorded: held to {q.max_near_tie_rate:.2%}"
-                     f"/token, Poisson p={test.p_value:.3g}")
+        tolerance = (f"the fixed limit {q.max_near_tie_rate:.2%}/token (no identical-condition "
+                     f"control: one greedy pass of the reference), Poisson p={test.p_value:.3g}")
     summary = (
-        f"{cand.identical}/{cand.compared} identical outputs (every prompt, pass and load); "
+        f"{cand.identical}/{cand.compared} identical outputs ({_compared_words(data, spec)}); "
         f"{len(genuine)} genuine divergence(s) (max {q.max_genuine_divergences}); near-ties "
         f"(runner-up within {q.near_tie_epsilon} nats) "
         f"{_rate(len(cand.near_ties), cand.tokens, conf)} vs {tolerance}"
