@@ -4,11 +4,13 @@ ids or p-values."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pytest_osprey.judgement import GateResult, GateSpec
@@ -164,13 +166,57 @@ def test_batch_size_crossover() -> None:
     check_headline(headline(d))
 
 
-def test_no_crossover_from_noise() -> None:
-    # Faster at low load only by its point estimate (the CI straddles 1): not a crossover.
+def test_crossover_when_low_load_breaks_even_and_the_speedup_falls() -> None:
+    """1.06x at x1 with a CI straddling 1 and 0.75x at x4: not faster at low load, but the
+    speedup falls with load beyond both intervals' noise - the crossover, said as such."""
     p = make_pilot()
-    results = [speed("cand", "low", 1.33, 0.86, 2.06, gating=False),
-               speed("cand", "concurrent", 0.76, 0.66, 0.88), identity("cand")]
+    results = [speed("cand", "low", 1.06, 0.97, 1.16, gating=False),
+               speed("cand", "concurrent", 0.75, 0.68, 0.82), identity("cand")]
+    d = run(p, results, 2.8)
+    (reason,) = d.reasons
+    assert reason.diagnosis is not None and "batch-size crossover" in reason.diagnosis
+    assert "no slower at low (1.06x [0.97, 1.16]) but clearly slower at concurrent (0.75x)" \
+        in reason.diagnosis
+
+
+def test_no_crossover_from_noise() -> None:
+    # The speedup at low load straddles 1 and is not clearly above the one at concurrent:
+    # the two intervals overlap too much to say it falls with load.
+    p = make_pilot()
+    results = [speed("cand", "low", 1.02, 0.70, 1.49, gating=False),
+               speed("cand", "concurrent", 0.90, 0.82, 0.99), identity("cand")]
     d = run(p, results, 2.8)
     assert all(r.diagnosis is None for r in d.reasons) and d.notes == []
+
+
+def _crossover_rate(truth_low: float, truth_high: float, n: int, seed: int) -> float:
+    """How often the diagnosis calls a crossover on ``n`` campaigns whose speed gates draw
+    their estimates on the log scale around the truths, with the standard errors of a wide
+    x1 interval (0.06) and a narrower x4 one (0.05), and report 95% intervals."""
+    rng = np.random.default_rng(seed)
+    p, z = make_pilot(), 1.959963984540054
+    fired = 0
+    for _ in range(n):
+        results = [identity("cand")]
+        for load, truth, se in (("low", truth_low, 0.06), ("concurrent", truth_high, 0.05)):
+            est = truth * math.exp(rng.normal(0, se))
+            results.append(speed("cand", load, est, est * math.exp(-z * se),
+                                 est * math.exp(z * se), gating=load == "concurrent"))
+        d = run(p, results, 2.8)
+        said = [r.diagnosis for r in d.reasons if r.diagnosis] + d.notes
+        fired += any("batch-size crossover" in t for t in said)
+    return fired / n
+
+
+def test_the_crossover_call_holds_its_level_and_sees_a_real_one_by_simulation() -> None:
+    """No crossover (the same true speedup at both levels, at or a little below 1): called in
+    at most 2.5% of campaigns (3 s.e. of slack); the cold-read pattern (1.06x at x1, 0.75x
+    at x4): called in nearly all."""
+    n = 1500
+    bound = 0.025 + 3 * math.sqrt(0.025 * 0.975 / n)
+    for flat in (0.95, 1.0):
+        assert _crossover_rate(flat, flat, n, seed=round(flat * 100)) <= bound
+    assert _crossover_rate(1.06, 0.75, 300, seed=3) >= 0.95
 
 
 def _slice_records() -> SavedCampaign:
@@ -326,3 +372,27 @@ def test_a_failed_quality_check_outranks_one_that_could_not_fail() -> None:
     assert "unproven" not in line
     same = replace(d, quality="identical")
     assert "quality unproven: correctness not evaluable" in headline(same)
+
+
+def test_every_verdict_ends_with_a_next_step_from_its_diagnosis() -> None:
+    p = make_pilot()
+    cross = run(p, [speed("cand", "low", 1.40, 1.25, 1.55, gating=False),
+                    speed("cand", "concurrent", 0.85, 0.78, 0.93), identity("cand")], 2.8)
+    assert cross.next_step.startswith("serve speculation only below concurrent")
+    assert "num_draft_tokens" in cross.next_step and "adaptive" in cross.next_step
+    never = run(p, [speed("cand", "concurrent", 0.61, 0.57, 0.66), identity("cand")], 1.0)
+    assert never.next_step.startswith("pair the drafter with this target")
+    unsure = run(p, [speed("cand", "concurrent", 1.12, 0.98, 1.27,
+                           advice={"settle": "about 30 more prompts"}), identity("cand")], 2.8)
+    assert unsure.verdict == "INCONCLUSIVE"
+    assert unsure.next_step == "collect more evidence: about 30 more prompts"
+    unsteady = run(p, [speed("cand", "concurrent", 1.30, 1.15, 1.45,
+                             held_back="unstable_environment"), identity("cand")], 2.8)
+    assert unsteady.next_step.startswith("rerun on a quiet machine")
+    changed = run(p, [speed("cand", "concurrent", 1.30, 1.2, 1.4), identity("cand", 19)], 2.8)
+    assert changed.verdict == "DROP"
+    assert changed.next_step.startswith("fix the engine's verification first (greedy_identity")
+    keep = run(p, [speed("cand", "concurrent", 1.30, 1.2, 1.4), identity("cand"),
+                   *checked("cand")], 2.8)
+    assert keep.verdict == "KEEP" and keep.next_step.startswith("ship it")
+    assert bullet_lines(keep)[-1] == f"  - next: {keep.next_step}"

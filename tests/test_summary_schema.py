@@ -168,7 +168,7 @@ def test_golden_structure(run: Run) -> None:
     assert all(list(c) == COST_ROW_KEYS for c in s["cost"]["table"])
     assert [list(b) for b in s["cost"]["break_even"]] == [BREAK_EVEN_KEYS] * 4  # 2 x 2 refs
     assert list(s["verdicts"][0]) == ["candidate", "verdict", "reasons", "headline", "bullets",
-                                      "notes", "unproven", "unchecked", "crossover"]
+                                      "notes", "unproven", "unchecked", "next_step", "crossover"]
     assert all(len(v["headline"]) <= 160 for v in s["verdicts"])
     assert list(s["goodput"]) == ["ttft_s", "tpot_s", "e2e_s", "min_share", "margin", "table"]
     assert [(r["condition"], r["load"]) for r in s["goodput"]["table"]] == [

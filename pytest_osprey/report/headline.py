@@ -99,7 +99,7 @@ def reason_line(r: Reason) -> str:
 
 def bullet_lines(d: Diagnosis, indent: str = "  ") -> list[str]:
     """The reasons, then diagnoses tied to no listed reason, then the quality checks that
-    did not run and why, as indented lines."""
+    did not run and why, then the next step, as indented lines."""
     out = []
     for r in d.reasons:
         out.append(f"{indent}- {reason_line(r)}")
@@ -107,4 +107,6 @@ def bullet_lines(d: Diagnosis, indent: str = "  ") -> list[str]:
             out.append(f"{indent}  diagnosis: {r.diagnosis}")
     out += [f"{indent}- note: {n}" for n in d.notes]
     out += [f"{indent}- unchecked {u.check}: {u.why}" for u in d.unchecked]
+    if d.next_step:
+        out.append(f"{indent}- next: {d.next_step}")
     return out

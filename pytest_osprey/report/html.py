@@ -350,6 +350,8 @@ def _reasons(summary: dict[str, Any]) -> str:
         items += [f'<li class="diag">note: {esc(n)}</li>' for n in v.get("notes") or []]
         if not items and v.get("verdict") == "KEEP":
             items = ["<li>every gating gate passed</li>"]
+        if v.get("next_step"):
+            items.append(f'<li class="next"><b>next:</b> {esc(v["next_step"])}</li>')
         cls = v.get("verdict") if v.get("verdict") in ("KEEP", "DROP") else "INCONCLUSIVE"
         out.append(f'<div class="verdict {cls} why"><b>{esc(v.get("verdict"))} '
                    f'{esc(v.get("candidate"))}</b><ul>{"".join(items)}</ul></div>')

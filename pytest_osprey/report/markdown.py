@@ -94,6 +94,8 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
         out += [f"- *could not have failed:* {esc(u)}" for u in v.get("unproven", [])]
         out += [f"- *unchecked {esc(u.get('check'))}:* {esc(u.get('why'))}"
                 for u in v.get("unchecked", [])]
+        if v.get("next_step"):
+            out.append(f"- **next:** {esc(v['next_step'])}")
         out.append("")
     if not out:
         out = ["No candidate was judged.", ""]

@@ -73,6 +73,7 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
             {"candidate": v.candidate, "verdict": v.verdict, "reasons": v.reasons,
              "headline": headline(d), "bullets": [asdict(r) for r in d.reasons],
              "notes": d.notes, "unchecked": [u.as_dict() for u in d.unchecked],
+             "next_step": d.next_step,
              "crossover": d.crossover.as_dict() if d.crossover is not None else None,
              "unproven": [f"{g.spec.kind}[{g.spec.id}] {g.evidence}" for g in v.unproven]}
             for v, d in zip(judgement.verdicts, diagnoses, strict=True)

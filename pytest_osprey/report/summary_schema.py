@@ -152,6 +152,12 @@ class VerdictEntry(_Sheet):
     """The quality checks that did not run for this candidate (a gate absent, skipped or
     unable to fail); the headline says `greedy output identical; unchecked: ...` rather than
     `quality identical` while any is listed."""
+    next_step: str = ""
+    """What to do next, drawn from the pattern that decided the verdict: finish a partial
+    campaign, fix a quality defect first, pair or patch a drafter never accepted, serve
+    speculation below the batch-size crossover, adapt on a slice with a domain gap, rerun on
+    a quiet machine, collect the evidence an INCONCLUSIVE lacks, or ship a KEEP behind the
+    kill switch."""
     crossover: CrossoverEntry | None = None
     """Up to which concurrency speculation pays (always set by this version; `status`
     `not_estimable` with its `reason` when it cannot be estimated)."""

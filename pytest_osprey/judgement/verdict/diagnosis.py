@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scipy.stats import norm
+
 from ...pilot.schema import Pilot
 from ...results.folder import SavedCampaign
 from ..figures.measured import Figures, accept_lengths
@@ -34,6 +36,7 @@ from ..gates.kinds import GateKind as K
 from ..gates.result import GateResult, Outcome, Verdict
 from ..quality.exact import CLASS_WORDS
 from ..speed.crossover import Crossover, crossover, levels_from_gates
+from .next_step import Found, next_step
 from .partial import WITHHELD
 from .unchecked import Unchecked, unchecked
 from .verdicts import CandidateVerdict
@@ -88,6 +91,7 @@ class Diagnosis:
     crossover: Crossover | None = None  # up to which concurrency speculation pays
     unchecked: list[Unchecked] = field(default_factory=list)  # quality checks that did not run
     not_run: str | None = None  # the candidate (or a reference) never ran: nothing measured
+    next_step: str = ""  # what to do next, from the pattern that decided it (.next_step)
 
 
 def _num(value: Any) -> float | None:
@@ -270,9 +274,29 @@ def _never_accepted(accept: float | None, draft: str | None) -> str | None:
         "adapted to it"
 
 
-def _crossover(speeds: Sequence[Speed], order: Mapping[str, int]) -> tuple[str, str] | None:
-    """(heavier load, text) when the candidate is faster at its lightest load and slower at a
-    heavier one."""
+def _log_se(s: Speed, z: float) -> float | None:
+    """The standard error of log(speedup) its interval implies (normal on the log scale,
+    ``z`` the quantile of the interval's confidence)."""
+    if s.estimate is None or s.ci_low is None or s.ci_high is None or s.ci_low <= 0 \
+            or not math.isfinite(s.ci_high) or s.ci_high <= s.ci_low:
+        return None
+    return (math.log(s.ci_high) - math.log(s.ci_low)) / (2 * z)
+
+
+def _falls(light: Speed, heavy: Speed, z: float) -> bool:
+    """The speedup is lower at the heavier load beyond the two intervals' noise: a z test on
+    the log ratios (the levels are measured on different requests, so their errors add)."""
+    a, b = _log_se(light, z), _log_se(heavy, z)
+    if a is None or b is None or light.estimate is None or heavy.estimate is None:
+        return False
+    return (math.log(light.estimate) - math.log(heavy.estimate)) / math.hypot(a, b) > z
+
+
+def _crossover(speeds: Sequence[Speed], order: Mapping[str, int], z: float
+               ) -> tuple[str, str] | None:
+    """(heavier load, text) when the candidate is slower at a heavier load and either faster
+    at its lightest one, or at least not slower there with the speedup falling with load
+    (the interval at x1 may straddle 1 while x4 is clearly below)."""
     ranked = sorted((s for s in speeds if s.estimate is not None and s.load in order),
                     key=lambda s: order[s.load])
     if len(ranked) < 2:
@@ -282,15 +306,23 @@ def _crossover(speeds: Sequence[Speed], order: Mapping[str, int]) -> tuple[str, 
     # Shown, not guessed: each side's CI must exclude 1 (the point estimate alone only where
     # a gate has no CI), or noise at one level reads as a crossover.
     faster = light.ci_low > 1 if light.ci_low is not None else light.estimate >= 1.05
+    even = light.ci_high is not None and light.ci_high > 1  # not shown slower at low load
     for heavy in ranked[1:]:
         assert heavy.estimate is not None
         slower = heavy.ci_high < 1 if heavy.ci_high is not None else heavy.estimate <= 0.95
-        if faster and slower:
-            return heavy.load, (
-                f"faster at {light.load} ({light.estimate:.2f}x) but slower at {heavy.load} "
-                f"({heavy.estimate:.2f}x): the batch-size crossover - verifying drafts costs "
-                "compute that concurrent requests need; keep speculation for low load or cap "
-                "it by batch size")
+        if not slower:
+            continue
+        if faster:
+            said = f"faster at {light.load} ({light.estimate:.2f}x) but slower at {heavy.load}"
+        elif even and _falls(light, heavy, z):
+            said = (f"no slower at {light.load} ({light.estimate:.2f}x [{light.ci_low:.2f}, "
+                    f"{light.ci_high:.2f}]) but clearly slower at {heavy.load}")
+        else:
+            continue
+        return heavy.load, (
+            f"{said} ({heavy.estimate:.2f}x): the batch-size crossover - verifying drafts "
+            "costs compute that concurrent requests need; keep speculation for low load or "
+            "cap it by batch size")
     return None
 
 
@@ -331,7 +363,7 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         return Diagnosis(cand, verdict.verdict, None, None, "not measured",
                          [Reason("did not run", "fail" if verdict.verdict == "DROP"
                                  else "inconclusive", verdict.not_run, None, gate)],
-                         not_run=verdict.not_run)
+                         not_run=verdict.not_run, next_step=next_step(verdict, Found()))
     mine = [g for g in results if g.spec.condition == cand]
     speeds = [g for g in mine if g.spec.kind == K.SPEEDUP and g.spec.reference == base]
     overall = {g.spec.load: speed_of(g) for g in speeds if g.spec.slice is None}
@@ -346,10 +378,15 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         slice_accept = (accept_lengths([r for r in recs if r.slice == unusual.spec.slice])[0],
                         accept_lengths([r for r in recs if r.slice != unusual.spec.slice])[0])
 
-    pending = {"never": _never_accepted(accept, _patched_draft(results, cand))}
-    cross = _crossover(list(overall.values()), order)
+    patched = _patched_draft(results, cand)
+    pending = {"never": _never_accepted(accept, patched)}
+    cross = _crossover(list(overall.values()), order,
+                       float(norm.ppf((1 + pilot.decision.confidence) / 2)))
     pending["cross"] = cross[1] if cross else None
     pending["gap"] = _domain_gap(deciding, unusual, slice_accept)
+    found = Found(cross[0] if cross else None,
+                  unusual.spec.slice if pending["gap"] and unusual is not None else None,
+                  pending["never"] is not None, patched is not None)
 
     reasons = []
     listed = [g for g in verdict.gates if g.outcome == "fail"] + \
@@ -371,7 +408,8 @@ def diagnose(pilot: Pilot, verdict: CandidateVerdict, results: Sequence[GateResu
         notes.append(where.text())
     withheld = f"{WITHHELD}: {verdict.withheld}" if verdict.withheld is not None else None
     return Diagnosis(cand, verdict.verdict, deciding, accept, quality_word(mine), reasons, notes,
-                     withheld, where, unchecked(pilot, cand, results))
+                     withheld, where, unchecked(pilot, cand, results),
+                     next_step=next_step(verdict, found))
 
 
 def diagnose_all(pilot: Pilot, verdicts: Sequence[CandidateVerdict],
