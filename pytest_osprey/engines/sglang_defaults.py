@@ -21,18 +21,24 @@ ASKED = ("dtype", "mem_fraction_static", "max_running_requests", "context_length
          "speculative_num_draft_tokens")
 
 _ASK = r"""
-import dataclasses, json, sys
+import dataclasses, importlib.metadata, json, sys
 MARK = sys.argv[1]
 try:
     import sglang
     from sglang.srt.server_args import ServerArgs
-    found = {f.name: f.default for f in dataclasses.fields(ServerArgs)
-             if f.default is not dataclasses.MISSING}
 except Exception as exc:
     print(MARK + json.dumps({"why": f"{type(exc).__name__}: {exc}"}))
     sys.exit(0)
+# ServerArgs is a dataclass in every SGLang release this reads; anything else has no defaults
+# to read this way (the version is still an answer).
+found = {f.name: f.default for f in dataclasses.fields(ServerArgs)
+         if f.default is not dataclasses.MISSING} if dataclasses.is_dataclass(ServerArgs) else {}
 asked = json.loads(sys.argv[2])
-print(MARK + json.dumps({"version": getattr(sglang, "__version__", None),
+try:  # as the artifact check reads it (engine_version): the pin it holds SGLang to
+    version = importlib.metadata.version("sglang")
+except importlib.metadata.PackageNotFoundError:
+    version = None
+print(MARK + json.dumps({"version": version,
                          "defaults": {k: found[k] for k in asked if k in found}}, default=str))
 """
 
@@ -54,7 +60,8 @@ class SGLangDefaults:
         if self.why_not is not None:
             return f"SGLang not asked with {self.python}: {self.why_not}"
         shown = ", ".join(f"{k} {self.defaults[k]!r}" for k in ASKED if k in self.defaults)
-        return f"SGLang {self.version or '(no version)'} at {self.python}; defaults: {shown}"
+        return (f"SGLang {self.version or '(no installed version)'} at {self.python}; "
+                + (f"defaults: {shown}" if shown else "no ServerArgs defaults readable"))
 
 
 def sglang_defaults(python: str, env: dict[str, str] | None = None,
