@@ -1,5 +1,5 @@
-"""``python -m pytest_osprey``: a pilot run without pytest, re-judging a saved campaign, and the
-pilot file's and summary.json's schemas and references.
+"""``python -m pytest_osprey``: a pilot run without pytest, re-judging a saved campaign, a pilot
+written for a stack (``init``), and the pilot file's and summary.json's schemas and references.
 
 Every problem is one line on stderr, never a traceback; exit codes: 0 every gate passed,
 1 a gate failed (or the campaign could not run), 2 interrupted (or a saved campaign that is
