@@ -105,7 +105,8 @@ def complete(args: argparse.Namespace, ask: Ask | None) -> None:
         raise InitError(f"init: missing {', '.join(missing)} (no terminal to ask; "
                         "`init --help` lists the flags)")
     if args.engine is None:
-        args.engine = _prompt(ask, "Engine (sglang, vllm, or the baseline server's URL): ")
+        args.engine = _until(ask, "Engine (sglang, vllm, transformers, or the baseline "
+                             "server's URL): ", lambda text: _engine(text) and text)
     if args.target is None:
         args.target = _prompt(ask, "Target model (folder or model id): ")
     if not args.drafter:
@@ -116,20 +117,30 @@ def complete(args: argparse.Namespace, ask: Ask | None) -> None:
         args.current = _prompt(ask, f"Drafter serving today [{first}; none: all are "
                                     "candidates]: ") or None
     if args.temperature is None:
-        args.temperature = _number(_prompt(ask, "Serving temperature (0: greedy): "),
-                                   "--temperature", float)
+        args.temperature = _until(ask, "Serving temperature (0: greedy): ",
+                                  lambda text: _number(text, "--temperature", float))
         if args.top_p is None and args.temperature > 0:
-            args.top_p = _number(_prompt(ask, "Serving top-p [1.0]: ") or "1.0", "--top-p",
-                                 float)
+            args.top_p = _until(ask, "Serving top-p [1.0]: ",
+                                lambda text: _number(text or "1.0", "--top-p", float))
     if args.concurrency is None:
-        args.concurrency = _number(_prompt(ask, "Requests in flight at the service: "),
-                                   "--concurrency", int)
+        args.concurrency = _until(ask, "Requests in flight at the service: ",
+                                  lambda text: _number(text, "--concurrency", int))
     if not (args.trace or args.trace_source):
         said = _prompt(ask, "Trace file (JSONL), or `build LOG...` to build one from logs: ")
         if said.startswith("build "):
             args.trace_source = said.split()[1:]
         else:
             args.trace = said or None
+
+
+def _until(ask: Ask, question: str, read: Callable[[str], Any], tries: int = 3) -> Any:
+    """An answer ``read`` accepts, asked again (saying why) after a wrong one."""
+    for _ in range(tries - 1):
+        try:
+            return read(_prompt(ask, question))
+        except InitError as exc:
+            question = f"({exc}) {question}"
+    return read(_prompt(ask, question))
 
 
 def _number(text: str, flag: str, kind: Callable[[str], Any]) -> Any:
@@ -239,9 +250,9 @@ def _probe(url: str, protocol: str) -> str:
 # --------------------------------------------------------------------------- the pilot
 
 
-def _engine(args: argparse.Namespace) -> tuple[str, str | None]:
+def _engine(text: str | None) -> tuple[str, str | None]:
     """(engine, the baseline's URL for an endpoint stack)."""
-    given = (args.engine or "").strip()
+    given = (text or "").strip()
     if given.startswith(("http://", "https://")):
         return "endpoint", given
     if given not in ENGINES or given == "endpoint":
@@ -328,11 +339,13 @@ def init(args: argparse.Namespace, ask: Ask | None = None) -> Written:
         raise InitError("--target: no target model given")
     if not args.drafter:
         raise InitError("--drafter: at least one drafter is needed (NAME=PATH)")
+    if not (args.trace or args.trace_source):
+        raise InitError("--trace: no trace given (a file, or --trace-source LOG to build one)")
     if args.temperature < 0 or not 0 < (args.top_p or 1.0) <= 1:
         raise InitError("--temperature must be 0 or more, --top-p in (0, 1]")
     if args.concurrency < 1:
         raise InitError(f"--concurrency {args.concurrency}: at least 1")
-    engine, baseline_url = _engine(args)
+    engine, baseline_url = _engine(args.engine)
     lines: list[str] = []
     python, asked_with = _python(engine, args.python)
     target_notes: list[str] = []

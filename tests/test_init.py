@@ -17,6 +17,7 @@ from pytest_osprey.__main__ import main
 from pytest_osprey.engines.sglang_defaults import sglang_defaults
 from pytest_osprey.init_pilot import CHAIN_SPEC, OSPREY_SPEC, drafter_answer
 from pytest_osprey.pilot import load_pilot
+from pytest_osprey.pilot.writer import Answers, pilot_text, write_pilot
 from testkit.fake_server import Reply, ScriptedServer
 from testkit.pilot_run import FAKEPKGS
 
@@ -165,7 +166,7 @@ def test_prompts_fill_what_the_flags_leave_out(
     logs.write_text("".join(json.dumps({"prompt": f"question {i} about topic {i * 7}"}) + "\n"
                             for i in range(30)))
     answers = iter(["vllm", str(MODELS / "tiny-target"), f"a={MODELS / 'tiny-drafter'}",
-                    f"b={MODELS / 'tiny-eagle3'}", "", "b", "0.8", "0.95", "6",
+                    f"b={MODELS / 'tiny-eagle3'}", "", "b", "warm", "0.8", "0.95", "6",
                     f"build {logs}"])
     asked: list[str] = []
 
@@ -178,7 +179,9 @@ def test_prompts_fill_what_the_flags_leave_out(
     out = tmp_path / "pilot.yaml"
     code, said, err = run_init(capsys, "--out", out, "--no-dry-run")
     assert code == 0, err
-    assert len(asked) == 10 and asked[0].startswith("Engine")
+    assert len(asked) == 11 and asked[0].startswith("Engine")
+    # a wrong answer is asked again, saying why
+    assert asked[7].startswith("(--temperature: 'warm' is not a number) Serving temperature")
     pilot = load_pilot(out)
     assert pilot.target.engine == "vllm"
     assert {n: c.role for n, c in pilot.conditions.items()} == {
@@ -229,3 +232,16 @@ def test_a_bad_value_names_its_field_and_leaves_nothing(
                             "--temperature", "0", "--concurrency", "2", "--trace", TRACE,
                             "--out", out)
     assert code == 4 and "--engine 'tgi'" in err
+
+
+def test_sglang_above_48_in_flight_says_so_and_the_text_loads(tmp_path: Path) -> None:
+    drafter = drafter_answer("sglang", "e", str(MODELS / "tiny-eagle3"), "candidate", tmp_path)
+    answers = Answers(engine="sglang", target="org/model", drafters=(drafter,),
+                      trace=str(TRACE), temperature=0.0, concurrency=64)
+    text = pilot_text(answers)
+    assert "--max-running-requests" in text
+    pilot = write_pilot(text, tmp_path / "p.yaml")
+    assert pilot.load.levels == {"low": 1, "served": 64} and pilot.target.model == "org/model"
+    few = pilot_text(Answers(engine="sglang", target="org/model", drafters=(drafter,),
+                             trace=str(TRACE), temperature=0.0, concurrency=48))
+    assert "--max-running-requests" not in few
