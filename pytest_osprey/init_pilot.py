@@ -341,11 +341,16 @@ def init(args: argparse.Namespace, ask: Ask | None = None) -> Written:
         raise InitError("--drafter: at least one drafter is needed (NAME=PATH)")
     if not (args.trace or args.trace_source):
         raise InitError("--trace: no trace given (a file, or --trace-source LOG to build one)")
-    if args.temperature < 0 or not 0 < (args.top_p or 1.0) <= 1:
+    top_p = 1.0 if args.top_p is None else args.top_p
+    if args.temperature < 0 or not 0 < top_p <= 1:
         raise InitError("--temperature must be 0 or more, --top-p in (0, 1]")
     if args.concurrency < 1:
         raise InitError(f"--concurrency {args.concurrency}: at least 1")
     engine, baseline_url = _engine(args.engine)
+    names = [_split(d, i) for i, d in enumerate(args.drafter)]
+    if len({n for n, _ in names}) < len(names):
+        raise InitError(f"--drafter: names repeat ({', '.join(n for n, _ in names)})")
+    roles = _roles([n for n, _ in names], args.current)
     lines: list[str] = []
     python, asked_with = _python(engine, args.python)
     target_notes: list[str] = []
@@ -359,14 +364,10 @@ def init(args: argparse.Namespace, ask: Ask | None = None) -> Written:
             target_notes.append("Speculative settings left unset are SGLang's to pick: each "
                                 "drafter pins them below.")
     elif engine == "endpoint":
-        for url in [baseline_url or "", *(_split(d, i)[1] for i, d in enumerate(args.drafter))]:
+        for url in [baseline_url or "", *(source for _, source in names)]:
             lines.append(_probe(url, args.protocol))
         target_notes += [*lines, "The dry run contacts no endpoint; the campaign checks each "
                          "is up before it starts."]
-    names = [_split(d, i) for i, d in enumerate(args.drafter)]
-    if len({n for n, _ in names}) < len(names):
-        raise InitError(f"--drafter: names repeat ({', '.join(n for n, _ in names)})")
-    roles = _roles([n for n, _ in names], args.current)
     drafters = tuple(drafter_answer(engine, n, s, r, out.parent, version)
                      for (n, s), r in zip(names, roles, strict=True))
     trace, built = _trace(args, out, args.target)
@@ -375,7 +376,7 @@ def init(args: argparse.Namespace, ask: Ask | None = None) -> Written:
         else _written_path(args.target, out.parent)
     answers = Answers(
         engine=engine, target=written_target, drafters=drafters, trace=trace,
-        temperature=args.temperature, top_p=args.top_p or 1.0, concurrency=args.concurrency,
+        temperature=args.temperature, top_p=top_p, concurrency=args.concurrency,
         name=args.name or _slug(args.target), dtype=_dtype(engine, args.target, args.dtype),
         python=python, baseline_url=baseline_url, protocol=args.protocol,
         header=(f"A pilot for {args.target} on {engine}: the baseline (speculation off) against "

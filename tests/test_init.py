@@ -232,6 +232,13 @@ def test_a_bad_value_names_its_field_and_leaves_nothing(
                             "--temperature", "0", "--concurrency", "2", "--trace", TRACE,
                             "--out", out)
     assert code == 4 and "--engine 'tgi'" in err
+    common = ["--engine", "sglang", "--target", "m", "--drafter", "d=/x", "--drafter", "e=/y",
+              "--concurrency", "2", "--trace", TRACE, "--out", out]
+    code, _, err = run_init(capsys, *common, "--temperature", "0.7", "--top-p", "0")
+    assert code == 4 and "--top-p" in err  # 0 is no top-p, not the default 1.0
+    code, _, err = run_init(capsys, *common, "--temperature", "0", "--current", "f")
+    assert code == 4 and "--current 'f'" in err and "d, e" in err
+    assert not out.exists()
 
 
 def test_sglang_above_48_in_flight_says_so_and_the_text_loads(tmp_path: Path) -> None:
