@@ -33,6 +33,7 @@ PLAIN_ALGORITHM = {"sglang": "STANDALONE", "vllm": "draft_model", "transformers"
 # is written against this SGLang.
 OSPREY_SPEC = {"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
 CHAIN_SPEC = {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+KINDS = {EAGLE3: "EAGLE-3 head", EAGLE: "EAGLE head", "causal-lm": "plain causal-LM drafter"}
 
 
 class InitError(ConfigError):
@@ -209,13 +210,13 @@ def drafter_answer(engine: str, name: str, source: str, role: str, folder: Path,
                     "evaluated."]
             spec |= OSPREY_SPEC
         else:
-            what = layout.describe() if layout else f"{kind} drafter"
+            what = layout.describe() if layout else KINDS.get(kind, kind)
             why += [f"A {what}: a chain of 3 drafts (topk 1: SGLang verifies num_steps + 1",
                     "= 4 tokens per step), pinned in full: SGLang picks what is left unset and",
                     "fairness fails a server that adapts its depth."]
             spec |= CHAIN_SPEC
     elif engine == "vllm":
-        what = layout.describe() if layout else f"{kind} drafter"
+        what = layout.describe() if layout else KINDS.get(kind, kind)
         why += [f"A {what}: K fixed at 4 (num_speculative_tokens, never varied by batch",
                 "size); fairness compares it with the server's resolved speculative_config."]
         spec["num_draft_tokens"] = 4

@@ -94,6 +94,7 @@ def test_speculation_follows_each_drafters_architecture(tmp_path: Path) -> None:
                for m in ("tiny-eagle3", "tiny-drafter")]
     assert [a.speculation["algorithm"] for a in on_vllm if a.speculation] == [
         "eagle3", "draft_model"]
+    assert "plain causal-LM drafter" in on_vllm[1].why[0]
     unread = drafter_answer("sglang", "u", str(tmp_path / "absent"), "candidate", tmp_path)
     assert unread.speculation is not None and unread.speculation["algorithm"] == "STANDALONE"
     assert "not readable here" in unread.why[0]
