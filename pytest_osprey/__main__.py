@@ -1,5 +1,5 @@
-"""``python -m pytest_osprey``: a pilot run without pytest, re-judging a saved campaign, and the
-pilot file's and summary.json's schemas and references.
+"""``python -m pytest_osprey``: a pilot run without pytest, re-judging a saved campaign, a pilot
+written for a stack (``init``), and the pilot file's and summary.json's schemas and references.
 
 Every problem is one line on stderr, never a traceback; exit codes: 0 every gate passed,
 1 a gate failed (or the campaign could not run), 2 interrupted (or a saved campaign that is
@@ -66,6 +66,7 @@ def _tty() -> bool:
 
 
 EXAMPLES = """examples:
+  python -m pytest_osprey init --engine sglang --target MODEL --drafter eagle3=DIR ...
   python -m pytest_osprey run pilot.yaml --dry-run     check the pilot and artifacts only
   python -m pytest_osprey run pilot.yaml --results out measure, judge, write out/report.html
   python -m pytest_osprey report out                   judge a saved campaign again
@@ -301,60 +302,24 @@ def _trace_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text}: a share from 0 to 1")
-    return value
+def _init(args: argparse.Namespace) -> int:
+    """Write the pilot (exit 4: a value missing or wrong, or the file exists), then dry-run it
+    as `run --dry-run` does: its exit code."""
+    from .init_pilot import InitError, init
+    from .pilot.base import ConfigError
 
-
-def _trace_arguments(parser: argparse.ArgumentParser) -> None:
-    from .trace_build import FORMATS, GROUPS
-
-    sub = parser.add_subparsers(dest="trace_command", required=True, metavar="COMMAND")
-    b = sub.add_parser("build", help="A trace from request logs, conversation dumps, prompt "
-                       "JSONL or CSV (docs/traces.md)",
-                       description="Build a trace: a seeded sample stratified by domain, "
-                       "near-duplicates collapsed, budgets from logged completions, personal "
-                       "data masked; the summary is written beside it (docs/traces.md).")
-    b.add_argument("sources", nargs="+", metavar="SOURCE", help="Source files, read in order")
-    b.add_argument("--out", required=True, metavar="FILE", help="The trace to write (JSONL)")
-    b.add_argument("--format", choices=FORMATS, default="auto",
-                   help="openai (chat JSONL), sharegpt (JSON or JSONL), jsonl (plain prompts), "
-                        "csv; auto: by name and first record (default)")
-    b.add_argument("--size", type=int, default=50, help="Prompts to sample (default 50)")
-    b.add_argument("--seed", type=int, default=0, help="Sampling seed (default 0)")
-    b.add_argument("--text-field", default="prompt", metavar="NAME",
-                   help="jsonl/csv: key or column of the prompt text (default prompt)")
-    b.add_argument("--domain-field", metavar="NAME", help="Key or column naming the domain")
-    b.add_argument("--completion-field", metavar="NAME",
-                   help="Key or column of the logged completion (openai logs: found as "
-                        "response.choices, or the last assistant turn)")
-    b.add_argument("--reference-field", metavar="NAME",
-                   help="Key or column of a reference answer, carried over as an expect check")
-    b.add_argument("--domain-rule", action="append", default=[], metavar="DOMAIN=REGEX",
-                   help="A prompt whose text matches REGEX is in DOMAIN (repeatable; the first "
-                        "match wins; a --domain-field value comes first)")
-    b.add_argument("--default-domain", default="general", metavar="NAME",
-                   help="Domain of a prompt no field or rule names (default general)")
-    b.add_argument("--unusual-domains", metavar="A,B", help="Domains of the unusual slice")
-    b.add_argument("--unusual-rule", metavar="REGEX",
-                   help="A prompt whose text matches REGEX is in the unusual slice")
-    b.add_argument("--unusual-share", type=_share, metavar="F",
-                   help="Share of the sample drawn from the unusual slice (default: its share "
-                        "of the source)")
-    b.add_argument("--tokenizer", metavar="PATH",
-                   help="The target's tokenizer folder, to count tokens (default: an estimate, "
-                        "1 token per 4 characters)")
-    b.add_argument("--max-new-tokens-cap", type=int, default=1024, metavar="N",
-                   help="Cap on a budget taken from a completion (default 1024)")
-    b.add_argument("--near-duplicate", type=_share, default=0.8, metavar="J",
-                   help="Word-set Jaccard from which two prompts count once (default 0.8)")
-    b.add_argument("--redact", default=",".join(GROUPS), metavar="A,B",
-                   help=f"Built-in patterns to mask ({', '.join(GROUPS)}; default all; none)")
-    b.add_argument("--redact-hook", metavar="MODULE:FUNCTION",
-                   help="A callable str -> str run on every text first")
-    b.add_argument("--force", action="store_true", help="Replace an existing trace")
+    stdin = sys.stdin
+    try:
+        written = init(args, input if stdin is not None and stdin.isatty() else None)
+    except (InitError, ConfigError) as exc:
+        _say(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    for line in written.lines:
+        _say(line)
+    if args.no_dry_run:
+        return 0
+    return _run(argparse.Namespace(pilot=str(written.path), results=None, reuse=None,
+                                   dry_run=True, conditions=None, compare=None, shard=None))
 
 
 def _print_json(make: Callable[[], object]) -> None:
@@ -414,7 +379,13 @@ def main(argv: list[str] | None = None) -> int:
 
     k8s_arguments(command("k8s", "Write Kubernetes manifests: an Indexed Job of shards, their "
                           "results store and a merge Job without a GPU"))
-    _trace_arguments(command("trace", "Build a trace from a product's own traffic"))
+    from .trace_build.arguments import add_arguments as trace_arguments
+
+    trace_arguments(command("trace", "Build a trace from a product's own traffic"))
+    from .init_pilot import add_arguments as init_arguments
+
+    init_arguments(command("init", "Write a commented pilot for your stack (flags, or prompts "
+                           "in a terminal), then dry-run it"))
     command("schema", "Print the JSON Schema of pilot.yaml (for editor completion)")
     command("reference", "Print the pilot.yaml reference (Markdown)")
     command("summary-schema", "Print the JSON Schema of summary.json")
@@ -457,6 +428,8 @@ def _command(args: argparse.Namespace) -> int:
         return _ray(args)
     if args.command == "trace":
         return _trace_build(args)
+    if args.command == "init":
+        return _init(args)
     if args.command == "schema":
         from .pilot.schema import json_schema
 
