@@ -391,7 +391,8 @@ def test_every_verdict_ends_with_a_next_step_from_its_diagnosis() -> None:
     assert unsteady.next_step.startswith("rerun on a quiet machine")
     changed = run(p, [speed("cand", "concurrent", 1.30, 1.2, 1.4), identity("cand", 19)], 2.8)
     assert changed.verdict == "DROP"
-    assert changed.next_step.startswith("fix the engine's verification first (greedy_identity")
+    assert changed.next_step.startswith(
+        "fix the engine's verification first (greedy outputs differ)")
     keep = run(p, [speed("cand", "concurrent", 1.30, 1.2, 1.4), identity("cand"),
                    *checked("cand")], 2.8)
     assert keep.verdict == "KEEP" and keep.next_step.startswith("ship it")

@@ -15,7 +15,9 @@ from ..gates.kinds import GateKind as K
 from ..gates.result import GateResult
 from .verdicts import CandidateVerdict
 
-QUALITY = (K.GREEDY_IDENTITY, K.CORRECTNESS, K.DISTRIBUTION, K.SAMPLING_PARAMS)
+QUALITY = {K.GREEDY_IDENTITY: "greedy outputs differ", K.CORRECTNESS: "answers lost",
+           K.DISTRIBUTION: "sampled outputs not as served",
+           K.SAMPLING_PARAMS: "a sampling parameter not honoured"}
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,8 @@ def next_step(verdict: CandidateVerdict, found: Found) -> str:
         return "rerun the campaign to the end: a partial campaign decides nothing"
     broken = next((g for g in gates if g.spec.kind in QUALITY and g.outcome == "fail"), None)
     if broken is not None:
-        return (f"fix the engine's verification first ({broken.spec.kind} failed): a drafter "
-                "that changes outputs is not judged on speed")
+        return (f"fix the engine's verification first ({QUALITY[broken.spec.kind]}): a "
+                "drafter that changes outputs is not judged on speed")
     if found.never_accepted:
         return ("serve the drafter on an SGLang with its patch and rerun" if found.patched_draft
                 else "pair the drafter with this target (same tokenizer, adapted to it) "
