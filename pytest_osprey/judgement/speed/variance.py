@@ -89,6 +89,26 @@ def _parzen(x: FloatArray) -> FloatArray:
     return np.where(x <= 0.5, 1 - 6 * x * x + 6 * x**3, np.where(x < 1, 2 * (1 - x) ** 3, 0.0))
 
 
+def serial_span(cells: FloatArray, count: FloatArray) -> FloatArray:
+    """The serial term's kernel reach in units (the lag where its weight falls to 0), given
+    the paired cells per unit and the units that ran."""
+    reach = np.where(cells < 1.5, SERIAL_SPAN[0], SERIAL_SPAN[1])
+    # At least SERIAL_MIN_SPAN units (a stall of 8 requests can touch three units of 4) and
+    # SERIAL_B of the units.
+    span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
+    span = np.maximum(span, np.ceil(SERIAL_B * count))
+    # A campaign (or an early look) with fewer units than two reaches cannot measure a
+    # correlation that long: the reach is cut to half its units (b <= 0.5).
+    return np.asarray(np.minimum(span, np.maximum(count / 2, 2.0)), dtype=np.float64)
+
+
+def serial_clusters(cells: FloatArray, count: FloatArray) -> FloatArray:
+    """The serial term's effective time clusters (fixed-b: ``1 / (0.539 b)``, b = reach /
+    units) where it is on (fewer than :data:`SERIAL_BELOW` cells a unit), else 0."""
+    b = np.minimum(serial_span(cells, count) / np.maximum(count, 1.0), 1.0)
+    return np.where(cells < SERIAL_BELOW, 1 / (PARZEN_SQUARE * b), 0.0)
+
+
 def _serial(
     sums: FloatArray, seen: npt.NDArray[np.bool_], cells: FloatArray
 ) -> tuple[FloatArray, FloatArray]:
@@ -101,11 +121,11 @@ def _serial(
     enter a HAC (Newey-West type) variance with the Parzen kernel, prewhitened by an AR(1)
     fit (coefficient within +-:data:`SERIAL_RHO_MAX`), reaching over :data:`SERIAL_SPAN`
     requests of a condition (``M`` units, at least :data:`SERIAL_MIN_SPAN` and
-    :data:`SERIAL_B` of the units: 11 at x1 with 84 units, 4 at x4; at most half the units).
-    Few units: fixed-b
-    (Kiefer & Vogelsang 2005): the estimate of centred sums is biased low by about
-    ``1 - 0.75 b`` (b = M / units) and as precise as ``1 / (0.539 b)`` independent clusters,
-    which stand in for the time units in df. Calibration: docs/speed-calibration.md.
+    :data:`SERIAL_B` of the units: 11 at x1 with 84 units, 4 at x4; at most half the units;
+    :func:`serial_span`). Few units: fixed-b (Kiefer & Vogelsang 2005): the estimate of
+    centred sums is biased low by about ``1 - 0.75 b`` (b = M / units) and as precise as
+    ``1 / (0.539 b)`` independent clusters, which stand in for the time units in df.
+    Calibration: docs/speed-calibration.md.
     """
     n_sims, n_units = sums.shape
     active = cells < SERIAL_BELOW
@@ -117,14 +137,7 @@ def _serial(
     terms = np.bincount(flat, weights=np.where(seen, sums, 0.0).ravel(),
                         minlength=n_sims * n_units).reshape(n_sims, n_units)
     count = seen.sum(axis=1).astype(np.float64)
-    reach = np.where(cells < 1.5, SERIAL_SPAN[0], SERIAL_SPAN[1])
-    # The lag where the weight falls to 0; at least SERIAL_MIN_SPAN units (a stall of 8
-    # requests can touch three units of 4) and SERIAL_B of the units.
-    span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
-    span = np.maximum(span, np.ceil(SERIAL_B * count))
-    # A campaign (or an early look) with fewer units than two reaches cannot measure a
-    # correlation that long: the reach is cut to half its units (b <= 0.5).
-    span = np.minimum(span, np.maximum(count / 2, 2.0))
+    span = serial_span(cells, count)
     # AR(1) prewhitening (Andrews & Monahan 1992): the kernel weights a stall's lags inside
     # its reach below 1, so a plain HAC stays some 10% low with many requests in stalls;
     # the residuals of an AR(1) fit carry little of that correlation, and recolouring by
