@@ -24,8 +24,8 @@ from .variance import serial_clusters
 
 @dataclass(frozen=True)
 class ReferenceNoise:
-    """Noise on the log scale the statement assumes (the setting of the shipped claims:
-    docs/speed-calibration.md, "Reference noise")."""
+    """Noise on the log scale the statement assumes: the setting of the shipped claims
+    (docs/speed-statistics.md, "What the speed gate can see, said before the campaign")."""
 
     interaction_sd: float = 0.15  # a prompt's gain around the drafter's mean gain
     request_sd: float = 0.10  # every request, AR(1) within a stretch
