@@ -70,3 +70,4 @@ def test_one_unit_a_campaign_sees_no_speedup() -> None:
     sees = level_sees("high", 32, 32, True, 21, 1, 1, 1.0, ALPHA)
     assert sees.df == 0 and math.isinf(sees.detectable)
     assert "no speedup" in sees.phrase()
+    assert math.isinf(level_sees("low", 1, 1, True, 0, 4, 1, 1.0, ALPHA).detectable)

@@ -92,6 +92,7 @@ def level_sees(
 ) -> LevelSees:
     """One level's statement. ``block``: prompts per block (its time unit within a pass);
     closed loop: ``ceil(prompts / block)`` blocks a pass, else ``prompts // block``."""
+    prompts = max(prompts, 1)  # an empty trace is refused before; said as "no speedup"
     per_pass = math.ceil(prompts / block) if closed_loop else max(1, prompts // block)
     units = per_pass * passes * boots
     cells = prompts / per_pass  # distinct prompts a unit (copies combine into one cell)
