@@ -117,12 +117,14 @@ def _run(args: argparse.Namespace) -> int:
     for note in run.notes:  # a partial saved campaign, a bind address: said first
         _say(f"warning: {note}", err=True)
     if run.size is not None and not args.reuse:
-        from .judgement import sampling_budget_sees
+        from .judgement import design_sees, sampling_budget_sees
 
         _say(f"[osprey] {run.size.line()}")
         sees = sampling_budget_sees(run.pilot, len(run.trace.prompts)) if run.trace else None
         if sees:
             _say(f"[osprey] quality: {sees}")
+        if run.trace:
+            _say(f"[osprey] speed: {design_sees(run.pilot, len(run.trace.prompts)).line()}")
     shown = len(run.notes)
     try:
         with sigterm_interrupts():

@@ -18,7 +18,14 @@ import pytest
 
 from .campaign import ProgressEvent
 from .engines import BootSpec, Engine, EngineError, make_engine
-from .judgement import PREFLIGHT, GateResult, GateSpec, Judgement, sampling_budget_sees
+from .judgement import (
+    PREFLIGHT,
+    GateResult,
+    GateSpec,
+    Judgement,
+    design_sees,
+    sampling_budget_sees,
+)
 from .pilot import Pilot
 from .report.console import Line, closing_lines, dry_run_lines
 from .results import Preflight, SavedCampaign
@@ -270,6 +277,8 @@ def pytest_report_header(config: pytest.Config) -> Generator[None, Any, Any]:
     size = [f"osprey {run.size.line()}"] if run.size is not None else []
     sees = sampling_budget_sees(run.pilot, len(run.trace.prompts)) if size and run.trace else None
     size += [f"osprey quality: {sees}"] if sees else []
+    if size and run.trace:
+        size.append(f"osprey speed: {design_sees(run.pilot, len(run.trace.prompts)).line()}")
     return [*lines, *size, *(scrub(f"osprey warning: {note}") for note in run.notes)]
 
 

@@ -145,6 +145,10 @@ def test_dry_run_lists_its_checks_and_leaves_no_folder(outputs: dict[str, Any],
     # With the greedy timed passes the only quality requests are the parameter probes
     # (off here): the quality passes' share is said, and is 0.
     assert re.search(r"; quality passes: 0 of ([\d,]+) requests, 0%;", res.stdout), res.stdout
+    # ... and what the speed gate can see at each load level.
+    assert re.search(r"speed: this design \(\d+ prompts, \d+ passes\) keeps a true speedup "
+                     r"against speedup_min [\d.]+x with 80% power from: at x\d+ \(\d+ time "
+                     r"units, df \d+\) [\d.]+x", res.stdout), res.stdout
     assert not (outputs["dir"] / "osprey-results").exists()
 
 

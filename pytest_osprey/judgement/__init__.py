@@ -33,6 +33,7 @@ from .quality.acceptance import per_position_acceptance
 from .quality.distribution import END, records_to_samples
 from .quality.gates import sampling_budget_problem, sampling_budget_sees
 from .service.goodput import GoodputRow, GoodputSection, goodput_section
+from .speed.design_power import SpeedSees, design_sees
 from .speed.gate import look_at, machine_speedups
 from .speed.stability import BlockDrift, BlockLoad, Stability, stability
 from .verdict.diagnosis import Diagnosis, Reason, Speed, diagnose_all
@@ -45,9 +46,9 @@ __all__ = [
     "ConditionCost", "CostLimitsEntry", "CostSection", "Diagnosis", "DomainRow", "Evidence",
     "Family", "Figures", "Finding", "GateKind", "GateResult", "GateSpec", "GoodputRow",
     "GoodputSection", "HistoryError", "Judgement", "Outcome", "Previous", "Reason", "Speed",
-    "Stability", "Verdict", "all_domain_rows", "all_figures", "compare", "cost_summary",
-    "diagnose_all", "evaluate", "goodput_section", "held_out_overlaps", "judge", "look_at",
-    "machine_speedups", "open_previous",
+    "SpeedSees", "Stability", "Verdict", "all_domain_rows", "all_figures", "compare",
+    "cost_summary", "design_sees", "diagnose_all", "evaluate", "goodput_section",
+    "held_out_overlaps", "judge", "look_at", "machine_speedups", "open_previous",
     "per_position_acceptance", "plan_gates", "records_to_samples", "sampling_budget_problem",
     "sampling_budget_sees",
     "stability", "withhold",

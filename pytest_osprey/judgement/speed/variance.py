@@ -59,6 +59,10 @@ def two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Var
                          n_obs / np.maximum(g, 1.0))
     var_t = np.where(eff > 0, var_s, var_t)
     g_t = np.where(eff > 0, eff, g)
+    # Floored at the larger one-way variance. With the serial term its lag terms leave
+    # var_t - var_i noisy about 0 without serial noise, so the floor biases the variance up
+    # 14-17% at x1-x4 (reference noise); floored only where not positive it is unbiased but
+    # wider than its df say: false keep 2.9-3.2% at x4 (reference noise), 1.6% floored.
     var = np.maximum(var_p + var_t - var_i, np.maximum(var_p, var_t)) + boot_var
     df = np.minimum(df_p, np.maximum(g_t - 1, 0.0))
     return _Variance(var, df, boot_var, between_rows, present.sum(axis=1).astype(np.float64), g,
@@ -67,11 +71,19 @@ def two_way(psi: FloatArray, ok: npt.NDArray[np.bool_], units: IntArray) -> _Var
 
 SERIAL_BELOW = 8
 """The serial term is on where a time unit holds fewer paired requests than this (x1-x4)."""
-SERIAL_SPAN = (16, 8)
-"""Requests of one condition the serial term's kernel reaches over: where a unit holds one
-(x1), and where it holds several. Calibrated against stalls of 2-8 consecutive requests of
-one condition (docs/speed-calibration.md): at x1 a reach of 8 left false keeps near 4%."""
-SERIAL_MIN_SPAN = 5
+SERIAL_SPAN = (10, 4)
+"""Requests of one condition the serial term's kernel reaches over, after prewhitening:
+where a unit holds one (x1), and where it holds several. Calibrated against stalls of 2-8
+consecutive requests of one condition (docs/speed-calibration.md)."""
+SERIAL_MIN_SPAN = 4
+SERIAL_B = 0.12
+"""The kernel's reach is at least this share of the units (fixed-b: the smoothing bias left
+by a fixed reach does not shrink as the campaign grows; at 50 prompts x1 a reach of 11
+units left false keeps at 3.3%)."""
+SERIAL_RHO_MAX = 0.5
+"""Bound on the prewhitening AR(1) coefficient: recolouring divides by (1 - rho)^2, which an
+overestimated rho inflates without bound (bound 0.6: power at 1.5x under 10% stalls 0.78 at
+x1, 0.79 at x4, against 0.79 and 0.80 at 0.5; bound 0.8 with a reach of 16: 0.71 and 0.77)."""
 PARZEN_MEAN = 0.75  # integral of the Parzen kernel over [-1, 1]
 PARZEN_SQUARE = 0.539285  # integral of its square: the estimate's precision (Kiefer-Vogelsang)
 
@@ -79,6 +91,26 @@ PARZEN_SQUARE = 0.539285  # integral of its square: the estimate's precision (Ki
 def _parzen(x: FloatArray) -> FloatArray:
     x = np.abs(x)
     return np.where(x <= 0.5, 1 - 6 * x * x + 6 * x**3, np.where(x < 1, 2 * (1 - x) ** 3, 0.0))
+
+
+def serial_span(cells: FloatArray, count: FloatArray) -> FloatArray:
+    """The serial term's kernel reach in units (the lag where its weight falls to 0), given
+    the paired cells per unit and the units that ran."""
+    reach = np.where(cells < 1.5, SERIAL_SPAN[0], SERIAL_SPAN[1])
+    # At least SERIAL_MIN_SPAN units (a stall of 8 requests can touch three units of 4) and
+    # SERIAL_B of the units.
+    span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
+    span = np.maximum(span, np.ceil(SERIAL_B * count))
+    # A campaign (or an early look) with fewer units than two reaches cannot measure a
+    # correlation that long: the reach is cut to half its units (b <= 0.5).
+    return np.asarray(np.minimum(span, np.maximum(count / 2, 2.0)), dtype=np.float64)
+
+
+def serial_clusters(cells: FloatArray, count: FloatArray) -> FloatArray:
+    """The serial term's effective time clusters (fixed-b: ``1 / (0.539 b)``, b = reach /
+    units) where it is on (fewer than :data:`SERIAL_BELOW` cells a unit), else 0."""
+    b = np.minimum(serial_span(cells, count) / np.maximum(count, 1.0), 1.0)
+    return np.where(cells < SERIAL_BELOW, 1 / (PARZEN_SQUARE * b), 0.0)
 
 
 def _serial(
@@ -90,12 +122,14 @@ def _serial(
     ``cells``: paired cells per unit. Where a unit holds fewer than :data:`SERIAL_BELOW`
     requests of a condition (at x1 one), a stall of one server spans several consecutive
     units, which clustering by unit would count as independent draws. The unit sums then
-    enter a HAC (Newey-West type) variance with the Parzen kernel, reaching over
-    :data:`SERIAL_SPAN` requests of a condition (``M`` units, at least
-    :data:`SERIAL_MIN_SPAN`: 17 at x1, 5 at x4; at most half the units). Few units: fixed-b
-    (Kiefer & Vogelsang 2005): the estimate of centred sums is biased low by about
-    ``1 - 0.75 b`` (b = M / units) and as precise as ``1 / (0.539 b)`` independent clusters,
-    which stand in for the time units in df. Calibration: docs/speed-calibration.md.
+    enter a HAC (Newey-West type) variance with the Parzen kernel, prewhitened by an AR(1)
+    fit (coefficient within +-:data:`SERIAL_RHO_MAX`), reaching over :data:`SERIAL_SPAN`
+    requests of a condition (``M`` units, at least :data:`SERIAL_MIN_SPAN` and
+    :data:`SERIAL_B` of the units: 11 at x1 with 84 units, 4 at x4; at most half the units;
+    :func:`serial_span`). Few units: fixed-b (Kiefer & Vogelsang 2005): the estimate of
+    centred sums is biased low by about ``1 - 0.75 b`` (b = M / units) and as precise as
+    ``1 / (0.539 b)`` independent clusters, which stand in for the time units in df.
+    Calibration: docs/speed-calibration.md.
     """
     n_sims, n_units = sums.shape
     active = cells < SERIAL_BELOW
@@ -107,19 +141,24 @@ def _serial(
     terms = np.bincount(flat, weights=np.where(seen, sums, 0.0).ravel(),
                         minlength=n_sims * n_units).reshape(n_sims, n_units)
     count = seen.sum(axis=1).astype(np.float64)
-    reach = np.where(cells < 1.5, SERIAL_SPAN[0], SERIAL_SPAN[1])
-    # The lag where the weight falls to 0; at least SERIAL_MIN_SPAN units (a stall of 8
-    # requests can touch three units of 4; with 4 the false keep at x4 stayed near 3.4%).
-    span = np.maximum(np.ceil(reach / np.maximum(cells, 1.0)) + 1, SERIAL_MIN_SPAN)
-    # A campaign (or an early look) with fewer units than two reaches cannot measure a
-    # correlation that long: the reach is cut to half its units (b <= 0.5).
-    span = np.minimum(span, np.maximum(count / 2, 2.0))
-    var = (terms**2).sum(axis=1)
+    span = serial_span(cells, count)
+    # AR(1) prewhitening (Andrews & Monahan 1992): the kernel weights a stall's lags inside
+    # its reach below 1, so a plain HAC stays some 10% low with many requests in stalls;
+    # the residuals of an AR(1) fit carry little of that correlation, and recolouring by
+    # 1 / (1 - rho)^2 restores it in full.
+    lag1 = (terms[:, 1:] * terms[:, :-1]).sum(axis=1)
+    lag0 = (terms**2).sum(axis=1)
+    rho = np.clip(lag1 / np.where(lag0 > 0, lag0, 1.0), -SERIAL_RHO_MAX, SERIAL_RHO_MAX)
+    resid = terms.copy()
+    resid[:, 1:] -= rho[:, None] * terms[:, :-1]
+    resid = np.where(np.arange(n_units)[None, :] < count[:, None], resid, 0.0)
+    var = (resid**2).sum(axis=1)
     for lag in range(1, int(span[active].max())):
         weight = _parzen(lag / span)
-        var += 2 * weight * (terms[:, lag:] * terms[:, :-lag]).sum(axis=1)
+        var += 2 * weight * (resid[:, lag:] * resid[:, :-lag]).sum(axis=1)
+    var = np.maximum(var, 0.0) / (1 - rho) ** 2
     b = np.minimum(span / np.maximum(count, 1.0), 1.0)
-    var = np.maximum(var, 0.0) / (1 - PARZEN_MEAN * b)
+    var = var / (1 - PARZEN_MEAN * b)
     return np.where(active, var, 0.0), np.where(active, 1 / (PARZEN_SQUARE * b), 0.0)
 
 
