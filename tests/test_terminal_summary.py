@@ -177,8 +177,9 @@ def test_closing_lines_name_what_could_not_have_failed_and_how_it_ended() -> Non
                        "the baseline met the targets in 2 of 21 requests"]
     assert lines[-1] == ("campaign: stopped after pass 1 of 4: speed cleared the early-KEEP "
                          "boundary; not measured: drift between passes, near-tie control (a "
-                         "second greedy pass of the baseline); speed units per level: low 1, "
-                         "concurrent 1")
+                         "second greedy pass of the baseline); time units per level "
+                         "(stretches both conditions ran, which the speed test pairs within): "
+                         "low 1, concurrent 1")
     assert any(line.startswith("WARNING: x4 (concurrent) measured queueing")
                for line in lines)
     table = lines[1:lines.index("")]

@@ -127,5 +127,6 @@ def _text(status: str, planned: int, passes_run: int, stopped: bool,
     if not_measured and not stopped:
         head += "; not measured: " + ", ".join(not_measured)
     if (stopped or status != "complete") and units:
-        head += "; speed units per level: " + ", ".join(f"{k} {v}" for k, v in units.items())
+        head += ("; time units per level (stretches both conditions ran, which the speed "
+                 "test pairs within): " + ", ".join(f"{k} {v}" for k, v in units.items()))
     return head

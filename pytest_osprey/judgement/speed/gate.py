@@ -199,6 +199,12 @@ def look_at(pilot: Pilot, data: SavedCampaign, candidate: str, look: int) -> Loo
         return str(exc)
 
 
+def p_text(p: float) -> str:
+    """A p-value as read: ``p=0.0123``, and ``p>0.999`` rather than a bare ``p=1`` (a
+    one-sided p near 1 says the effect went the other way, not that it is certain)."""
+    return "p>0.999" if p > 0.999 else f"p={p:.3g}"
+
+
 def _ratio(v: float) -> str:
     return f"{v:.3f}" if math.isfinite(v) else ("inf" if v > 0 else "0")
 
@@ -302,7 +308,7 @@ def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResu
         f"minimum {threshold:.3f}x; {name[other.metric]} {_ratio(other.estimate)}x; "
         f"{res.n_prompts} prompts x {res.n_passes} passes in {res.n_time_units} time units"
         + (f" x {res.n_boots} boots" if res.n_boots > 1 else "")
-        + f"; one-sided p={p_value:.3g} (two-way cluster-robust t, df {gate.df:.1f})"
+        + f"; one-sided {p_text(p_value)} (two-way cluster-robust t, df {gate.df:.1f})"
     )
     mode = data.timed_mode
     if (timed := sampling_text(served_sampling(data.records, mode))):

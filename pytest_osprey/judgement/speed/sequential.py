@@ -236,12 +236,15 @@ class Look:
         return self.result.gating
 
     def summary(self) -> str:
+        # Two scales, each named: the boundaries are on the normal scale (the t statistic
+        # mapped through its df), the futility stop on the t statistic itself.
         text = (f"group-sequential {self.decision.upper()} at look {self.look}/{self.looks} "
-                f"(z={self.z:.2f}; keep at z >= {self.keep_boundary:.2f}, drop at z <= "
-                f"{-self.drop_boundary:.2f}")
+                f"(statistic {self.z:.2f} on the normal scale: keep at >= "
+                f"{self.keep_boundary:.2f}, drop at <= {-self.drop_boundary:.2f}")
         if self.look < self.looks and self.stop_boundary > 0:
-            text += (f", stop inconclusive at |t| < {self.stop_boundary:.2f}, "
-                     f"t={self.result.gating.t:.2f} on {self.result.gating.df:.0f} df")
+            text += (f"; futility on the t scale: stop inconclusive at |t| < "
+                     f"{self.stop_boundary:.2f}, t {self.result.gating.t:.2f} on "
+                     f"{self.result.gating.df:.0f} df")
         return text + ")"
 
 
