@@ -1,0 +1,162 @@
+"""Sampling parameters judged at drafted positions, one verdict per parameter: on the embedded
+engine each planted fault is caught and named for its own parameter only, a lossless drafter
+honours every parameter, and a refusal is named as such."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_osprey.campaign.probing import run_probes, run_sampled_probes
+from pytest_osprey.engines.base import BootSpec, GenerationRequest
+from pytest_osprey.engines.planted_faults import ENV
+from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.judgement.gates.kinds import GateKind
+from pytest_osprey.judgement.gates.spec import GateSpec
+from pytest_osprey.judgement.quality.gates import judge_sampling_params
+from pytest_osprey.pilot.probes import PARAMETERS, SAMPLED_BY_NAME
+from pytest_osprey.pilot.schema import Pilot
+from pytest_osprey.pilot.trace import Prompt, load_trace, render_prompt
+from pytest_osprey.results.folder import SavedCampaign
+from pytest_osprey.results.records import Measurement, RequestRecord
+from pytest_osprey.results.scores import ScoreLine, classes_of
+from testkit import tiny_models
+from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot, write_trace
+
+tiny_models.need()
+
+SPEC = GateSpec(GateKind.SAMPLING_PARAMS, "cand", "base")
+PROMPTS, SAMPLES, TOKENS = 2, 6, 16
+
+
+def _pilot(trace: Path) -> Pilot:
+    return make_pilot(
+        target={"model": str(TINY_TARGET), "context_length": 512, "threads": 1},
+        conditions={"base": {"role": "baseline"},
+                    "cand": {"role": "candidate", "drafter": str(TINY_DRAFTER),
+                             "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}}},
+        trace={"files": [str(trace)]},
+        load={"levels": {"low": 8}, "passes": 1, "warmup_requests": 0},
+        sampling={"params": {"enabled": True, "prompts": PROMPTS, "samples": SAMPLES,
+                             "max_new_tokens": TOKENS}},
+        decision={"early_stop": False},
+    )  # fmt: skip
+
+
+def _record(name: str, prompt: Prompt, probe: str, index: int, request: GenerationRequest,
+            settings: dict[str, Any], result: Measurement) -> RequestRecord:
+    return RequestRecord.from_measurement(
+        result, run_id="r", condition=name, block=0, repetition=0, load="low", concurrency=1,
+        prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain, mode="params",
+        sample_index=index, probe=probe, request=settings or None,
+        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+        min_p=request.min_p, seed=request.seed, ignore_eos=request.ignore_eos)
+
+
+async def _probe(engine: TransformersEngine, scorer: TransformersEngine, name: str,
+                 pilot: Pilot, prompts: list[Prompt]) -> tuple[list[RequestRecord],
+                                                                list[ScoreLine]]:
+    """The params pass of one condition, its sampled probes scored by ``scorer``, as the
+    campaign runs and scores them."""
+    records: list[RequestRecord] = []
+
+    def emit(prompt: Prompt, probe: str, index: int, request: GenerationRequest,
+             settings: dict[str, Any], result: Measurement) -> None:
+        records.append(_record(name, prompt, probe, index, request, settings, result))
+
+    def text(p: Prompt) -> str:
+        return render_prompt(p, engine.tokenizer)
+
+    await run_probes(engine, prompts, text, TOKENS, 60.0, emit)
+    await run_sampled_probes(engine, prompts, text, pilot.sampling.sampled.temperature,
+                             SAMPLES, TOKENS, 60.0, pilot.sampling.seed, emit)
+    lines: list[ScoreLine] = []
+    for prompt in prompts:
+        mine = [r for r in records if r.prompt_id == prompt.id and r.probe in SAMPLED_BY_NAME
+                and r.ok]
+        scored = await scorer.score(text(prompt), [r.output_ids for r in mine], 20)
+        lines += [ScoreLine(name, r.prompt_id, r.sample_index, "base", tuple(s),
+                            tuple(classes_of(r)), "r", scorer.vocab_size, probe=r.probe)
+                  for r, s in zip(mine, scored, strict=True)]
+    return records, lines
+
+
+def _engine(pilot: Pilot, name: str, tmp: Path) -> TransformersEngine:
+    engine = TransformersEngine(pilot, name, BootSpec(name, tmp / "logs"))
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The baseline up once, its own params pass run and scored."""
+    tmp = tmp_path_factory.mktemp("params")
+    trace = write_trace(tmp / "t.jsonl", PROMPTS, max_new_tokens=TOKENS)
+    pilot = _pilot(trace)
+    prompts = list(load_trace([trace]).prompts)
+    with tiny_models.one_thread():
+        base = _engine(pilot, "base", tmp)
+        try:
+            records, lines = asyncio.run(_probe(base, base, "base", pilot, prompts))
+            yield {"pilot": pilot, "base": base, "records": records, "lines": lines,
+                   "tmp": tmp, "prompts": prompts}
+        finally:
+            base.stop()
+
+
+def _judged(scene: dict[str, Any], fault: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    if fault:
+        monkeypatch.setenv(ENV, fault)
+    else:
+        monkeypatch.delenv(ENV, raising=False)
+    pilot = scene["pilot"]
+    started = time.monotonic()
+    with tiny_models.one_thread():
+        cand = _engine(pilot, "cand", scene["tmp"])
+        try:
+            records, lines = asyncio.run(_probe(cand, scene["base"], "cand", pilot,
+                                                scene["prompts"]))
+        finally:
+            cand.stop()
+    print(f"{fault or 'lossless'}: {time.monotonic() - started:.1f} s")
+    data = SavedCampaign(Path("."), {"conditions": {"base": {}, "cand": {}}},
+                         [*scene["records"], *records], scores=[*scene["lines"], *lines])
+    gate = judge_sampling_params(SPEC, pilot, data)
+    print(gate.summary)
+    return gate
+
+
+def _status(gate: Any) -> dict[str, str]:
+    return {n: v["status"] for n, v in gate.details["parameters"].items() if n in
+            dict(PARAMETERS)}
+
+
+def test_a_lossless_drafter_honours_every_parameter(
+        scene: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = _judged(scene, "", monkeypatch)
+    assert gate.outcome == "pass", gate.summary
+    assert set(_status(gate).values()) == {"honoured"}, gate.summary
+
+
+@pytest.mark.parametrize(("fault", "broken", "words"), [
+    ("top_p_ignored", {"top_p"}, "top-p ignored at drafted positions"),
+    ("top_k_ignored", {"top_k"}, "top-k ignored at drafted positions"),
+    ("min_p_ignored", {"min_p"}, "min-p ignored at drafted positions"),
+    ("penalties_dropped", {"frequency_penalty", "presence_penalty", "repetition_penalty"},
+     "frequency penalty ignored at drafted positions"),
+])
+def test_a_planted_fault_is_named_for_its_own_parameter_only(
+        scene: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fault: str, broken: set[str],
+        words: str) -> None:
+    gate = _judged(scene, fault, monkeypatch)
+    assert gate.outcome == "fail", gate.summary
+    status = _status(gate)
+    assert {n for n, s in status.items() if s == "not_honoured"} == broken, gate.summary
+    assert {n for n, s in status.items() if n not in broken} <= {"honoured"} or all(
+        status[n] == "honoured" for n in status if n not in broken), gate.summary
+    assert words in gate.summary
