@@ -51,10 +51,10 @@ async def run_sampled_probes(engine: Engine, prompts: Sequence[Prompt],
                              text_of: Callable[[Prompt], str], temperature: float, samples: int,
                              max_new_tokens: int, timeout_s: float, seed: int,
                              emit: Emit) -> None:
-    """Per prompt: ``samples`` draws of each sampled probe (seeded per probe, prompt and
-    sample, the same for every condition: a lossless candidate then draws what the baseline
-    draws), run to ``max_new_tokens`` so every sample holds drafted positions; then the seed
-    probe, one seeded request sent twice."""
+    """Per prompt: ``samples`` draws of each sampled probe at ``temperature`` (or the
+    probe's own), seeded per probe, prompt and sample and the same for every condition (a
+    lossless candidate then draws what the baseline draws), run to ``max_new_tokens`` so
+    every sample holds drafted positions; then the seed probe, one seeded request twice."""
     if samples <= 0:
         return
     for prompt in prompts:
@@ -62,7 +62,8 @@ async def run_sampled_probes(engine: Engine, prompts: Sequence[Prompt],
         for probe in SAMPLED_PROBES:
             for i in range(samples):
                 request = GenerationRequest(
-                    prompt.id, text, max_new_tokens, temperature=temperature,
+                    prompt.id, text, max_new_tokens,
+                    temperature=probe.temperature or temperature,
                     seed=sample_seed(seed, probe.name, prompt.id, i), ignore_eos=True,
                     want_margins=False, timeout_s=timeout_s, **probe.settings)
                 emit(prompt, probe.name, i, request, dict(probe.settings),

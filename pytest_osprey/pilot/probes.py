@@ -152,12 +152,18 @@ class SampledProbe:
     parameter: str  # the request field it sets ("temperature": none beyond it)
     label: str  # how a verdict names it ("top-p")
     settings: Mapping[str, Any]  # the fields beyond the temperature
+    temperature: float | None = None  # None: the sampled pass's
 
     @property
     def name(self) -> str:
         """The probe's name in records.jsonl and scores.jsonl."""
         return SAMPLED_PREFIX + self.parameter
 
+
+PENALTY_TEMPERATURE = 0.3
+"""The penalty probes sample cool: a penalty binds where the model would repeat itself, which
+it does at a low temperature (the tiny target's drafted positions: log-likelihood ratio +11
+without the penalties at T 0.3 over 42 tokens, none at T 0.8)."""
 
 # A repetition penalty divides raw logits, which a score (log-probabilities) does not give
 # back, so the exact test cannot rebuild its distribution: it is judged by its greedy probe.
@@ -166,8 +172,10 @@ SAMPLED_PROBES: tuple[SampledProbe, ...] = (
     SampledProbe("top_p", "top-p", {"top_p": 0.5}),
     SampledProbe("top_k", "top-k", {"top_k": 3}),
     SampledProbe("min_p", "min-p", {"min_p": 0.2}),
-    SampledProbe("frequency_penalty", "frequency penalty", {"frequency_penalty": 1.0}),
-    SampledProbe("presence_penalty", "presence penalty", {"presence_penalty": 1.0}),
+    SampledProbe("frequency_penalty", "frequency penalty", {"frequency_penalty": 1.0},
+                 PENALTY_TEMPERATURE),
+    SampledProbe("presence_penalty", "presence penalty", {"presence_penalty": 1.0},
+                 PENALTY_TEMPERATURE),
 )
 SAMPLED_BY_NAME = {p.name: p for p in SAMPLED_PROBES}
 PARAMETERS: tuple[tuple[str, str], ...] = (
