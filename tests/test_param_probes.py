@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.gates import judge_sampling_params
 from pytest_osprey.pilot.probes import PARAMETERS, SAMPLED_BY_NAME
+from pytest_osprey.pilot.sampling import Serving
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import Prompt, load_trace, render_prompt
 from pytest_osprey.results.folder import SavedCampaign
@@ -162,3 +164,28 @@ def test_a_planted_fault_is_named_for_its_own_parameter_only(
     assert broken - {"repetition_penalty"} <= named <= broken, gate.summary
     assert all(s == "honoured" for n, s in status.items() if n not in named), gate.summary
     assert words in gate.summary
+
+
+def test_a_refused_parameter_is_named_refused_not_a_wrong_output(
+        scene: dict[str, Any]) -> None:
+    """The candidate answers HTTP 400 to min-p (as vLLM does under speculation) and is
+    otherwise the baseline itself: min-p reads "refused under speculation", every other
+    parameter honoured; the gate fails on it only where the service samples with min-p."""
+    error = ("HTTP 400 from http://127.0.0.1:8000/v1/completions: min_p is not supported "
+             "with speculative decoding")
+    cand = [replace(r, condition="cand") if r.probe != "sampled:min_p" else
+            replace(r, condition="cand", ok=False, error=error, output_ids=[], output_text="")
+            for r in scene["records"]]
+    lines = [replace(s, condition="cand") for s in scene["lines"] if s.probe != "sampled:min_p"]
+    data = SavedCampaign(Path("."), {"conditions": {"base": {}, "cand": {}}},
+                         [*scene["records"], *cand], scores=[*scene["lines"], *lines])
+    gate = judge_sampling_params(SPEC, scene["pilot"], data)
+    status = _status(gate)
+    assert status.pop("min_p") == "refused", gate.summary
+    assert set(status.values()) == {"honoured"}, gate.summary
+    assert gate.summary.startswith("min-p refused under speculation (HTTP 400 from "), gate.summary
+    assert gate.outcome == "pass"  # the service does not use min-p
+    serving = scene["pilot"].model_copy(update={"sampling": scene["pilot"].sampling.model_copy(
+        update={"serving": Serving(temperature=0.8, min_p=0.1)})})
+    served = judge_sampling_params(SPEC, serving, data)
+    assert served.outcome == "fail" and served.details["refused"]["min_p"].startswith("HTTP 400")
