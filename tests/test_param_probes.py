@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_osprey.campaign.probing import run_probes, run_sampled_probes
+from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.planted_faults import ENV
 from pytest_osprey.engines.transformers import TransformersEngine
@@ -33,7 +34,7 @@ from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot, write_trace
 tiny_models.need()
 
 SPEC = GateSpec(GateKind.SAMPLING_PARAMS, "cand", "base")
-PROMPTS, SAMPLES, TOKENS = 1, 4, 12
+PROMPTS, SAMPLES, TOKENS = 1, 3, 10
 
 
 def _pilot(trace: Path) -> Pilot:
@@ -189,3 +190,35 @@ def test_a_refused_parameter_is_named_refused_not_a_wrong_output(
         update={"serving": Serving(temperature=0.8, min_p=0.1)})})
     served = judge_sampling_params(SPEC, serving, data)
     assert served.outcome == "fail" and served.details["refused"]["min_p"].startswith("HTTP 400")
+
+
+def test_a_campaign_runs_and_scores_the_sampled_probes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's params pass sends the sampled probes and the seed probe, the baseline
+    scores the probes' samples into scores.jsonl (named by probe, apart from the sampled
+    pass's), and the gate gives every parameter a verdict from them."""
+    monkeypatch.delenv(ENV, raising=False)
+    trace = write_trace(tmp_path / "t.jsonl", 1, max_new_tokens=4)
+    pilot = make_pilot(
+        target={"model": str(TINY_TARGET), "context_length": 512, "threads": 1},
+        conditions={"base": {"role": "baseline"},
+                    "cand": {"role": "candidate", "drafter": str(TINY_DRAFTER),
+                             "speculation": {"algorithm": "assisted", "num_draft_tokens": 4}}},
+        trace={"files": [str(trace)]},
+        load={"levels": {"low": 1}, "passes": 1, "warmup_requests": 0},
+        sampling={"params": {"enabled": True, "prompts": 1, "samples": 2, "max_new_tokens": 6}},
+        decision={"early_stop": False},
+    )  # fmt: skip
+    with tiny_models.one_thread():
+        data = Campaign(pilot, load_trace([trace]), tmp_path / "res", ["base", "cand"]).run()
+    params = [r for r in data.records if r.mode == "params"]
+    assert sum(r.probe == "sampled:seed" for r in params) == 4  # twice per condition
+    sampled = [r for r in params if r.probe in SAMPLED_BY_NAME and r.ok]
+    assert len(sampled) == 2 * 2 * len(SAMPLED_BY_NAME)
+    assert {(s.condition, s.probe, s.sample_index) for s in data.scores} == {
+        (r.condition, r.probe, r.sample_index) for r in sampled}
+    assert data.scores_of("cand") == []  # the sampled pass's own: none ran
+    assert all(r.top_p == 0.5 for r in sampled if r.probe == "sampled:top_p")
+    gate = judge_sampling_params(SPEC, pilot, data)
+    assert gate.outcome == "pass", gate.summary
+    assert set(_status(gate)) == set(dict(PARAMETERS))
