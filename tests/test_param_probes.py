@@ -21,6 +21,7 @@ from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.gates import judge_sampling_params
+from pytest_osprey.judgement.quality.param_verdicts import is_refusal
 from pytest_osprey.pilot.probes import PARAMETERS, SAMPLED_BY_NAME
 from pytest_osprey.pilot.sampling import Serving
 from pytest_osprey.pilot.schema import Pilot
@@ -222,3 +223,15 @@ def test_a_campaign_runs_and_scores_the_sampled_probes(
     gate = judge_sampling_params(SPEC, pilot, data)
     assert gate.outcome == "pass", gate.summary
     assert set(_status(gate)) == set(dict(PARAMETERS))
+
+
+@pytest.mark.parametrize(("error", "refusal"), [
+    ("unsupported by this server: min_p", True),
+    ("HTTP 400 from http://h/v1/completions: min_p is not supported with speculative decoding",
+     True),
+    ("HTTP 500 from http://h/generate: CUDA error", False),
+    ("request timed out after 30 s", False),
+    (None, False),
+])
+def test_a_refusal_is_told_from_a_broken_request(error: str | None, refusal: bool) -> None:
+    assert is_refusal(error) is refusal
