@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.campaign.probing import run_probes, run_sampled_probes
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.engines.base import BootSpec, GenerationRequest
+from pytest_osprey.engines.base import BootSpec
 from pytest_osprey.engines.planted_faults import ENV
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.gates.kinds import GateKind
@@ -25,12 +24,11 @@ from pytest_osprey.judgement.quality.param_verdicts import is_refusal
 from pytest_osprey.pilot.probes import PARAMETERS, SAMPLED_BY_NAME
 from pytest_osprey.pilot.sampling import Serving
 from pytest_osprey.pilot.schema import Pilot
-from pytest_osprey.pilot.trace import Prompt, load_trace, render_prompt
+from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.results.folder import SavedCampaign
-from pytest_osprey.results.records import Measurement, RequestRecord
-from pytest_osprey.results.scores import ScoreLine, classes_of
 from testkit import tiny_models
 from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot, write_trace
+from testkit.param_probes import probe_condition
 
 tiny_models.need()
 
@@ -52,44 +50,6 @@ def _pilot(trace: Path) -> Pilot:
     )  # fmt: skip
 
 
-def _record(name: str, prompt: Prompt, probe: str, index: int, request: GenerationRequest,
-            settings: dict[str, Any], result: Measurement) -> RequestRecord:
-    return RequestRecord.from_measurement(
-        result, run_id="r", condition=name, block=0, repetition=0, load="low", concurrency=1,
-        prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain, mode="params",
-        sample_index=index, probe=probe, request=settings or None,
-        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-        min_p=request.min_p, seed=request.seed, ignore_eos=request.ignore_eos)
-
-
-async def _probe(engine: TransformersEngine, scorer: TransformersEngine, name: str,
-                 pilot: Pilot, prompts: list[Prompt]) -> tuple[list[RequestRecord],
-                                                                list[ScoreLine]]:
-    """The params pass of one condition, its sampled probes scored by ``scorer``, as the
-    campaign runs and scores them."""
-    records: list[RequestRecord] = []
-
-    def emit(prompt: Prompt, probe: str, index: int, request: GenerationRequest,
-             settings: dict[str, Any], result: Measurement) -> None:
-        records.append(_record(name, prompt, probe, index, request, settings, result))
-
-    def text(p: Prompt) -> str:
-        return render_prompt(p, engine.tokenizer)
-
-    await run_probes(engine, prompts, text, TOKENS, 60.0, emit)
-    await run_sampled_probes(engine, prompts, text, pilot.sampling.sampled.temperature,
-                             SAMPLES, TOKENS, 60.0, pilot.sampling.seed, emit)
-    lines: list[ScoreLine] = []
-    for prompt in prompts:
-        mine = [r for r in records if r.prompt_id == prompt.id and r.probe in SAMPLED_BY_NAME
-                and r.ok]
-        scored = await scorer.score(text(prompt), [r.output_ids for r in mine], 20)
-        lines += [ScoreLine(name, r.prompt_id, r.sample_index, "base", tuple(s),
-                            tuple(classes_of(r)), "r", scorer.vocab_size, probe=r.probe)
-                  for r, s in zip(mine, scored, strict=True)]
-    return records, lines
-
-
 def _engine(pilot: Pilot, name: str, tmp: Path) -> TransformersEngine:
     engine = TransformersEngine(pilot, name, BootSpec(name, tmp / "logs"))
     engine.start()
@@ -106,7 +66,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with tiny_models.one_thread():
         base = _engine(pilot, "base", tmp)
         try:
-            records, lines = asyncio.run(_probe(base, base, "base", pilot, prompts))
+            records, lines = asyncio.run(probe_condition(base, base, "base", pilot, prompts,
+                                                           SAMPLES, TOKENS))
             yield {"pilot": pilot, "base": base, "records": records, "lines": lines,
                    "tmp": tmp, "prompts": prompts}
         finally:
@@ -123,8 +84,8 @@ def _judged(scene: dict[str, Any], fault: str, monkeypatch: pytest.MonkeyPatch) 
     with tiny_models.one_thread():
         cand = _engine(pilot, "cand", scene["tmp"])
         try:
-            records, lines = asyncio.run(_probe(cand, scene["base"], "cand", pilot,
-                                                scene["prompts"]))
+            records, lines = asyncio.run(probe_condition(cand, scene["base"], "cand", pilot,
+                                                         scene["prompts"], SAMPLES, TOKENS))
         finally:
             cand.stop()
     print(f"{fault or 'lossless'}: {time.monotonic() - started:.1f} s")

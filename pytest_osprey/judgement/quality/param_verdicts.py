@@ -120,7 +120,7 @@ def _sampled_verdict(probe: SampledProbe, ref: list[RequestRecord], cand: list[R
         return verdict("not_tested", f"its requests failed: {failed[0].error}" if failed
                        and not any(r.ok for r in cand) else "its samples were not scored by "
                        "the target")
-    temperature = next(r.temperature for r in ref if r.temperature is not None)
+    temperature = next((r.temperature for r in ref if r.temperature is not None), None)
     served = Served(temperature=float(temperature or 0.0), **dict(probe.settings))
     if served.temperature <= 0:
         return verdict("not_tested", "sampled at temperature 0")
