@@ -268,5 +268,8 @@ def pilot_variant(
     if sampled:
         # The smallest budget whose distribution check can still fail (a run refuses less).
         sampled.update(prompts=min(prompts, 2), samples_per_prompt=4, max_new_tokens=8)
+    params = data.get("sampling", {}).get("params")
+    if params:
+        params.update(prompts=1, samples=2)  # each parameter still judged, at a small budget
     data["report"] = {"title": f"GPU check ({device}, {order})", "html": False}
     return data

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.campaign.size import MAX_REQUESTS, campaign_size, size_problem
-from pytest_osprey.pilot.probes import PROBES
+from pytest_osprey.pilot.probes import PROBES, SAMPLED_PROBES
 from pytest_osprey.pilot.trace import load_trace
 from testkit.factories import make_pilot, write_trace
 
@@ -20,14 +20,18 @@ def test_size_counts_every_pass_the_pilot_asks_for(tmp_path: Path) -> None:
         load={"levels": {"low": 1, "busy": 4}, "passes": 3, "boots_per_condition": 2},
         sampling={"sampled": {"enabled": True, "prompts": 4, "samples_per_prompt": 5,
                               "max_new_tokens": 6},
-                  "params": {"enabled": True, "prompts": 2, "max_new_tokens": 4}})
+                  "params": {"enabled": True, "prompts": 2, "max_new_tokens": 4,
+                             "samples": 3}})
     size = campaign_size(pilot, trace, conditions=2)
     assert size.timed_per_condition == 10 * 2 * 3 * 2
     assert size.sampled_per_condition == 4 * 5
-    assert size.params_per_condition == 2 * len(PROBES)
-    assert size.tokens_per_condition == 8 * 10 * 2 * 3 * 2 + 6 * 4 * 5 + 4 * 2 * len(PROBES)
-    # The baseline scores every condition's sampled outputs, one request per sample.
-    assert size.scoring == 2 * 4 * 5
+    # per prompt: plain + the greedy probes, 3 samples of each sampled probe, the seed twice
+    params = 2 * (1 + len(PROBES) + 3 * len(SAMPLED_PROBES) + 2)
+    assert size.params_per_condition == params
+    assert size.tokens_per_condition == 8 * 10 * 2 * 3 * 2 + 6 * 4 * 5 + 4 * params
+    # The baseline scores every condition's sampled outputs (the sampled probes' too), one
+    # request per sample.
+    assert size.scoring == 2 * (4 * 5 + 2 * 3 * len(SAMPLED_PROBES))
     assert size.requests == 2 * size.per_condition + size.scoring
     assert size_problem(size) is None and f"{size.requests:,} requests" in size.line()
     assert f"{size.scoring:,} scoring requests to the baseline" in size.line()
@@ -95,14 +99,15 @@ def test_the_size_line_gives_the_quality_passes_share(tmp_path: Path,
     # Served sampled: a greedy pass of the trace runs beside the timed ones, for quality only.
     greedy = 10 if temperature else 0
     # ... and the baseline scores both conditions' samples (one request per sample).
-    quality = greedy + 4 * 5 + 2 * len(PROBES) + 4 * 5
+    params = 2 * (1 + len(PROBES) + 8 * len(SAMPLED_PROBES) + 2)  # 8 samples by default
+    quality = greedy + 4 * 5 + params + 4 * 5 + 2 * 8 * len(SAMPLED_PROBES)
     assert (size.timed_per_condition, size.greedy_per_condition) == (timed, greedy)
     assert size.quality_requests == 2 * quality and size.requests == 2 * (timed + quality)
     share = quality / (timed + quality)
     assert size.quality_share == pytest.approx(share)
     assert (f"quality passes: {2 * quality:,} of {2 * (timed + quality):,} requests, "
             f"{share:.0%}") in size.line()
-    assert size.facts()["scoring"] == 2 * 4 * 5
+    assert size.facts()["scoring"] == 2 * (4 * 5 + 2 * 8 * len(SAMPLED_PROBES))
     assert ("greedy (untimed)" in size.line()) == bool(temperature)
     facts = size.facts()
     assert facts["quality_requests"] == size.quality_requests

@@ -141,7 +141,9 @@ def fake_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     data = fake_sglang(tmp / "events", base_env=lm, cand_env=lm, extra_conditions={
         "bad": {"role": "candidate", "speculation": {"algorithm": "NGRAM"},
                 "env": {**lm, "OSPREY_FAKE_IGNORE_PENALTIES_WHEN_SPECULATING": "1"}}})
-    data["sampling"] = {"params": {"enabled": True, "prompts": 2, "max_new_tokens": 24}}
+    # Greedy probes only: the fake server's greedy model is what they check.
+    data["sampling"] = {"params": {"enabled": True, "prompts": 2, "max_new_tokens": 24,
+                                   "samples": 0}}
     data["limits"] = {"speedup_min": 0.01}
     path = write_pilot(tmp, data.pop("conditions"), prompts=2, **data)
     (tmp / "work").mkdir()

@@ -1,5 +1,6 @@
 """The sampling-parameters pass: each probe of :mod:`pytest_osprey.pilot.probes` on a few
-prompts, one request at a time, greedy (what each probe means is defined there)."""
+prompts, one request at a time: the greedy probes, then the sampled ones (what each probe
+means is defined there)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..engines import Engine, GenerationRequest
-from ..pilot.probes import PLAIN, PROBES
+from ..pilot.probes import PLAIN, PROBES, SAMPLED_PROBES, SEED_PROBE
 from ..pilot.trace import Prompt
 from ..results.records import Measurement
+from .requests import sample_seed
 
-Emit = Callable[[Prompt, str, dict[str, Any], Measurement], None]
+Emit = Callable[[Prompt, str, int, GenerationRequest, dict[str, Any], Measurement], None]
+"""(prompt, probe name, sample index, the request sent, the probe's settings, its
+measurement)."""
 
 
 def probe_request(prompt: Prompt, text: str, settings: dict[str, Any], max_new_tokens: int,
@@ -29,9 +33,10 @@ async def run_probes(engine: Engine, prompts: Sequence[Prompt], text_of: Callabl
     engine refuses what it cannot do (an error "unsupported ..."); that is recorded too."""
     for prompt in prompts:
         text = text_of(prompt)
-        plain = await engine.generate(GenerationRequest(
-            prompt.id, text, max_new_tokens, want_margins=True, timeout_s=timeout_s))
-        emit(prompt, PLAIN, {}, plain)
+        request = GenerationRequest(prompt.id, text, max_new_tokens, want_margins=True,
+                                    timeout_s=timeout_s)
+        plain = await engine.generate(request)
+        emit(prompt, PLAIN, 0, request, {}, plain)
         if not plain.ok:
             continue
         for probe in PROBES:
@@ -39,4 +44,32 @@ async def run_probes(engine: Engine, prompts: Sequence[Prompt], text_of: Callabl
             if settings is None:
                 continue
             request = probe_request(prompt, text, settings, max_new_tokens, timeout_s)
-            emit(prompt, probe.name, settings, await engine.generate(request))
+            emit(prompt, probe.name, 0, request, settings, await engine.generate(request))
+
+
+async def run_sampled_probes(engine: Engine, prompts: Sequence[Prompt],
+                             text_of: Callable[[Prompt], str], temperature: float, samples: int,
+                             max_new_tokens: int, timeout_s: float, seed: int,
+                             emit: Emit) -> None:
+    """Per prompt: ``samples`` draws of each sampled probe at ``temperature`` (or the
+    probe's own), seeded per probe, prompt and sample and the same for every condition (a
+    lossless candidate then draws what the baseline draws), run to ``max_new_tokens`` so
+    every sample holds drafted positions; then the seed probe, one seeded request twice."""
+    if samples <= 0:
+        return
+    for prompt in prompts:
+        text = text_of(prompt)
+        for probe in SAMPLED_PROBES:
+            for i in range(samples):
+                request = GenerationRequest(
+                    prompt.id, text, max_new_tokens,
+                    temperature=probe.temperature or temperature,
+                    seed=sample_seed(seed, probe.name, prompt.id, i), ignore_eos=True,
+                    want_margins=False, timeout_s=timeout_s, **probe.settings)
+                emit(prompt, probe.name, i, request, dict(probe.settings),
+                     await engine.generate(request))
+        request = GenerationRequest(prompt.id, text, max_new_tokens, temperature=temperature,
+                                    seed=sample_seed(seed, SEED_PROBE, prompt.id, 0),
+                                    ignore_eos=True, want_margins=False, timeout_s=timeout_s)
+        for i in range(2):
+            emit(prompt, SEED_PROBE, i, request, {}, await engine.generate(request))

@@ -23,6 +23,7 @@ from ..engines import BootSpec, Engine, EngineError, GenerationRequest, make_eng
 from ..engines.base import Scorer
 from ..engines.stopping import INTERRUPT_GRACE_S, stop_engines
 from ..pilot.draw import Draw
+from ..pilot.probes import SAMPLED_BY_NAME
 from ..pilot.schema import Pilot
 from ..pilot.selection import pass_draws
 from ..pilot.trace import Prompt, Trace, render_prompt
@@ -43,7 +44,7 @@ from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
 from ..results.scores import SCORES_FILE, ScoreLine, ScoreWriter, classes_of
 from ..version import __version__
 from .events import Progress, ProgressEvent, StopRule, campaign_eta, pass_eta
-from .probing import run_probes
+from .probing import run_probes, run_sampled_probes
 from .requests import (
     TimeoutBreaker,
     host_facts,
@@ -243,7 +244,7 @@ class Campaign:
         to score every condition's sampled outputs (the embedded engine loads the target in
         process), then stops."""
         base = self.pilot.baseline
-        if not any(r.mode == "sampled" and r.ok for r in self._records) or base not in self.states:
+        if not any(_to_score(r) for r in self._records) or base not in self.states:
             return
         self.progress(ProgressEvent(base, "score", message="booting the baseline once more to "
                                     "score the sampled outputs with the target"))
@@ -268,13 +269,13 @@ class Campaign:
             engine.stop()
 
     async def _score_samples(self, name: str, scorer: Engine | None) -> None:
-        """The condition's sampled outputs scored by ``scorer`` (the baseline, i.e. the
-        target) into scores.jsonl: per sample, per position the target's raw log-probability
-        of the token and its top-K, and the position's class. Where the baseline cannot score
+        """The condition's sampled outputs (the sampled pass's and the sampled probes') scored
+        by ``scorer`` (the baseline, i.e. the target) into scores.jsonl: per sample, per
+        position the target's raw log-probability of the token and its top-K, and the
+        position's class. Where the baseline cannot score
         (an endpoint without logprobs) nothing is written and the distribution gate keeps
         its two-sample check; the progress says why."""
-        samples = [r for r in self._records
-                   if r.condition == name and r.mode == "sampled" and r.ok and r.output_ids]
+        samples = [r for r in self._records if r.condition == name and _to_score(r)]
         base = self.pilot.baseline
         if not samples or self._scoring_off is not None:
             return
@@ -303,7 +304,8 @@ class Campaign:
                 return
             self._scores.write([
                 ScoreLine(name, pid, r.sample_index, base, tuple(positions),
-                          tuple(classes_of(r)), self.run_id, scorer.vocab_size)
+                          tuple(classes_of(r)), self.run_id, scorer.vocab_size,
+                          probe=r.probe if r.mode == "params" else None)
                 for r, positions in zip(records, scored, strict=True)
                 if len(positions) == len(r.output_ids)])
             done += len(records)
@@ -501,12 +503,14 @@ class Campaign:
         entry = ScheduleEntry(block=0, condition=name, load=level, mode="params",
                               started=time.time())
 
-        def emit(prompt: Prompt, probe: str, settings: dict[str, Any], result: Any) -> None:
+        def emit(prompt: Prompt, probe: str, index: int, request: GenerationRequest,
+                 settings: dict[str, Any], result: Any) -> None:
             record = RequestRecord.from_measurement(
                 result, run_id=self.run_id, condition=name, block=0, repetition=0, load=level,
                 concurrency=1, prompt_id=prompt.id, slice=prompt.slice, domain=prompt.domain,
-                mode="params", sample_index=0, probe=probe, request=settings or None,
-                temperature=0.0, top_p=1.0, min_p=0.0, ignore_eos=False,  # probes are greedy
+                mode="params", sample_index=index, probe=probe, request=settings or None,
+                temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+                min_p=request.min_p, seed=request.seed, ignore_eos=request.ignore_eos,
             )
             writer.write(record)
             self._records.append(record)
@@ -515,6 +519,10 @@ class Campaign:
         self.progress(ProgressEvent(name, "params", level, 0, 0, len(prompts)))
         await run_probes(engine, prompts, lambda p: self._text(p, engine),
                          params.max_new_tokens, self.pilot.load.request_timeout_s, emit)
+        await run_sampled_probes(engine, prompts, lambda p: self._text(p, engine),
+                                 self.pilot.sampling.sampled.temperature, params.samples,
+                                 params.max_new_tokens, self.pilot.load.request_timeout_s,
+                                 self.pilot.sampling.seed, emit)
         self.progress(ProgressEvent(name, "params", level, 0, len(prompts), len(prompts)))
         entry.ended = time.time()
         self.schedule.append(entry)
@@ -843,3 +851,9 @@ class Campaign:
 
     def _save_meta(self) -> None:
         self.meta().save(self.directory)
+
+
+def _to_score(r: RequestRecord) -> bool:
+    """A sampled output the target scores: the sampled pass's, or a sampled probe's."""
+    return r.ok and bool(r.output_ids) and (
+        r.mode == "sampled" or (r.mode == "params" and r.probe in SAMPLED_BY_NAME))

@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from ..pilot.probes import PROBES
+from ..pilot.probes import PROBES, SAMPLED_PROBES
 from ..pilot.schema import Pilot
 from ..pilot.selection import pass_draws
 from ..pilot.trace import Trace
@@ -130,9 +130,13 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
         sampled = len(chosen) * sampling.sampled.samples_per_prompt
         tokens += sum(max_new_tokens(pilot, p, sampling.sampled.max_new_tokens)
                       for p in chosen) * sampling.sampled.samples_per_prompt
-    params = 0
+    params = scored_probes = 0
     if "params" in draws:
-        params = len(draws["params"].prompts) * len(PROBES)
+        n, samples = len(draws["params"].prompts), sampling.params.samples
+        # greedy: plain + each probe; sampled: each sampled probe's samples, and the seed
+        # probe's two requests (where samples are asked for)
+        scored_probes = n * len(SAMPLED_PROBES) * samples
+        params = n * (1 + len(PROBES)) + scored_probes + (2 * n if samples else 0)
         tokens += params * sampling.params.max_new_tokens
     # Closed loop: c at a time; open loop: up to its cap (uncapped: all of a stretch at once).
     waves = sum(len(prompts) * load.passes * boots / max(1, load.concurrency(level))
@@ -140,7 +144,7 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
     waves += sampled + params + greedy
     worst = waves * conditions * load.request_timeout_s
     return CampaignSize(conditions, timed, sampled, params, tokens, worst, greedy,
-                        scoring=sampled * conditions)
+                        scoring=(sampled + scored_probes) * conditions)
 
 
 _KEYS = ("lower trace.ids / the trace's prompts, load.levels, load.passes, "

@@ -132,3 +132,55 @@ PROBES: tuple[Probe, ...] = (
     Probe("regex", "valid", _fixed({"regex": CHOICE_REGEX}), _regex_check, informative=False),
 )
 BY_NAME = {p.name: p for p in PROBES}
+
+
+# --------------------------------------------------------------------------- sampled probes
+#
+# The greedy probes above cannot see a parameter that acts only when sampling (temperature,
+# top-p, top-k, min-p) and see a penalty only where it flips an argmax. The sampled probes
+# send each parameter alone, bound tight enough to act on most positions, at the sampled
+# pass's temperature; the target scores every sample (scores.jsonl, with the probe named)
+# and the exact test judges the drafted positions under that request's own sampling.
+
+SAMPLED_PREFIX = "sampled:"
+SEED_PROBE = "sampled:seed"
+"""The same seeded sampled request twice: a seed honoured gives the same tokens twice."""
+
+
+@dataclass(frozen=True)
+class SampledProbe:
+    parameter: str  # the request field it sets ("temperature": none beyond it)
+    label: str  # how a verdict names it ("top-p")
+    settings: Mapping[str, Any]  # the fields beyond the temperature
+    temperature: float | None = None  # None: the sampled pass's
+
+    @property
+    def name(self) -> str:
+        """The probe's name in records.jsonl and scores.jsonl."""
+        return SAMPLED_PREFIX + self.parameter
+
+
+PENALTY_TEMPERATURE = 0.3
+"""The penalty probes sample cool: a penalty binds where the model would repeat itself, which
+it does at a low temperature (the tiny target's drafted positions: log-likelihood ratio +11
+without the penalties at T 0.3 over 42 tokens, none at T 0.8)."""
+
+# A repetition penalty divides raw logits, which a score (log-probabilities) does not give
+# back, so the exact test cannot rebuild its distribution: it is judged by its greedy probe.
+SAMPLED_PROBES: tuple[SampledProbe, ...] = (
+    SampledProbe("temperature", "temperature", {}),
+    SampledProbe("top_p", "top-p", {"top_p": 0.5}),
+    SampledProbe("top_k", "top-k", {"top_k": 3}),
+    SampledProbe("min_p", "min-p", {"min_p": 0.2}),
+    SampledProbe("frequency_penalty", "frequency penalty", {"frequency_penalty": 1.0},
+                 PENALTY_TEMPERATURE),
+    SampledProbe("presence_penalty", "presence penalty", {"presence_penalty": 1.0},
+                 PENALTY_TEMPERATURE),
+)
+SAMPLED_BY_NAME = {p.name: p for p in SAMPLED_PROBES}
+PARAMETERS: tuple[tuple[str, str], ...] = (
+    ("temperature", "temperature"), ("top_p", "top-p"), ("top_k", "top-k"), ("min_p", "min-p"),
+    ("repetition_penalty", "repetition penalty"), ("frequency_penalty", "frequency penalty"),
+    ("presence_penalty", "presence penalty"), ("seed", "seed"),
+)
+"""Every sampling parameter a verdict is given for, and its words."""

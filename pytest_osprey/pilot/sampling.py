@@ -55,12 +55,19 @@ class SampledPass(Strict):
 class ParamsPass(Strict):
     enabled: bool = False
     """Run the sampling-parameters pass: penalties, stop strings, token limits, logit bias and
-    constrained decoding on baseline and candidates (judged by the sampling_params gate)."""
+    constrained decoding greedily, then temperature, top-p, top-k, min-p, penalties and seed
+    sampled, on baseline and candidates (judged by the sampling_params gate, one verdict per
+    parameter)."""
     prompts: Annotated[int, Field(ge=1, le=10_000)] = 2
     """Prompts of the pass, drawn as ``sampling.sampled.prompts`` are (independently of
     them); campaign.json ``draws.params`` records which and why."""
     max_new_tokens: Annotated[int, Field(ge=4, le=1_000_000)] = 24
     """Output budget of each probe."""
+    samples: Annotated[int, Field(ge=0, le=10_000)] = 8
+    """Samples per prompt of each sampled probe (temperature, top-p, top-k, min-p, frequency
+    and presence penalties, each alone at ``sampling.sampled.temperature``, run to
+    ``max_new_tokens``), scored by the target and judged at the drafted positions; with them
+    the seed probe (one seeded request twice). 0: greedy probes only."""
 
 
 class Serving(Strict):

@@ -21,6 +21,7 @@ from typing import Any
 from ..judgement import GateKind
 from ..judgement.figures import Figures, all_figures
 from ..judgement.figures.measured import P99_MIN_REQUESTS
+from ..judgement.quality.param_verdicts import is_refusal
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
@@ -764,9 +765,10 @@ def _outputs(data: SavedCampaign) -> str:
 
 
 def _errors(data: SavedCampaign) -> str:
-    # A probe the engine does not offer is not an error (the sampling_params gate lists it).
+    # A probe the engine declines ("unsupported", HTTP 400) is not a failed request: the
+    # sampling_params gate names it (refused under speculation, or not tested).
     failed = [r for r in data.records if not r.ok
-              and not (r.mode == "params" and (r.error or "").startswith("unsupported"))]
+              and not (r.mode == "params" and is_refusal(r.error))]
     if not failed:
         return ""
     by_cond: dict[str, list[RequestRecord]] = {}

@@ -119,12 +119,26 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "descriptive, not judged), `prompts`, `samples_per_prompt`, `worst` (the most "
         "different prompt, in words)"),
     GateKind.SAMPLING_PARAMS: KindDoc(
-        "every sampling-parameter probe (penalties, stop, max/min tokens, logit bias: "
-        "identical greedy tokens; JSON schema, regex: valid output) honoured as by the "
-        "baseline; skip when no probe could be tested",
-        "parameters not honoured (count)", "0",
-        "`honoured` (probe names), `broken` (probe -> what went wrong), `not_tested` (probe -> "
-        "why: unsupported by the engine, no effect on the baseline, ...)"),
+        "one verdict per sampling parameter under speculation, against the baseline: "
+        "temperature, top-p, top-k, min-p, frequency and presence penalties each sent alone "
+        "and sampled (`sampling.params.samples` per prompt; the penalties at T 0.3, the others "
+        "at `sampling.sampled.temperature`), scored by the target and judged by the exact test "
+        "at the drafted positions (positions 2+ where the engine does not tell them apart; the "
+        "baseline's own samples the A/A control; Bonferroni over the sampled probes at "
+        "`limits.quality.distribution_alpha`); the repetition penalty by its greedy probe (a "
+        "score cannot rebuild it); the seed by one seeded request sent twice (the same tokens "
+        "wherever the baseline gives them); the other greedy probes (stop, max/min tokens, "
+        "logit bias: identical greedy tokens; JSON schema, regex: valid output) as before. "
+        "Fails on a parameter not honoured (\"top-p ignored at drafted positions\"), and on one "
+        "refused under speculation (the candidate answers \"unsupported\" or HTTP 400 where the "
+        "baseline accepts it) only where the service's timed requests use it "
+        "(`sampling.serving`); skip when nothing could be tested",
+        "parameters not honoured, plus refusals the service meets (count)", "0",
+        "`parameters` (name -> `status`: `honoured`, `not_honoured`, `refused` or `not_tested`; "
+        "`why`: the sizing sentence, the engine's answer or the reason; `ignored`: the evidence "
+        "names this parameter; `p_value`; `verdict`: the clause in words), `honoured` (names), "
+        "`broken` (name -> what went wrong), `refused` (name -> the engine's answer), "
+        "`not_tested` (name -> why: unsupported by the baseline, no effect on it, ...)"),
     GateKind.ACCEPTANCE: KindDoc(
         "reported only, never gating: no draft position's acceptance rate collapsed, against "
         "the lightest load level or the current drafter (below (1 - "

@@ -68,9 +68,10 @@ class SavedCampaign:
             if r.condition == condition and r.mode == mode and (load is None or r.load == load)
         ]
 
-    def scores_of(self, condition: str) -> list[ScoreLine]:
-        """The condition's sampled outputs as the target scored them ([]: not scored)."""
-        return [s for s in self.scores if s.condition == condition]
+    def scores_of(self, condition: str, probe: str | None = None) -> list[ScoreLine]:
+        """The condition's sampled-pass outputs (``probe``: that sampled probe's) as the
+        target scored them ([]: not scored)."""
+        return [s for s in self.scores if s.condition == condition and s.probe == probe]
 
     def condition_error(self, condition: str) -> str | None:
         return self.meta.condition_error(condition)

@@ -1,11 +1,13 @@
-"""scores.jsonl: every sampled token of the sampled pass, scored by the target.
+"""scores.jsonl: every sampled token of the sampled pass and of the sampled probes, scored by
+the target.
 
-One JSON object per sample (a condition's sampled-pass record): its condition, prompt id and
-sample index, who scored it, and per output position the token, the target's raw (T=1,
-unprocessed) log-probability of it, the target's top-K ids and log-probabilities there, and
-the position's class (:func:`position_classes`). Floats are rounded to 4 decimals. A results
-folder without the file has no scores (an endpoint that returns no logprobs, or an older
-run); the distribution gate then falls back to its two-sample check.
+One JSON object per sample (a condition's sampled-pass record, or a sampled probe's, which
+names its ``probe``): its condition, prompt id and sample index, who scored it, and per
+output position the token, the target's raw (T=1, unprocessed) log-probability of it, the
+target's top-K ids and log-probabilities there, and the position's class
+(:func:`position_classes`). Floats are rounded to 4 decimals. A results folder without the
+file has no scores (an endpoint that returns no logprobs, or an older run); the distribution
+gate then falls back to its two-sample check.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class ScoreLine:
     classes: tuple[PositionClass, ...]
     run_id: str | None = None
     vocab: int | None = None  # the scorer's vocabulary size, where it knows it (the tail's bound)
+    probe: str | None = None  # a sampled probe's sample (params pass); None: the sampled pass
 
     def to_json(self) -> str:
         def r(x: float) -> float:
@@ -101,6 +104,8 @@ class ScoreLine:
         }
         if self.vocab is not None:
             data["vocab"] = self.vocab
+        if self.probe is not None:
+            data["probe"] = self.probe
         return json.dumps(data, ensure_ascii=False, allow_nan=False)
 
     @classmethod
@@ -121,11 +126,12 @@ class ScoreLine:
                 for t, lp, ids, lps in zip(tokens, logprobs, top_ids, top_lps, strict=True))
             if any(len(p.top_ids) != len(p.top_logprobs) for p in positions):
                 raise ValueError("top_ids and top_logprobs of different lengths")
-            vocab = data.get("vocab")
+            vocab, probe = data.get("vocab"), data.get("probe")
             return cls(str(data["condition"]), str(data["prompt_id"]),
                        int(data["sample_index"]), str(data.get("scorer", "")), positions,
                        tuple(classes), data.get("run_id"),
-                       None if vocab is None else int(vocab))
+                       None if vocab is None else int(vocab),
+                       None if probe is None else str(probe))
         except (KeyError, TypeError, ValueError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise RecordsError(f"{where}: not a score line ({what})") from None

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...pilot.probes import BY_NAME, PLAIN
+from ...pilot.probes import BY_NAME, PARAMETERS, PLAIN
 from ...pilot.schema import Pilot
 from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
@@ -21,6 +21,15 @@ from .exact import ExactResult, ScoredSample, ScoredToken, Served, exact_test
 from .exact_power import Budget, what_the_budget_sees
 from .exact_power import budget_problem as exact_budget_problem
 from .identity import classify, first_divergence, garwood, greedy_identity
+from .param_verdicts import (
+    ParamVerdict,
+    Status,
+    combine,
+    is_refusal,
+    parameter_verdicts,
+    sampled_verdicts,
+    used_by_service,
+)
 
 
 def _alpha(pilot: Pilot) -> float:
@@ -268,7 +277,8 @@ def _params_records(data: SavedCampaign, cond: str) -> dict[tuple[str, str], Req
 def _judge_probe(name: str, ref: dict[tuple[str, str], RequestRecord],
                  cand: dict[tuple[str, str], RequestRecord], pid: str,
                  epsilon: float) -> tuple[str, str]:
-    """(status, why): ok | broken | unsupported | not_evaluable for one probe and prompt."""
+    """(status, why): ok | broken | refused | unsupported | not_evaluable for one probe and
+    prompt (refused: the candidate declines what the baseline accepts)."""
     probe = BY_NAME[name]
     r, c = ref.get((pid, name)), cand.get((pid, name))
     r_plain, c_plain = ref.get((pid, PLAIN)), cand.get((pid, PLAIN))
@@ -282,7 +292,7 @@ def _judge_probe(name: str, ref: dict[tuple[str, str], RequestRecord],
     if (r.request or {}) != (c.request or {}):
         return "not_evaluable", "derived from plain outputs that differ (see greedy identity)"
     if not c.ok:
-        return "broken", f"refused: {c.error}"
+        return ("refused" if is_refusal(c.error) else "broken"), f"{c.error}"
     settings = r.request or {}
     if probe.check(settings, r.output_text, r.output_ids, r_plain.output_text,
                    r_plain.output_ids) is not None:
@@ -301,7 +311,20 @@ def _judge_probe(name: str, ref: dict[tuple[str, str], RequestRecord],
     return "ok", ""
 
 
+def _greedy_verdict(name: str, label: str, results: list[tuple[str, str, str]]
+                    ) -> ParamVerdict:
+    """One greedy probe's per-prompt results as a verdict."""
+    status: dict[str, Status] = {"ok": "honoured", "broken": "not_honoured",
+                                 "refused": "refused"}
+    return combine(name, label, [
+        ParamVerdict(name, label, status.get(s, "not_tested"),
+                     f"greedy, {pid}: {why}" if s in ("broken", "refused") else why)
+        for pid, s, why in results])
+
+
 def judge_sampling_params(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
+    """One verdict per sampling parameter (:mod:`.param_verdicts`) and per other greedy probe
+    (stop strings, token limits, logit bias, constrained decoding)."""
     assert spec.reference is not None
     ref = _params_records(data, spec.reference)
     cand = _params_records(data, spec.condition)
@@ -313,25 +336,35 @@ def judge_sampling_params(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> 
     for name in BY_NAME:
         for pid in prompts:
             if (pid, name) in ref or (pid, name) in cand:
-                status, why = _judge_probe(name, ref, cand, pid, eps)
-                per.setdefault(name, []).append((pid, status, why))
-    broken = {n: [x for x in v if x[1] == "broken"] for n, v in per.items()}
-    broken = {n: v for n, v in broken.items() if v}
-    ok = sorted(n for n, v in per.items() if any(s == "ok" for _, s, _ in v) and n not in broken)
-    untested = {n: v[0][2] for n, v in per.items() if n not in broken and n not in ok}
-    lines = []
-    if broken:
-        lines.append("not honoured as by the baseline: " + "; ".join(
-            f"{n} ({v[0][0]}: {v[0][2]})" for n, v in broken.items()))
+                per.setdefault(name, []).append((pid, *_judge_probe(name, ref, cand, pid, eps)))
+    labels = dict(PARAMETERS)
+    greedy = {n: _greedy_verdict(n, labels.get(n, n), v) for n, v in per.items()}
+    params = parameter_verdicts(sampled_verdicts(pilot, data, spec.reference, spec.condition),
+                                greedy)
+    verdicts = {**params, **{n: v for n, v in greedy.items() if n not in params}}
+    used = used_by_service(pilot)
+    wrong = [v for v in verdicts.values() if v.status == "not_honoured"]
+    refused = [v for v in verdicts.values() if v.status == "refused"]
+    ok = [v.label for v in verdicts.values() if v.status == "honoured"]
+    untested = [v for v in verdicts.values() if v.status == "not_tested"]
+    lines = [v.clause() for v in (*wrong, *refused)]
     lines.append(f"honoured: {', '.join(ok) or 'none'}")
     if untested:
-        lines.append("not tested: " + "; ".join(f"{n} ({why})" for n, why in untested.items()))
-    outcome: Outcome = "fail" if broken else ("pass" if ok else "skip")
-    summary = "; ".join(lines) + f" ({len(prompts)} prompt(s), greedy)"
-    return GateResult(spec, outcome, summary, estimate=len(broken), threshold=0,
-                      details={"honoured": ok, "broken": {n: v[0][2] for n, v in broken.items()},
-                               "not_tested": untested},
-                      evidence="tested" if ok or broken else "not_evaluable")
+        lines.append("not tested: " + "; ".join(f"{v.label} ({v.why})" for v in untested))
+    blocking = [v for v in refused if v.parameter in used]
+    outcome: Outcome = "fail" if wrong or blocking else ("pass" if ok or refused else "skip")
+    summary = "; ".join(lines) + f" ({len(prompts)} prompt(s))"
+    return GateResult(spec, outcome, summary, estimate=len(wrong) + len(blocking), threshold=0,
+                      details={"parameters": {n: v.as_dict() for n, v in verdicts.items()},
+                               "honoured": sorted(n for n, v in verdicts.items()
+                                                  if v.status == "honoured"),
+                               "broken": {n: v.why for n, v in verdicts.items()
+                                          if v.status == "not_honoured"},
+                               "refused": {n: v.why for n, v in verdicts.items()
+                                           if v.status == "refused"},
+                               "not_tested": {n: v.why for n, v in verdicts.items()
+                                              if v.status == "not_tested"}},
+                      evidence="tested" if ok or wrong or refused else "not_evaluable")
 
 
 # --------------------------------------------------------------------------- acceptance
