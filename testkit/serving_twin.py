@@ -35,7 +35,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,7 +300,8 @@ class TwinServer:
         raw = await reader.readexactly(size) if size else b""
         assert self.twin is not None
         twin = self.twin
-        gets = {"/server_info": twin.server_info, "/get_server_info": twin.server_info,
+        gets: dict[str, Callable[[], Any]] = {
+                "/server_info": twin.server_info, "/get_server_info": twin.server_info,
                 "/get_model_info": lambda: {"model_path": f"twin/{twin.profile.name}",
                                             "is_generation": True},
                 "/v1/models": lambda: {"object": "list", "data": [{
