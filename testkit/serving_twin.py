@@ -16,7 +16,8 @@ It speaks what the project's clients read from SGLang 0.5.23:
 * OpenAI ``/v1/completions`` and ``/v1/chat/completions``, streamed (with a final usage chunk
   when ``stream_options.include_usage``) or not.
 
-Tokens are cheap fake ids and text (one `` w`` per token); a prompt counts one token per 4
+Tokens are cheap fake ids drawn from the prompt (the same prompt gets the same ids on every
+twin, so greedy outputs agree) and text (one `` w`` per token); a prompt counts one token per 4
 characters. Every request generates exactly ``max_new_tokens`` (finish reason ``length``). A
 client that closes its connection mid-stream cancels its request (it leaves the batch at the
 next step), as the runner's cancelled fillers do on a real server.
@@ -35,6 +36,7 @@ import json
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,11 +59,12 @@ class Served(Request):
     writer: asyncio.StreamWriter | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     t0: float = 0.0
+    key: int = 0  # the prompt's: the same prompt gets the same ids on every twin (greedy)
     ids: list[int] = field(default_factory=list)
 
     def new_ids(self, n: int) -> list[int]:
         start = len(self.ids)
-        fresh = [(hash(self.rid) + 7919 * (start + i)) % 32000 for i in range(n)]
+        fresh = [(self.key + 7919 * (start + i)) % 32000 for i in range(n)]
         self.ids += fresh
         return fresh
 
@@ -219,7 +222,8 @@ def _request(twin: Twin, path: str, body: dict[str, Any]) -> Served:
         params = body.get("sampling_params") or {}
         text = body.get("text") or ""
         return Served(rid, max(1, len(str(text)) // 4), int(params.get("max_new_tokens", 128)),
-                      kind="sglang", stream=bool(body.get("stream")))
+                      kind="sglang", stream=bool(body.get("stream")),
+                      key=zlib.crc32(str(text).encode()))
     if path == "/v1/chat/completions":
         text = "".join(str(m.get("content", "")) for m in body["messages"])
         kind = "chat"
@@ -228,7 +232,7 @@ def _request(twin: Twin, path: str, body: dict[str, Any]) -> Served:
     most = body.get("max_completion_tokens") or body.get("max_tokens") or 16
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
     return Served(rid, max(1, len(text) // 4), int(most), kind=kind,
-                  stream=bool(body.get("stream")), usage=usage)
+                  stream=bool(body.get("stream")), usage=usage, key=zlib.crc32(text.encode()))
 
 
 class TwinServer:
