@@ -89,7 +89,8 @@ def write_folder(root: Path, records: int, seed: int = 0) -> Path:
                         e2es = [float(base[i] * factor * conc ** 0.3 * rng.lognormal(0.0, 0.1))
                                 for i in members]
                         # The runner's closed loop: fillers hold the load until the last ends.
-                        starts, fillers = closed_loop_starts(e2es, conc)
+                        starts, fillers = closed_loop_starts(e2es, conc,
+                                                             float(np.median(e2es)))
                         for t, d, done in fillers:
                             writer.write(make_record(
                                 cond, f"p{members[0]:05d}", run_id=RUN_ID, block=block,
