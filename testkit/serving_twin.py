@@ -33,12 +33,15 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from testkit.twin_model import PROFILES, Profile, Request, Scheduler, profile
@@ -284,18 +287,21 @@ class TwinServer:
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
+        carry: bytes | None = b""
         try:
-            while await self._one(reader, writer):
-                pass
+            while carry is not None:
+                carry = await self._one(reader, writer, carry)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ValueError):
             pass
         finally:
             writer.close()
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Serve one request of a kept-alive connection; False once the client is gone."""
-        head = await reader.readuntil(b"\r\n\r\n")
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   carry: bytes) -> bytes | None:
+        """Serve one request of a kept-alive connection (``carry``: its first bytes, already
+        read); what the next one starts with, None once the client is gone."""
+        head = carry + await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         method, path = lines[0].split(" ")[:2]
         headers = {k.strip().lower(): v.strip()
@@ -323,15 +329,15 @@ class TwinServer:
                 req = _request(twin, path, json.loads(raw or b"{}"))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 writer.write(_answer(400, {"error": f"bad request body: {exc}"}))
-                return True
+                return b""
             return await self._generate(req, reader, writer)
         else:
             writer.write(_answer(404, {"error": f"no route {method} {path}"}))
         await writer.drain()
-        return True
+        return b""
 
     async def _generate(self, req: Served, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> bool:
+                        writer: asyncio.StreamWriter) -> bytes | None:
         assert self.twin is not None
         req.incremental = self.incremental
         if req.stream:
@@ -340,27 +346,72 @@ class TwinServer:
                          b"Transfer-Encoding: chunked\r\n\r\n")
         self.twin.submit(req)
         # The client says nothing more until the answer ends: EOF meanwhile is a cancel.
-        gone = asyncio.ensure_future(reader.read(1))
+        # A byte read here once the answer ended is the next request's first: carried over.
+        gone = asyncio.ensure_future(_first_byte(reader))
         done = asyncio.ensure_future(req.finished.wait())
         await asyncio.wait({gone, done}, return_when=asyncio.FIRST_COMPLETED)
         if not done.done():
             req.cancelled = True
             done.cancel()
-            return False
+            return None
         gone.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await gone  # the reader is free for the connection's next request
-        if gone.cancelled() is False and gone.result() == b"":
-            return False
+        carry = b"" if gone.cancelled() else gone.result()
+        if carry is None:
+            return None
         if not req.stream:
             writer.write(_answer(200, _whole(req, self.profile)))
         await writer.drain()
-        return True
+        return carry
+
+
+async def _first_byte(reader: asyncio.StreamReader) -> bytes | None:
+    """The connection's next byte; None when the client closed it."""
+    try:
+        got = await reader.read(1)
+    except ConnectionError:
+        return None
+    return got or None
 
 
 def nominal_rates(prof: Profile, concurrencies: Iterator[int] | list[int]) -> dict[int, float]:
     """The model's steady decode rate (tokens/s) at each concurrency (up to the cap)."""
     return {c: prof.nominal_tokens_s(min(c, prof.cap)) for c in concurrencies}
+
+
+class TwinProcess:
+    """The twin in a process of its own (a context manager): no GIL shared with the client
+    under test, whose own work would otherwise delay the twin's wake-ups. Ended by its pid."""
+
+    def __init__(self, prof: str, *, time_scale: float = 1.0, seed: int = 0) -> None:
+        self.argv = [sys.executable, "-m", "testkit.serving_twin", "--profile", prof,
+                     "--time-scale", repr(time_scale), "--seed", str(seed)]
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def __enter__(self) -> TwinProcess:
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=root)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("READY "):
+            self.__exit__()
+            raise RuntimeError(f"the serving twin did not start: {line!r}")
+        self.url = line.split()[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
