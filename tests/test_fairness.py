@@ -189,3 +189,34 @@ def test_open_loop_caps_are_judged_on_what_was_in_flight() -> None:
     res = fairness_check(m, burst)
     assert not res.ok and "up to 4 requests in flight, but cand runs at most 2" in (
         res.differences[0])
+
+
+def test_in_flight_matches_the_overlap_counted_pair_by_pair() -> None:
+    """The in-flight average from sorted spans and prefix sums equals the time overlap of
+    every sent request with each measured one's decode window, summed pair by pair (random
+    spans, fillers, a request whose first token is its last, one group of the records)."""
+    import numpy as np
+
+    from pytest_osprey.judgement.service.load import in_flight
+
+    rng = np.random.default_rng(3)
+    recs = []
+    for i in range(300):
+        start = 1.7e9 + float(rng.uniform(0, 50))  # epoch-sized times
+        e2e = float(rng.uniform(0.1, 5.0))
+        ttft = e2e if i % 50 == 0 else float(rng.uniform(0, e2e))
+        recs.append(make_record("base", f"p{i}", started_at=start, e2e_s=e2e, ttft_s=ttft,
+                                itl_s=[0.1], filler=i % 3 == 0))
+    spans = [(r.started_at or 0.0, (r.started_at or 0.0) + (r.e2e_s or 0.0)) for r in recs]
+    got = dict((id(r), v) for r, v in in_flight(recs))
+    assert len(got) == sum(not r.filler for r in recs)
+    for r in recs:
+        if r.filler:
+            continue
+        a = (r.started_at or 0.0) + (r.ttft_s or 0.0)
+        b = (r.started_at or 0.0) + (r.e2e_s or 0.0)
+        if b > a:
+            want = sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans) / (b - a)
+        else:
+            want = sum(s <= a < e for s, e in spans) + 1.0
+        assert got[id(r)] == pytest.approx(want, rel=1e-6, abs=1e-6), (r.prompt_id, want)

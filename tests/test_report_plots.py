@@ -222,3 +222,21 @@ def test_titles_say_what_was_timed() -> None:
     timed_greedy = ttft_throughput_figure(saved_campaign(greedy, baseline="baseline",
                                                          candidates=["cand"]))
     assert "timed greedy requests" in timed_greedy.get_suptitle()
+
+
+def test_speedup_plot_of_many_prompts_stays_a_readable_size() -> None:
+    """A row per prompt up to NAMED_ROWS; past it the prompts are ranked, unnamed, in a
+    figure of NAMED_ROWS rows (a row each for 600 prompts would be over 14,000 pixels)."""
+    import struct
+
+    from pytest_osprey.report.plots import NAMED_ROWS, speedup_plot
+    from testkit.factories import paired_campaign
+
+    def height(prompts: int) -> int:
+        data = saved_campaign(paired_campaign({"base": 1.0, "cand": 0.8}, prompts=prompts,
+                                              passes=2))
+        png = speedup_plot(data, "base", "cand")
+        return int(struct.unpack(">I", png[20:24])[0])  # IHDR: width, then height
+
+    few, many = height(NAMED_ROWS // 2), height(600)
+    assert few < many <= 2 * few, (few, many)

@@ -117,6 +117,7 @@ def prompt_speedups(
     return out
 
 
+NAMED_ROWS = 80  # prompts the per-prompt speedup plot names, a row each
 Overall = dict[str, tuple[float, float, float]]  # load -> the gate's estimate, CI low, high
 
 
@@ -126,22 +127,30 @@ def speedup_plot(
 ) -> bytes:
     """Per-prompt speedup of ``candidate`` over ``reference``: one panel per load level,
     prompts down the side grouped and colored by slice, log-scale speedup axis; the speed
-    gate's overall estimate and CI (``overall``) as a band where given."""
+    gate's overall estimate and CI (``overall``) as a band where given. Past NAMED_ROWS
+    prompts each panel ranks its prompts by speedup, unnamed."""
     overall = overall or {}
     levels = level_order(data)
     per_level = [prompt_speedups(data, reference, candidate, lv, seed) for lv, _ in levels]
     ids = sorted({(s, p) for rows in per_level for p, s, *_ in rows})
-    pos = {p: i for i, (_, p) in enumerate(ids)}
+    named = len(ids) <= NAMED_ROWS
+    # Past NAMED_ROWS prompts a row each would make a figure metres tall (10^4 prompts: over
+    # matplotlib's 2^16-pixel limit): each panel then ranks its prompts by speedup, unnamed.
+    ranks = [{row[0]: i for i, row in enumerate(sorted(rows, key=lambda r: r[2]))}
+             for rows in per_level]
+    pos_named = {p: i for i, (_, p) in enumerate(ids)}
     slice_names = sorted({s for s, _ in ids})
     colors = {s: color_of(i) for i, s in enumerate(slice_names)}
     values = [v for rows in per_level for row in rows for v in row[2:] if v is not None]
     values += [v for band in overall.values() for v in band if math.isfinite(v) and v > 0]
     low = min([*values, threshold, 1.0]) / 1.15
     high = max([*values, threshold, 1.0]) * 1.15
-    fig = Figure(figsize=(4.8 * len(levels) + 1.4, 2.6 + 0.24 * max(len(ids), 4)),
+    fig = Figure(figsize=(4.8 * len(levels) + 1.4,
+                          2.6 + 0.24 * max(min(len(ids), NAMED_ROWS), 4)),
                  layout="constrained")
     axes = fig.subplots(1, len(levels), squeeze=False, sharey=True)[0]
-    for ax, (level, conc), rows in zip(axes, levels, per_level, strict=True):
+    for ax, (level, conc), rows, rank in zip(axes, levels, per_level, ranks, strict=True):
+        pos = pos_named if named else rank
         speedup_axis(ax, low, high)
         ax.axvline(1.0, color="#444444", lw=1, label="1x (no change)")
         if threshold != 1.0:
@@ -172,9 +181,12 @@ def speedup_plot(
             ax.set_title(f"load {level} ({conc})", fontsize=10)
         ax.set_xlabel(f"speedup = {reference} / {candidate} latency")
         ax.grid(alpha=0.3, axis="x")
-    axes[0].set_yticks(range(len(ids)), [p for _, p in ids], fontsize=8)
+    if named:
+        axes[0].set_yticks(range(len(ids)), [p for _, p in ids], fontsize=8)
+        axes[0].set_ylabel("prompt")
+    else:
+        axes[0].set_ylabel(f"{len(ids)} prompts, ranked by speedup in each panel")
     axes[0].set_ylim(len(ids) - 0.5 if ids else 0.5, -0.5)
-    axes[0].set_ylabel("prompt")
     handles: dict[str, Any] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):

@@ -383,10 +383,33 @@ def _cluster_bootstrap_median(
     cluster = np.concatenate(ids)
     keep = np.isfinite(values)
     values, cluster = values[keep], cluster[keep]
-    labels = np.unique(cluster)
-    members = [values[cluster == c] for c in labels]
+    labels, which = np.unique(cluster, return_inverse=True)
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, labels.size, (resamples, labels.size))
-    meds = np.array([np.median(np.concatenate([members[j] for j in row])) for row in picks])
+    meds = _resampled_medians(values, which, picks)
     tail = (1 - confidence) / 2
     return float(np.quantile(meds, tail)), float(np.quantile(meds, 1 - tail))
+
+
+def _resampled_medians(values: FloatArray, which: IntArray, picks: IntArray,
+                       rows: int = 64) -> FloatArray:
+    """Per row of ``picks`` (cluster indices drawn with replacement), the median of the
+    values of the clusters drawn, each as often as drawn: exactly np.median of their
+    concatenation, as a weighted median over the values sorted once (concatenating per
+    resample took most of the judge's time at 10^5 records)."""
+    order = np.argsort(values, kind="stable")
+    ranked, owner = values[order], which[order]
+    out = np.empty(picks.shape[0])
+    clusters = int(which.max()) + 1 if which.size else 0
+    for k in range(0, picks.shape[0], rows):
+        block = picks[k:k + rows]
+        # How often each cluster was drawn, hence each value's weight, in rank order.
+        counts = np.zeros((block.shape[0], clusters), dtype=np.int64)
+        np.add.at(counts, (np.arange(block.shape[0])[:, None], block), 1)
+        cum = np.cumsum(counts[:, owner], axis=1)
+        total = cum[:, -1]
+        lo_rank, hi_rank = (total - 1) // 2, total // 2  # the middle one or two (0-based)
+        lo = (cum <= lo_rank[:, None]).sum(axis=1)
+        hi = (cum <= hi_rank[:, None]).sum(axis=1)
+        out[k:k + rows] = (ranked[lo] + ranked[hi]) / 2
+    return out
