@@ -181,7 +181,8 @@ class PilotRun:
         if budget:
             raise UsageError(f"{pilot_path}: {budget}")
         conditions = select_conditions(pilot, options.conditions, str(pilot_path))
-        size = campaign_size(pilot, trace, len(conditions))
+        # The expected time from the last complete run of this pilot, where one is kept.
+        size = campaign_size(pilot, trace, len(conditions), here / "osprey-results")
         too_big = size_problem(size)
         if too_big:
             raise UsageError(f"{pilot_path}: {too_big}")
@@ -336,6 +337,8 @@ class PilotRun:
                 self.pilot, trace, self.results_dir, self.conditions, preflight.failed(),
                 progress=self.progress, config_text=self.pilot_text,
                 stop_rule=self._stop_rule(), trace_draw=self.trace_draw)
+            if self.size is not None:
+                campaign.size = self.size  # campaign.json keeps the header's expectation
         except ShardError as exc:
             self.campaign_error = str(exc)
             raise CampaignError(self.campaign_error) from None

@@ -29,10 +29,18 @@ class TimeModel:
     slowdown: float
     overhead_s: float
     boot_s: float
+    per_concurrency: dict[int, float] = field(default_factory=dict)
+    """Measured seconds per token at these concurrencies (others: the linear rule)."""
+    base_concurrency: int = 1
+    """The concurrency ``s_per_token`` was measured at."""
+
+    def token_s(self, concurrency: int) -> float:
+        if concurrency in self.per_concurrency:
+            return self.per_concurrency[concurrency]
+        return self.s_per_token * (1 + (concurrency - self.base_concurrency) * self.slowdown)
 
     def request_s(self, tokens: float, concurrency: int) -> float:
-        return tokens * self.s_per_token * (1 + (concurrency - 1) * self.slowdown) \
-            + self.overhead_s
+        return tokens * self.token_s(concurrency) + self.overhead_s
 
 
 # The tiny test models on the embedded engine on CPU decode at ~14 ms per output token at one
@@ -114,7 +122,8 @@ def duration(seconds: float) -> str:
 def expected_time(pilot: Pilot, trace: Trace, conditions: int,
                   model: TimeModel | None = None) -> ExpectedTime | None:
     """The campaign's expected time under ``model`` (default: :func:`default_model`), or None
-    where no model exists. Conditions boot one after another on the same device(s)."""
+    where no model exists. Conditions boot one after another on the same device(s), so the
+    devices held are one server's (``cost.devices_per_server``) for the whole time."""
     model = model or default_model(pilot)
     if model is None:
         return None
@@ -138,7 +147,7 @@ def expected_time(pilot: Pilot, trace: Trace, conditions: int,
         chosen = draws["sampled"].prompts
         n = sampling.sampled.samples_per_prompt
         tokens = sum(max_new_tokens(pilot, p, sampling.sampled.max_new_tokens) for p in chosen)
-        phases["sampled"] = (tokens * n * model.s_per_token
+        phases["sampled"] = (tokens * n * model.token_s(1)
                              + len(chosen) * n * model.overhead_s) * conditions
         # Scoring is a prefill of each sample on the baseline: about one overhead each.
         phases["scoring"] = len(chosen) * n * conditions * 2 * model.overhead_s

@@ -5,6 +5,7 @@ refused with the keys to change, and every run says its size before it starts.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -14,6 +15,7 @@ from ..pilot.schema import Pilot
 from ..pilot.selection import pass_draws
 from ..pilot.trace import Trace
 from .expected_time import UNKNOWN, ExpectedTime, expected_time
+from .measured_time import measured_model
 from .requests import max_new_tokens
 
 # Every record is kept in memory by the judge (a few KiB each) and in records.jsonl: a
@@ -122,7 +124,10 @@ def _duration(seconds: float) -> str:
     return f"{hours:,.1f} h" if hours >= 1 else f"{seconds / 60:,.0f} min"
 
 
-def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
+def campaign_size(pilot: Pilot, trace: Trace, conditions: int,
+                  results_root: Path | None = None) -> CampaignSize:
+    """The campaign's size; its expected time from the last complete run of the same pilot
+    under ``results_root`` (osprey-results/) where there is one, else the engine's default."""
     load, sampling = pilot.load, pilot.sampling
     prompts = trace.prompts
     budget = sum(max_new_tokens(pilot, p) for p in prompts)
@@ -149,9 +154,10 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
                 for level in load.levels)
     waves += sampled + params + greedy
     worst = waves * conditions * load.request_timeout_s
+    model = measured_model(results_root, pilot.name) if results_root is not None else None
     return CampaignSize(conditions, timed, sampled, params, tokens, worst, greedy,
                         scoring=sampled * conditions,
-                        expected=expected_time(pilot, trace, conditions))
+                        expected=expected_time(pilot, trace, conditions, model))
 
 
 _KEYS = ("lower trace.ids / the trace's prompts, load.levels, load.passes, "
