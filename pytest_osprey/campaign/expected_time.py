@@ -31,16 +31,24 @@ class TimeModel:
     boot_s: float
     per_concurrency: dict[int, float] = field(default_factory=dict)
     """Measured seconds per token at these concurrencies (others: the linear rule)."""
+    overheads: dict[int, float] = field(default_factory=dict)
+    """Measured overhead (time to first token, queueing included) at these concurrencies."""
     base_concurrency: int = 1
     """The concurrency ``s_per_token`` was measured at."""
+    fill: float = 1.0
+    """The share of each request's output-token budget it produces (measured: outputs that
+    end before their budget; a default assumes the whole budget)."""
 
     def token_s(self, concurrency: int) -> float:
         if concurrency in self.per_concurrency:
             return self.per_concurrency[concurrency]
         return self.s_per_token * (1 + (concurrency - self.base_concurrency) * self.slowdown)
 
-    def request_s(self, tokens: float, concurrency: int) -> float:
-        return tokens * self.token_s(concurrency) + self.overhead_s
+    def request_s(self, budget: float, concurrency: int) -> float:
+        """One request of ``budget`` output tokens: the overhead (to the first token), then
+        each further token."""
+        return max(budget * self.fill - 1, 0) * self.token_s(concurrency) \
+            + self.overheads.get(concurrency, self.overhead_s)
 
 
 # The tiny test models on the embedded engine on CPU decode at ~14 ms per output token at one
@@ -147,7 +155,7 @@ def expected_time(pilot: Pilot, trace: Trace, conditions: int,
         chosen = draws["sampled"].prompts
         n = sampling.sampled.samples_per_prompt
         tokens = sum(max_new_tokens(pilot, p, sampling.sampled.max_new_tokens) for p in chosen)
-        phases["sampled"] = (tokens * n * model.token_s(1)
+        phases["sampled"] = (max(tokens * model.fill - len(chosen), 0) * n * model.token_s(1)
                              + len(chosen) * n * model.overhead_s) * conditions
         # Scoring is a prefill of each sample on the baseline: about one overhead each.
         phases["scoring"] = len(chosen) * n * conditions * 2 * model.overhead_s

@@ -154,7 +154,9 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int,
                 for level in load.levels)
     waves += sampled + params + greedy
     worst = waves * conditions * load.request_timeout_s
-    model = measured_model(results_root, pilot.name) if results_root is not None else None
+    model = (measured_model(results_root, pilot.name,
+                            {p.id: max_new_tokens(pilot, p) for p in prompts})
+             if results_root is not None else None)
     return CampaignSize(conditions, timed, sampled, params, tokens, worst, greedy,
                         scoring=sampled * conditions,
                         expected=expected_time(pilot, trace, conditions, model))
