@@ -181,7 +181,7 @@ class PilotRun:
         if budget:
             raise UsageError(f"{pilot_path}: {budget}")
         conditions = select_conditions(pilot, options.conditions, str(pilot_path))
-        size = campaign_size(pilot, trace, len(conditions))
+        size = campaign_size(pilot, trace, len(conditions), here / "osprey-results")
         too_big = size_problem(size)
         if too_big:
             raise UsageError(f"{pilot_path}: {too_big}")
@@ -335,7 +335,7 @@ class PilotRun:
             campaign = (Campaign if shard is None else partial(ShardCampaign, shard=shard))(
                 self.pilot, trace, self.results_dir, self.conditions, preflight.failed(),
                 progress=self.progress, config_text=self.pilot_text,
-                stop_rule=self._stop_rule(), trace_draw=self.trace_draw)
+                stop_rule=self._stop_rule(), trace_draw=self.trace_draw, size=self.size)
         except ShardError as exc:
             self.campaign_error = str(exc)
             raise CampaignError(self.campaign_error) from None

@@ -140,7 +140,9 @@ def test_dry_run_lists_its_checks_and_leaves_no_folder(outputs: dict[str, Any],
     assert "baseline: command line ok: endpoint http://127.0.0.1:" in res.stdout
     assert "cand: command line ok" in res.stdout
     # Before anything runs, both adapters say what it will cost.
-    assert re.search(r"campaign size: [\d,]+ requests .*judge memory about [\d,]+ MiB; at most "
+    # The expected time first; the worst case only where none is known (endpoints here).
+    assert re.search(r"expected time: known after warm-up \(the progress line's ETA\); campaign "
+                     r"size: [\d,]+ requests .*judge memory about [\d,]+ MiB; at most "
                      r"[\d.,]+ (min|h) if every request ran to its timeout", res.stdout), res.stdout
     # With the greedy timed passes the only quality requests are the parameter probes
     # (off here): the quality passes' share is said, and is 0.

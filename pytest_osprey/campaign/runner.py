@@ -56,7 +56,7 @@ from .requests import (
     stop_reason,
 )
 from .schedule import ReplayPlan, Stretch, plan_facts, plan_replay
-from .size import campaign_size
+from .size import CampaignSize, campaign_size
 from .steady import dispatch, filler_order, hold_load
 
 # How long a server whose requests failed may take to be seen exited (the kernel reaps it
@@ -98,6 +98,7 @@ class Campaign:
         config_text: str | None = None,
         stop_rule: StopRule | None = None,
         trace_draw: Draw | None = None,
+        size: CampaignSize | None = None,
     ) -> None:
         self.pilot = pilot
         self.trace = trace
@@ -108,7 +109,8 @@ class Campaign:
             self.draws = {"trace": trace_draw, **self.draws}
         self.directory = directory
         self.conditions = list(conditions)
-        self.size = campaign_size(pilot, trace, len(self.conditions))
+        # The header's size and expectation, as said before the run (default: from the pilot).
+        self.size = size or campaign_size(pilot, trace, len(self.conditions))
         self.skipped = dict(skipped or {})
         self.progress = progress or (lambda _e: None)
         self.run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)

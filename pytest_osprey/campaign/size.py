@@ -5,6 +5,7 @@ refused with the keys to change, and every run says its size before it starts.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -13,6 +14,8 @@ from ..pilot.probes import PROBES, SAMPLED_PROBES
 from ..pilot.schema import Pilot
 from ..pilot.selection import pass_draws
 from ..pilot.trace import Trace
+from .expected_time import UNKNOWN, ExpectedTime, expected_time
+from .measured_time import measured_model
 from .requests import max_new_tokens
 
 # Every record is kept in memory by the judge (a few KiB each) and in records.jsonl: a
@@ -48,6 +51,8 @@ class CampaignSize:
     scoring: int = 0
     """Scoring requests, all sent to the baseline (the target scores every condition's
     sampled outputs, one request per sample): quality evidence too."""
+    expected: ExpectedTime | None = None
+    """The expected time and device-hours (None: no time model before warm-up)."""
 
     @property
     def quality_per_condition(self) -> int:
@@ -77,18 +82,24 @@ class CampaignSize:
         return self.per_condition * self.conditions + self.scoring
 
     def line(self) -> str:
+        """Expected time first, then the requests and tokens, the quality share, the judge's
+        memory; the worst case (every request to its timeout) only where no expectation
+        exists: otherwise the timeout breaker stops a failing condition long before."""
         greedy = (f"{self.greedy_per_condition:,} greedy (untimed), "
                   if self.greedy_per_condition else "")
-        return (f"campaign size: {self.requests:,} requests ({self.per_condition:,} per "
-                f"condition: {self.timed_per_condition:,} timed, {greedy}"
+        expected = self.expected.line() if self.expected is not None else UNKNOWN
+        worst = ("" if self.expected is not None else
+                 f"; at most {_duration(self.worst_case_s)} if every request ran to its timeout")
+        return (f"{expected}; campaign size: {self.requests:,} requests "
+                f"({self.per_condition:,} per condition: {self.timed_per_condition:,} timed, "
+                f"{greedy}"
                 f"{self.sampled_per_condition:,} sampled, {self.params_per_condition:,} "
                 f"parameter probes)"
                 + (f" + {self.scoring:,} scoring requests to the baseline" if self.scoring
                    else "")
                 + f", up to {self.tokens_per_condition * self.conditions:,} "
                 f"output tokens; {self.quality_line()}; judge memory about "
-                f"{self.judge_mib:,.0f} MiB; at most {_duration(self.worst_case_s)} if every "
-                "request ran to its timeout")
+                f"{self.judge_mib:,.0f} MiB{worst}")
 
     def quality_line(self) -> str:
         """The quality passes' share of the campaign, e.g. ``quality passes: 1,120 of 3,700
@@ -104,7 +115,8 @@ class CampaignSize:
                 "requests": self.requests,
                 "quality_requests": self.quality_requests,
                 "quality_share": round(self.quality_share, 4),
-                "output_tokens": self.tokens_per_condition * self.conditions}
+                "output_tokens": self.tokens_per_condition * self.conditions,
+                "expected": self.expected.facts() if self.expected is not None else None}
 
 
 def _duration(seconds: float) -> str:
@@ -112,7 +124,10 @@ def _duration(seconds: float) -> str:
     return f"{hours:,.1f} h" if hours >= 1 else f"{seconds / 60:,.0f} min"
 
 
-def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
+def campaign_size(pilot: Pilot, trace: Trace, conditions: int,
+                  results_root: Path | None = None) -> CampaignSize:
+    """The campaign's size; its expected time from the last complete run of the same pilot
+    under ``results_root`` (osprey-results/) where there is one, else the engine's default."""
     load, sampling = pilot.load, pilot.sampling
     prompts = trace.prompts
     budget = sum(max_new_tokens(pilot, p) for p in prompts)
@@ -143,8 +158,12 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int) -> CampaignSize:
                 for level in load.levels)
     waves += sampled + params + greedy
     worst = waves * conditions * load.request_timeout_s
+    model = (measured_model(results_root, pilot.name,
+                            {p.id: max_new_tokens(pilot, p) for p in prompts})
+             if results_root is not None else None)
     return CampaignSize(conditions, timed, sampled, params, tokens, worst, greedy,
-                        scoring=(sampled + scored_probes) * conditions)
+                        scoring=(sampled + scored_probes) * conditions,
+                        expected=expected_time(pilot, trace, conditions, model))
 
 
 _KEYS = ("lower trace.ids / the trace's prompts, load.levels, load.passes, "

@@ -148,6 +148,24 @@ class DrawFacts(_Facts):
     """The drawn prompts, in trace order."""
 
 
+class ExpectedFacts(_Facts):
+    """The campaign's expected time, stated before it ran (campaign/expected_time.py)."""
+
+    source: str
+    """The time model's source: a default per engine kind, stated as an assumption."""
+    seconds: float
+    """Wall time of the full plan, every condition."""
+    first_look_seconds: float | None = None
+    """With early stopping: the time if the timed passes stop at the first look."""
+    phases: dict[str, float] = Field(default_factory=dict)
+    """Seconds per phase: boots, warm-up, timed, greedy, sampled, scoring, params."""
+    devices: int
+    """Devices held (cost.devices_per_server)."""
+    device_hours: float
+    cost: float | None = None
+    """device_hours x cost.device_hour_price, when a price is set."""
+
+
 class SizeFacts(_Facts):
     """The campaign's size as planned before it ran (campaign/size.py), per condition; a
     shard records the whole plan's (an early stop runs fewer)."""
@@ -168,6 +186,8 @@ class SizeFacts(_Facts):
     quality_share: float
     """``quality_requests / requests``."""
     output_tokens: int
+    expected: ExpectedFacts | None = None
+    """The expected time (null: no time model, known after warm-up)."""
 
 
 def text_sha256(text: str | None) -> str | None:
