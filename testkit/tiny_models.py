@@ -64,3 +64,14 @@ def drafted_pilot(**target: Any) -> Any:
                                                 "num_draft_tokens": 4}}},
         trace={"files": [str(ROOT / "prompts" / "pilot.jsonl")]},
     )  # fmt: skip
+
+
+def started_engine(pilot: Any, name: str, folder: Path) -> Any:
+    """``name``'s embedded engine of ``pilot``, booted, its log under ``folder/logs`` (the
+    caller stops it)."""
+    from pytest_osprey.engines.base import BootSpec
+    from pytest_osprey.engines.transformers import TransformersEngine
+
+    engine = TransformersEngine(pilot, name, BootSpec(name, folder / "logs"))
+    engine.start()
+    return engine

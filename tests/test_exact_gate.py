@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.engines.base import BootSpec, GenerationRequest
+from pytest_osprey.engines.base import GenerationRequest
 from pytest_osprey.engines.planted_faults import ENV
 from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.gates.kinds import GateKind
@@ -111,19 +111,13 @@ async def _sample_and_score(engine: TransformersEngine, scorer: TransformersEngi
     return lines
 
 
-def _engine(pilot: Pilot, name: str, tmp: Path) -> TransformersEngine:
-    engine = TransformersEngine(pilot, name, BootSpec(name, tmp / "logs"))
-    engine.start()
-    return engine
-
-
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The baseline up once, its own samples scored (the A/A control)."""
     tmp = tmp_path_factory.mktemp("exact")
     pilot = _pilot(write_trace(tmp / "t.jsonl", 1))
     with tiny_models.one_thread():
-        base = _engine(pilot, "base", tmp)
+        base = tiny_models.started_engine(pilot, "base", tmp)
         try:
             control = asyncio.run(_sample_and_score(base, base, "base"))
             yield {"pilot": pilot, "base": base, "control": control, "tmp": tmp}
@@ -135,7 +129,7 @@ def _judged(scene: dict[str, Any], fault: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(ENV, fault)
     pilot = scene["pilot"]
     with tiny_models.one_thread():
-        cand = _engine(pilot, "cand", scene["tmp"])
+        cand = tiny_models.started_engine(pilot, "cand", scene["tmp"])
         try:
             lines = asyncio.run(_sample_and_score(cand, scene["base"], "cand"))
         finally:

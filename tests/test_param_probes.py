@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.engines.base import BootSpec
 from pytest_osprey.engines.planted_faults import ENV
-from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.gates import judge_sampling_params
@@ -50,12 +48,6 @@ def _pilot(trace: Path) -> Pilot:
     )  # fmt: skip
 
 
-def _engine(pilot: Pilot, name: str, tmp: Path) -> TransformersEngine:
-    engine = TransformersEngine(pilot, name, BootSpec(name, tmp / "logs"))
-    engine.start()
-    return engine
-
-
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The baseline up once, its own params pass run and scored."""
@@ -64,7 +56,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     pilot = _pilot(trace)
     prompts = list(load_trace([trace]).prompts)
     with tiny_models.one_thread():
-        base = _engine(pilot, "base", tmp)
+        base = tiny_models.started_engine(pilot, "base", tmp)
         try:
             records, lines = asyncio.run(probe_condition(base, base, "base", pilot, prompts,
                                                            SAMPLES, TOKENS))
@@ -82,7 +74,7 @@ def _judged(scene: dict[str, Any], fault: str, monkeypatch: pytest.MonkeyPatch) 
     pilot = scene["pilot"]
     started = time.monotonic()
     with tiny_models.one_thread():
-        cand = _engine(pilot, "cand", scene["tmp"])
+        cand = tiny_models.started_engine(pilot, "cand", scene["tmp"])
         try:
             records, lines = asyncio.run(probe_condition(cand, scene["base"], "cand", pilot,
                                                          scene["prompts"], SAMPLES, TOKENS))
