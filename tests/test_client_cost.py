@@ -9,7 +9,7 @@ step, the client takes the same share of the machine per second of serving from 
 condition. What made the old client unfair was growth: cumulative chunks (SGLang's default)
 with logprob rows cost more the longer the output, quadratically in all, so long outputs
 (one chunk per token: the baseline's most of all) spent their time in the client. Asserted:
-per step the two streams cost the same within 10%, and per token nothing grows with the
+per step the two streams cost the same within 25%, and per token nothing grows with the
 output's length; the old way (cumulative, logprobs) must fail the second, or the test could
 not tell.
 
@@ -18,7 +18,9 @@ same per step for both streams by construction, and on a shared 2-core VM the CP
 those wake-ups swung one round's cost between 37 and 103 ms (1 ms gaps): medians of 7 pairs
 missed the 10% either way. Back to back, what is measured is the work on each chunk's
 content, where the two streams can differ: per-step medians 1.02-1.07 in six runs, 1.06-1.08
-beside two busy loops.
+beside two busy loops, 1.14 once in a loaded CI run. A four-token chunk carries four tokens'
+text, so it costs a little more to parse; the unfair client this guards against cost over 2x,
+so a 25% bound still tells them apart without failing on a busy machine.
 Both sides of a pair run the same number of requests, so the per-request cost cancels.
 """
 
@@ -119,7 +121,7 @@ def test_a_baseline_and_a_drafter_stream_cost_the_client_alike(
     print(f"\nclient CPU per step: 1-token chunks {one / TOKENS * 1e6:.1f} us, 4-token chunks "
           f"{four / TOKENS * 1e6:.1f} us (median ratio {per_step:.3f}); per token "
           f"{one / TOKENS * 1e6:.1f} vs {four / (4 * TOKENS) * 1e6:.1f} us")
-    assert 1 / 1.10 <= per_step <= 1.10
+    assert 1 / 1.25 <= per_step <= 1.25
 
 
 @pytest.mark.parametrize("margins", [False, True])
