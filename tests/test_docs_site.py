@@ -17,10 +17,10 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 
 # The two set-up commands, as a fresh machine runs them (CI's install repeats the second).
-PILOT_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e . && "
-                 ".venv/bin/pytest --osprey-config=pilot.yaml")
-TEST_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e '.[test]' && "
-                ".venv/bin/pytest")
+PILOT_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 "
+                 "-e '.[embedded]' && .venv/bin/pytest --osprey-config=pilot.yaml")
+TEST_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 "
+                "-e '.[embedded,test]' && .venv/bin/pytest")
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', re.M)

@@ -4,6 +4,7 @@ field, and paths resolved against the pilot file's folder."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +16,14 @@ from pydantic import BaseModel, ValidationError
 from .load import FORMER_ORDERS, UNION_TAGS
 from .schema import ConfigError, Pilot, cross_field_problems
 from .yaml_text import Lines, parse, read_pilot_text
+
+
+def embedded_installed() -> bool:
+    """Whether the embedded extra (torch) can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ImportError:  # a finder that refuses it (a machine without the extra, in tests)
+        return False
 
 
 def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -141,6 +150,10 @@ def _resolve_paths(
         files.append(path)
     target = pilot.target
     model = target.model
+    if target.engine == "transformers" and not embedded_installed():
+        raise fail(("target", "engine"), "transformers: the embedded engine runs the model in "
+                   "this process and needs torch: pip install 'pytest-osprey[embedded]' (on a "
+                   "CPU machine, torch==2.13.0 first)")
     if target.engine == "transformers" or model.startswith((".", "/", "~")):
         path = local(model)
         if not os.path.isdir(path):

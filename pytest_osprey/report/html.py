@@ -26,8 +26,7 @@ from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .exact_table import HEADER, exact_tables
-from .plotkit import level_order
-from .setup import memory_basis, shards_line
+from .setup import level_order, memory_basis, shards_line
 from .terminal import (
     SERVING_HEADER,
     Columns,

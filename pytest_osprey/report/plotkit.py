@@ -11,7 +11,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from ..pilot.schema import level_label
 from ..results.folder import SavedCampaign
 
 DPI = 100
@@ -34,14 +33,6 @@ def condition_order(data: SavedCampaign) -> list[str]:
     return names
 
 
-def level_order(data: SavedCampaign) -> list[tuple[str, str]]:
-    """(level name, how its load reads: ``x4`` or ``Poisson 2/s``) in the pilot's order."""
-    levels: dict[str, str] = {
-        k: level_label(v) for k, v in data.meta.load_levels.items()
-    }
-    for r in data.records:
-        levels.setdefault(r.load, level_label({"rate": r.rate} if r.rate else r.concurrency))
-    return list(levels.items()) or [("-", "-")]
 
 
 def color_of(i: int) -> str:

@@ -22,13 +22,13 @@ from .plotkit import (
     color_of,
     condition_order,
     empty_note,
-    level_order,
     speedup_axis,
     timed_words,
     to_png,
 )
 from .plots_analyses import analysis_plots
 from .plots_crossover import crossover_plot
+from .setup import level_order
 
 FloatArray = npt.NDArray[np.float64]
 BOOTSTRAP_RESAMPLES = 1000

@@ -22,11 +22,11 @@ from .plotkit import (
     color_of,
     condition_order,
     empty_note,
-    level_order,
     speedup_axis,
     timed_words,
     to_png,
 )
+from .setup import level_order
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
 

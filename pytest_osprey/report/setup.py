@@ -12,6 +12,18 @@ from typing import Any
 from ..judgement import Figures
 from ..pilot.schema import Pilot, level_label
 from ..results.campaign_file import CampaignFile
+from ..results.folder import SavedCampaign
+
+
+def level_order(data: SavedCampaign) -> list[tuple[str, str]]:
+    """(level name, how its load reads: ``x4`` or ``Poisson 2/s``) in the pilot's order."""
+    levels: dict[str, str] = {
+        k: level_label(v) for k, v in data.meta.load_levels.items()
+    }
+    for r in data.records:
+        levels.setdefault(r.load, level_label({"rate": r.rate} if r.rate else r.concurrency))
+    return list(levels.items()) or [("-", "-")]
+
 
 ONE_AT_A_TIME = ("transformers",)  # engines that served one request at a time, until their
 # fingerprint said "batching"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import asdict
@@ -127,7 +128,7 @@ def write_reports(directory: Path, judgement: Judgement, data: SavedCampaign,
         from .html import write_html
 
         drawn: dict[str, bytes] = {}
-        if plots:
+        if plots and plots_available(warn):
             from .plots import all_plots
 
             drawn = all_plots(data, pilot.limits.speedup_min, pilot.sampling.seed, summary)
@@ -141,6 +142,22 @@ def write_reports(directory: Path, judgement: Judgement, data: SavedCampaign,
         if problem and warn is not None:
             warn(problem)
     return written
+
+
+def plots_available(warn: Callable[[str], None] | None) -> bool:
+    """Whether matplotlib can draw here; without it report.html is written without its plots,
+    and ``warn`` says so (the gates and the tables do not depend on them)."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None or _no_plots(warn)
+    except ImportError:
+        return _no_plots(warn)
+
+
+def _no_plots(warn: Callable[[str], None] | None) -> bool:
+    if warn is not None:
+        warn("report.html has no plots: matplotlib is not installed here "
+             "(pip install matplotlib)")
+    return False
 
 
 def append_step_summary(text: str) -> str | None:
