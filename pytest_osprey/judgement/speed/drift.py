@@ -91,6 +91,7 @@ class DriftBatch:
     fired: npt.NDArray[np.bool_]  # (F,S)
     log_bias_bound: FloatArray  # (S,) see ``Drift.bias_bound``
     changed: npt.NDArray[np.bool_]  # (S,R) instances where the comparison changed: _changed
+    ratio_changed: npt.NDArray[np.bool_]  # (S,R) of those, where a pair's ratio moved
 
 
 @dataclass(frozen=True)
@@ -289,21 +290,22 @@ def _changed(
     every: list[_Series | None], hit: npt.NDArray[np.bool_],
     pairs: Sequence[tuple[int, int]] | None, paired: Sequence[_Series | None], n: int,
     n_inst: int, contrasts_n: int, alpha: float, tolerance: float,
-) -> npt.NDArray[np.bool_]:
-    """(S,R): instances where the comparison changed - one condition of a pair changed
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """(S,R): instances where the comparison changed, and those where a pair's ratio moved
+    (the second test alone) - one condition of a pair changed
     there and the other did not (their own tests), or a pair's ratio moved there (the same
     rank test on the ratio, each pair and all pooled, Bonferroni over instances and tests).
     A change both conditions shared does neither. At x1 the ratio test reads a pass's units
     as a time series (:func:`_serial_sum`): stalls of either server, 2-8 requests long, move
-    the ratio of consecutive units together and, counted as independent, flagged the pass
-    in 41% of campaigns at 10% stall onset, withholding a true 1.5x keep in one of nine.
-    The one-condition tests keep unit clustering: a whole pass of one condition slowed (the
+    the ratio of consecutive units together; counted as independent they made the ratio
+    test alone flag a pass in 36% of campaigns at 10% stall onset (16% read serially). The
+    one-condition tests keep unit clustering: a whole pass of one condition slowed (the
     bias this check exists for) moves every unit, and read serially there a reference-only
     slowdown of 30-70% under mixed noise bought 5.3% false keeps (docs/speed-calibration.md)."""
     out = np.zeros((n, n_inst), dtype=bool)
     used = [one for one in paired if one is not None and one.contrasts.shape[1] == n_inst]
     if not used:
-        return out
+        return out, out
     tests = [used] + ([[one] for one in used] if len(used) > 1 else [])
     moved = np.zeros((n, n_inst), dtype=bool)  # the ratio moved by a material amount
     for family in tests:
@@ -316,12 +318,13 @@ def _changed(
         material = np.abs(np.nan_to_num(e)) > math.log1p(tolerance) * share
         moved |= material
         out |= material & (np.minimum(q * contrasts_n * len(tests), 1.0) <= alpha)
+    ratio = out.copy()
     index = {i: f for f, i in enumerate(i for i, s in enumerate(every) if s is not None)}
     if hit.shape[0] > 1:  # the single-series tests follow the pool (families 1..)
         for i, j in [(0, 1)] if pairs is None else pairs:
             if i in index and j in index:
                 out |= (hit[1 + index[i]] ^ hit[1 + index[j]]) & moved
-    return out
+    return out, ratio
 
 
 def _batch(
@@ -332,7 +335,7 @@ def _batch(
     if not parts:  # fewer than two instances anywhere: nothing to compare
         return DriftBatch(np.zeros(n, dtype=bool), np.full((1, n, 1), np.nan),
                           np.ones((1, n, 1)), np.zeros((1, n), dtype=bool), np.zeros(n),
-                          np.zeros((n, 1), dtype=bool))
+                          np.zeros((n, 1), dtype=bool), np.zeros((n, 1), dtype=bool))
     families = [parts] + ([[s] for s in parts] if len(parts) > 1 else [])
     tested = [_test(f) for f in families]
     est = np.stack([e for e, _ in tested])  # (F,S,R)
@@ -343,9 +346,10 @@ def _batch(
     hit = material & (p <= alpha)  # (F,S,R)
     fired = np.asarray(hit.any(axis=2), dtype=bool)
     bias = _log_bias(every, [(0, 1)] if pairs is None else pairs, n)
-    changed = _changed(every, hit, pairs, paired, n, n_inst, contrasts_n, alpha, tolerance)
+    changed, ratio = _changed(every, hit, pairs, paired, n, n_inst, contrasts_n, alpha,
+                              tolerance)
     return DriftBatch(np.asarray(fired.any(axis=0), dtype=bool), est, p, fired, bias,
-                      changed)
+                      changed, ratio)
 
 
 def drift_check(
