@@ -55,7 +55,8 @@ class Example:
 
 @dataclass(frozen=True)
 class Plan:
-    """Passes per boot at each level (``load.level_passes``), boots, early stopping."""
+    """Passes per boot, boots, early stopping, and the levels given fewer passes over the
+    campaign (``load.level_passes``: the first pass of every boot first)."""
 
     name: str
     passes: int = 4
@@ -63,8 +64,9 @@ class Plan:
     early_stop: bool = False
     level_passes: Mapping[str, int] = field(default_factory=dict)
 
-    def passes_at(self, level: str) -> int:
-        return min(self.level_passes.get(level, self.passes), self.passes)
+    def runs(self, level: str, boot: int, pass_index: int) -> bool:
+        every = self.passes * self.boots
+        return pass_index * self.boots + boot < self.level_passes.get(level, every)
 
 
 def stretch_s(prof: Profile, tokens: list[int], prompt_tokens: int, seed: int) -> float:
@@ -137,16 +139,17 @@ def timing(effect: float, example: Example = Example()) -> Timing:
     return Timing(boot_phase, once, per_pass)
 
 
-def boot_s(t: Timing, plan: Plan, example: Example = Example()) -> float:
-    """One boot round: every condition boots, warms up, runs its passes and its greedy pass."""
-    return sum(t.boot_phase[c] + sum(t.per_pass[(c, lv)] * plan.passes_at(lv)
-                                     for lv, _ in example.levels)
+def boot_s(t: Timing, plan: Plan, boot: int, example: Example = Example()) -> float:
+    """Boot round ``boot``: every condition boots, warms up, runs the passes the plan gives
+    each level in that boot, and its greedy pass."""
+    return sum(t.boot_phase[c] + sum(t.per_pass[(c, lv)] for lv, _ in example.levels
+                                     for p in range(plan.passes) if plan.runs(lv, boot, p))
                for c in example.conditions)
 
 
 def campaign_s(t: Timing, plan: Plan, boots_run: int, example: Example = Example()) -> float:
     """Wall seconds of ``boots_run`` boot rounds and the sampled pass (one server at a time)."""
-    return boots_run * boot_s(t, plan, example) + sum(t.once.values())
+    return sum(boot_s(t, plan, b, example) for b in range(boots_run)) + sum(t.once.values())
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,8 @@ def decision_design(plan: Plan, example: Example = Example()) -> Design:
     """The primary level's share of the campaign as the calibration simulates it."""
     c = dict(example.levels)[example.primary]
     return Design(prompts=example.prompts, levels=((example.primary, c),),
-                  primary=example.primary, passes=plan.passes_at(example.primary),
-                  boots=plan.boots, order="sequential")
+                  primary=example.primary, passes=plan.passes, boots=plan.boots,
+                  order="sequential")
 
 
 def evaluate(plan: Plan, effect: float, sims: int, seed: int = 0, alpha: float = 0.025,
@@ -183,21 +186,27 @@ def evaluate(plan: Plan, effect: float, sims: int, seed: int = 0, alpha: float =
     else:
         code = fixed_outcomes(camp, 1.0, alpha=alpha)
         rounds = np.full(code.shape, plan.boots)
-    hours = np.array([campaign_s(t, plan, int(r), example) for r in rounds]) / 3600 * devices
+    spent = {r: campaign_s(t, plan, r, example) for r in range(1, plan.boots + 1)}
+    hours = np.array([spent[int(r)] for r in rounds]) / 3600 * devices
     worst = campaign_s(t, plan, plan.boots, example) / 3600 * devices
     return Row(plan.name, effect, float(hours.mean()), worst, float(np.mean(code == KEEP)),
                float(np.mean(code == 0)), sims)
 
 
+ONCE = {"low": 1, "high": 1}  # the informing levels measured on the first boot's first pass
 PLANS = (
     Plan("fixed: 4 passes x 2 boots (shipped)"),
-    Plan("early stop, shipped design (one look)", early_stop=True),
-    Plan("early stop, 2 passes x 3 boots", passes=2, boots=3, early_stop=True),
-    Plan("level passes: x1 1, x32 1, x8 4", level_passes={"low": 1, "high": 1}),
-    Plan("level passes: x1 1, x32 1, x8 2", level_passes={"low": 1, "medium": 2, "high": 1}),
+    Plan("early stop on the shipped design (its one look is the end)", early_stop=True),
+    Plan("shipped + level_passes {low: 1, high: 1}", level_passes=ONCE),
+    Plan("early stop, 1 pass x 4 boots + level_passes", passes=1, boots=4, early_stop=True,
+         level_passes=ONCE),
+    Plan("early stop, 1 pass x 6 boots + level_passes", passes=1, boots=6, early_stop=True,
+         level_passes=ONCE),
+    Plan("early stop, 1 pass x 8 boots + level_passes", passes=1, boots=8, early_stop=True,
+         level_passes=ONCE),
 )
 EFFECTS = (1.0, 1.1, 1.2, 1.5)
 
 
-__all__ = ["EFFECTS", "PLANS", "Example", "Plan", "Row", "Timing", "boot_s", "campaign_s",
+__all__ = ["EFFECTS", "ONCE", "PLANS", "Example", "Plan", "Row", "Timing", "boot_s", "campaign_s",
            "decision_design", "evaluate", "pass_s", "request_s", "stretch_s", "timing"]
