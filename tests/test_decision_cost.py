@@ -181,3 +181,37 @@ def test_the_cost_table_plans_hold_false_keep_and_gain_power_against_the_planted
     assert strong[1].gpu_hours < 0.7 * strong[0].gpu_hours
     assert strong[2].keep > strong[0].keep + 0.2
     assert strong[2].gpu_hours < strong[2].worst_gpu_hours
+
+
+def test_a_campaign_with_level_passes_runs_and_is_judged_with_that_level_on_fewer_passes(
+        tmp_path: Path) -> None:  # fmt: skip
+    """Through the runner, the client and the judge: x1 measured on its first pass only,
+    x2 (primary) on all three; every level judged; what it cost in summary.json."""
+    from testkit.endpoint_pilot import run_cli, sglang_routes, write_endpoint_pilot
+    from testkit.fake_engine import sglang_events
+    from testkit.fake_server import Reply, ScriptedServer
+
+    def answer(body: dict[str, object]) -> Reply:
+        events = sglang_events(body, 2, incremental=False, speculates=False)
+        return Reply(events=[(0.005, e) for e in events])
+
+    with ScriptedServer(routes=sglang_routes(answer)) as srv:
+        pilot = write_endpoint_pilot(tmp_path, srv.url, prompts=4, extra={
+            "load": {"levels": {"x1": 1, "x2": 2}, "warmup_requests": 0, "passes": 3,
+                     "level_passes": {"x1": 1}},
+            "decision": {"primary_load": "x2", "early_stop": False}})
+        code = run_cli(["run", str(pilot), "--results", str(tmp_path / "res")])
+    assert code in (0, 1), code
+    lines = [json.loads(x) for x in (tmp_path / "res" / "records.jsonl").read_text()
+             .splitlines()]
+    measured = [x for x in lines if not x["filler"] and x["mode"] == "greedy"]
+    passes = {lv: {x["repetition"] for x in measured if x["load"] == lv} for lv in ("x1", "x2")}
+    assert passes == {"x1": {0}, "x2": {0, 1, 2}}
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    speed = {g["load"]: g for g in summary["gates"] if g["kind"] == "speedup"}
+    assert set(speed) == {"x1", "x2"}
+    # Time units: x1's 4 one-prompt blocks once, x2's 2 two-prompt blocks three times.
+    assert summary["campaign"]["units"] == {"x1": 4, "x2": 6}
+    campaign = json.loads((tmp_path / "res" / "campaign.json").read_text())
+    assert campaign["plan"]["level_passes"] == {"x1": 1}
+    assert summary["campaign"]["spent"]["seconds"] > 0
