@@ -1,7 +1,9 @@
 """One script for a lent GPU machine, under 10 minutes: benchmarks/gpu_check.py on the device,
 then the embedded pilot (pilot.yaml, every prompt and pass) on the device, everything written
-under --out (default $OUT): each stage's log, the pilot's reports and figures, and gpu_run.json
-(stages, exit codes, seconds, the verdict lines, what the pilot's campaign cost).
+under --out (default $OUT): each stage's log, the pilot's reports (its figures are embedded
+in report.html) and gpu_run.json (stages, exit codes, seconds, the verdict lines, what the
+pilot's campaign cost). Exit 1 when the GPU check fails or a stage could not run (the pilot's
+own exit 1, a gate that did not pass, is its verdict).
 
     python benchmarks/gpu_run.py                      # cuda, --out $OUT
     python benchmarks/gpu_run.py --device cpu --quick # the same stages on CPU, cut down
@@ -69,9 +71,12 @@ def summary_of(results: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     s = json.loads(path.read_text("utf-8"))
+    html = results / "report.html"
+    figures = html.read_text("utf-8").count("data:image/png") if html.is_file() else 0
     return {"verdicts": [f"{v['verdict']} {v['candidate']}" for v in s.get("verdicts", [])],
             "spent": (s.get("campaign") or {}).get("spent"),
-            "figures": sorted(p.name for p in results.glob("*.png"))}
+            "reports": sorted(p.name for p in results.glob("report.*")),
+            "figures_in_report_html": figures}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -138,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out.resolve()
     (out / "gpu_run.json").write_text(json.dumps(report, indent=2), "utf-8")
     print(json.dumps({k: v for k, v in report.items() if k != "stages"}, indent=2))
-    failed = bool(report["missing"]) or any(s.get("rc") != 0 for s in report["stages"]
-                                            if "skipped" not in s)
+    # The pilot's pytest exits 1 when a gate does not pass (a verdict, not a failure to run).
+    ran = {"gpu_check": (0,), "embedded_pilot": (0, 1)}
+    failed = bool(report["missing"]) or any(s.get("rc") not in ran[s["stage"]]
+                                            for s in report["stages"] if "skipped" not in s)
     return 1 if failed and not args.dry_run else 0
 
 
