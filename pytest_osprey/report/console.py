@@ -16,6 +16,7 @@ from ..pilot.schema import Pilot
 from ..results.ending import campaign_end
 from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
+from ..results.spent import campaign_spent
 from .headline import bullet_lines, headline
 from .setup import memory_basis, short_setup
 from .terminal import Columns, results_line, speedup_cells, terminal_legend, text_table
@@ -64,6 +65,9 @@ def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
                             "red" if f.regression else ""))
         out += [Line(f"  {note}") for note in comparison.notes]
     out.append(Line(f"campaign: {campaign_end(data).text}"))
+    spent = campaign_spent(data.meta, pilot)
+    if spent is not None:
+        out.append(Line(spent.line()))
     where = results_line(reports)
     if where:
         out.append(Line(where))

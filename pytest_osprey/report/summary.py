@@ -29,6 +29,7 @@ from ..results.ending import campaign_end
 from ..results.files import write_json_atomic, write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.redact import scrub
+from ..results.spent import campaign_spent
 from .headline import headline
 from .markdown import markdown
 from .setup import models, setup_facts, setup_rows
@@ -63,6 +64,8 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                      "started_at": meta.started_at, "ended_at": meta.ended_at,
                      "started_at_iso": _iso(meta.started_at),
                      "ended_at_iso": _iso(meta.ended_at),
+                     "spent": (spent.as_dict() if (spent := campaign_spent(meta, pilot))
+                               is not None else None),
                      "requests_planned": meta.size.requests if meta.size else None,
                      "quality_requests": meta.size.quality_requests if meta.size else None,
                      "quality_share": meta.size.quality_share if meta.size else None,
