@@ -39,6 +39,7 @@ class SavedCampaign:
     fillers: list[RequestRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what reading the folder had to mend
     scores: list[ScoreLine] = field(default_factory=list)  # scores.jsonl (none: not scored)
+    _index: _Index | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.meta, Mapping):  # a plain dict (tests, older callers)
@@ -56,18 +57,23 @@ class SavedCampaign:
     def timed_mode(self) -> str:
         """The mode of the timed records (speed, latency, load, cost): "serving" where the
         campaign timed at a sampled serving setting, else "greedy"."""
-        return timed_mode(self.records)
+        return self._indexed().timed_mode
 
     def of(
         self, condition: str, load: str | None = None, mode: str | None = None
     ) -> list[RequestRecord]:
         """A condition's records (at ``load``) of ``mode``, by default the timed ones."""
-        mode = mode or self.timed_mode
-        return [
-            r
-            for r in self.records
-            if r.condition == condition and r.mode == mode and (load is None or r.load == load)
-        ]
+        index = self._indexed()
+        found = index.groups.get((condition, load, mode or index.timed_mode), ())
+        return list(found)  # a fresh list, as a filter gives: the caller may change it
+
+    def _indexed(self) -> _Index:
+        """The records grouped once, not filtered per call (the gates, figures and reports
+        ask for a condition's records at a level dozens of times: each scanned 10^5
+        records). Rebuilt when ``records`` is replaced or grows."""
+        if self._index is None or not self._index.covers(self.records):
+            self._index = _Index.of(self.records)
+        return self._index
 
     def scores_of(self, condition: str, probe: str | None = None) -> list[ScoreLine]:
         """The condition's sampled-pass outputs (``probe``: that sampled probe's) as the
@@ -76,6 +82,28 @@ class SavedCampaign:
 
     def condition_error(self, condition: str) -> str | None:
         return self.meta.condition_error(condition)
+
+
+@dataclass(frozen=True)
+class _Index:
+    """``records`` grouped by (condition, load, mode) and by (condition, None, mode) (every
+    load), each group in the records' order; and their timed mode."""
+
+    records: list[RequestRecord]  # held: the list indexed (its id cannot be reused)
+    size: int
+    timed_mode: str
+    groups: dict[tuple[str, str | None, str], list[RequestRecord]]
+
+    def covers(self, records: list[RequestRecord]) -> bool:
+        return records is self.records and len(records) == self.size
+
+    @classmethod
+    def of(cls, records: list[RequestRecord]) -> _Index:
+        groups: dict[tuple[str, str | None, str], list[RequestRecord]] = {}
+        for r in records:
+            groups.setdefault((r.condition, r.load, r.mode), []).append(r)
+            groups.setdefault((r.condition, None, r.mode), []).append(r)
+        return cls(records, len(records), timed_mode(records), groups)
 
 
 def load_campaign(directory: Path) -> SavedCampaign:
@@ -149,21 +177,16 @@ def iter_pairs(
     slice_: str | None = None,
 ) -> Iterator[tuple[str, list[float], list[float]]]:
     """Per prompt: the metric's values for reference and candidate (ok timed requests)."""
+    if reference == candidate:  # a condition is not paired with itself
+        return
     ref: dict[str, list[float]] = {}
     cand: dict[str, list[float]] = {}
-    mode = data.timed_mode
-    for r in data.records:
-        if r.mode != mode or r.load != load or not r.ok:
-            continue
-        if slice_ is not None and r.slice != slice_:
-            continue
-        value = metric(r)
-        if value is None:
-            continue
-        if r.condition == reference:
-            ref.setdefault(r.prompt_id, []).append(value)
-        elif r.condition == candidate:
-            cand.setdefault(r.prompt_id, []).append(value)
+    for condition, values in ((reference, ref), (candidate, cand)):
+        for r in data.of(condition, load):
+            if not r.ok or (slice_ is not None and r.slice != slice_):
+                continue
+            if (value := metric(r)) is not None:
+                values.setdefault(r.prompt_id, []).append(value)
     for pid in ref:
         if pid in cand:
             yield pid, ref[pid], cand[pid]
