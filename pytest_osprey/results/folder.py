@@ -67,6 +67,14 @@ class SavedCampaign:
         found = index.groups.get((condition, load, mode or index.timed_mode), ())
         return list(found)  # a fresh list, as a filter gives: the caller may change it
 
+    def at(self, load: str, mode: str | None = None, *, any_mode: bool = False
+           ) -> list[RequestRecord]:
+        """Every condition's records at ``load`` of ``mode`` (by default the timed ones;
+        ``any_mode``: of every mode), in the records' order."""
+        index = self._indexed()
+        key = (None, load, None if any_mode else mode or index.timed_mode)
+        return list(index.groups.get(key, ()))
+
     def _indexed(self) -> _Index:
         """The records grouped once, not filtered per call (the gates, figures and reports
         ask for a condition's records at a level dozens of times: each scanned 10^5
@@ -84,25 +92,30 @@ class SavedCampaign:
         return self.meta.condition_error(condition)
 
 
+_Key = tuple[str | None, str | None, str | None]  # condition, load, mode (None: every one)
+
+
 @dataclass(frozen=True)
 class _Index:
-    """``records`` grouped by (condition, load, mode) and by (condition, None, mode) (every
-    load), each group in the records' order; and their timed mode."""
+    """``records`` grouped by (condition, load, mode), (condition, None, mode) (every
+    load), (None, load, mode) (every condition) and (None, load, None) (every condition and
+    mode), each group in the records' order; and their timed mode."""
 
     records: list[RequestRecord]  # held: the list indexed (its id cannot be reused)
     size: int
     timed_mode: str
-    groups: dict[tuple[str, str | None, str], list[RequestRecord]]
+    groups: dict[_Key, list[RequestRecord]]
 
     def covers(self, records: list[RequestRecord]) -> bool:
         return records is self.records and len(records) == self.size
 
     @classmethod
     def of(cls, records: list[RequestRecord]) -> _Index:
-        groups: dict[tuple[str, str | None, str], list[RequestRecord]] = {}
+        groups: dict[_Key, list[RequestRecord]] = {}
         for r in records:
-            groups.setdefault((r.condition, r.load, r.mode), []).append(r)
-            groups.setdefault((r.condition, None, r.mode), []).append(r)
+            for key in ((r.condition, r.load, r.mode), (r.condition, None, r.mode),
+                        (None, r.load, r.mode), (None, r.load, None)):
+                groups.setdefault(key, []).append(r)
         return cls(records, len(records), timed_mode(records), groups)
 
 
