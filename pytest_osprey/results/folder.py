@@ -30,7 +30,10 @@ class SavedCampaign:
 
     ``records`` are the judged requests only: fillers (sent to keep a level's load steady)
     are moved to ``fillers`` on construction, so that no gate, figure or report that reads
-    ``records`` can count them. Only the in-flight load reads both (:attr:`sent`)."""
+    ``records`` can count them. Only the in-flight load reads both (:attr:`sent`).
+
+    :meth:`of` and :meth:`at` read an index of ``records`` built on first use and rebuilt
+    when the list is replaced or grows: a record is replaced by a new list, not in place."""
 
     directory: Path
     meta: CampaignFile
