@@ -76,7 +76,8 @@ def domain_rows(data: SavedCampaign, reference: str, candidate: str, load: str,
         if ratios.size >= 3:
             draws = ratios[rng.integers(0, ratios.size, (BOOTSTRAP, ratios.size))].mean(axis=1)
             low, high = (float(math.exp(v)) for v in np.percentile(draws, [2.5, 97.5]))
-        pooled, _ = accept_lengths([r for r in cand_recs if r.prompt_id in pids])
+        members = set(pids)  # a set: a list's membership test made this O(records x prompts)
+        pooled, _ = accept_lengths([r for r in cand_recs if r.prompt_id in members])
         out.append(DomainRow(
             candidate=candidate, reference=reference, load=load, domain=domain,
             slice="+".join(sorted({slice_of[p] for p in pids})), prompts=int(ratios.size),

@@ -455,12 +455,16 @@ def _resampled_medians(values: FloatArray, which: IntArray, picks: IntArray,
     for k in range(0, picks.shape[0], rows):
         block = picks[k:k + rows]
         # How often each cluster was drawn, hence each value's weight, in rank order.
-        counts = np.zeros((block.shape[0], clusters), dtype=np.int64)
-        np.add.at(counts, (np.arange(block.shape[0])[:, None], block), 1)
+        n = block.shape[0]
+        flat = (np.arange(n)[:, None] * clusters + block).ravel()
+        counts = np.bincount(flat, minlength=n * clusters).reshape(n, clusters)
         cum = np.cumsum(counts[:, owner], axis=1)
         total = cum[:, -1]
         lo_rank, hi_rank = (total - 1) // 2, total // 2  # the middle one or two (0-based)
-        lo = (cum <= lo_rank[:, None]).sum(axis=1)
-        hi = (cum <= hi_rank[:, None]).sum(axis=1)
+        # Values at or below each middle rank: a search in each (non-decreasing) row.
+        lo = np.array([np.searchsorted(c, q, side="right") for c, q in zip(cum, lo_rank,
+                                                                            strict=True)])
+        hi = np.array([np.searchsorted(c, q, side="right") for c, q in zip(cum, hi_rank,
+                                                                            strict=True)])
         out[k:k + rows] = (ranked[lo] + ranked[hi]) / 2
     return out

@@ -153,9 +153,12 @@ def _serial(
     resid[:, 1:] -= rho[:, None] * terms[:, :-1]
     resid = np.where(np.arange(n_units)[None, :] < count[:, None], resid, 0.0)
     var = (resid**2).sum(axis=1)
-    for lag in range(1, int(span[active].max())):
-        weight = parzen(lag / span)
-        var += 2 * weight * (resid[:, lag:] * resid[:, :-lag]).sum(axis=1)
+    # Every lag's kernel weights at once (thousands of lags at 10^4 units; the same numbers
+    # as lag by lag), then each lag's products in turn (as before: the same sums).
+    lags = np.arange(1, int(span[active].max()))
+    weights = 2 * parzen(lags[:, None] / span[None, :])
+    for lag, weight in zip(lags.tolist(), weights, strict=True):
+        var += weight * (resid[:, lag:] * resid[:, :-lag]).sum(axis=1)
     var = np.maximum(var, 0.0) / (1 - rho) ** 2
     b = np.minimum(span / np.maximum(count, 1.0), 1.0)
     var = var / (1 - PARZEN_MEAN * b)
