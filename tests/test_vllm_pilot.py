@@ -1,5 +1,6 @@
 """examples/pilot-vllm-cpu.yaml end to end through the plugin, cut to what it asserts: two
-real vLLM boots (the plain server and the tiny drafter), one load level, one pass, 8 prompts.
+conditions (the plain server, booted again to score the samples, and the tiny drafter), one
+load level, one pass, 8 prompts.
 
 Slow (minutes). Needs ``OSPREY_VLLM_PYTHON`` (a Python with vllm-cpu; .ci/run builds one).
 Checks: every condition booted once, no server process is left, the exact distribution test
