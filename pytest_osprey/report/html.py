@@ -31,10 +31,10 @@ from .setup import memory_basis, shards_line
 from .terminal import (
     SERVING_HEADER,
     Columns,
+    figure_speedups,
     header,
     legend,
     serving_cells,
-    speedup_cells,
     table_rows,
     worse_than_baseline,
 )
@@ -364,7 +364,7 @@ def _key_figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     figs = _all_figures(summary, data)
     label, note, _ = memory_basis(data.meta)
     cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
-                   speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
+                   speedups=figure_speedups(figs))
     head = header(cols)
     rows = [[esc(c) for c in row] for row in table_rows(figs, cols, deltas=True)]
     body = (table(head, rows, set(range(2, len(head)))) if rows
@@ -596,7 +596,7 @@ def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     figs = _all_figures(summary, data)
     label, note, _ = memory_basis(data.meta)
     cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
-                   speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
+                   speedups=figure_speedups(figs))
     out = ['<h2 id="figures">Figures per condition and load level</h2>',
            f'<p class="note">{esc(legend(cols))}.</p>']
     levels = list(dict.fromkeys(f.load for f in figs))

@@ -29,7 +29,7 @@ from ..judgement import Figures
 from ..results.campaign_file import CampaignFile
 from .exact_table import HEADER, exact_tables
 from .setup import hardware, memory_basis, shards_line, short_setup, started
-from .terminal import Columns, in_flight_text, speedup_cells, speedup_text, table_rows
+from .terminal import Columns, figure_speedups, in_flight_text, speedup_text, table_rows
 
 GITHUB_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step summary
 RESERVE = 400  # bytes kept for the truncation note
@@ -105,7 +105,7 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
 def _columns(summary: Mapping[str, Any], meta: CampaignFile) -> Columns:
     label, note, _ = memory_basis(meta)
     return Columns(memory=label, memory_note=note, baseline=meta.baseline,
-                   speedups=speedup_cells(summary.get("gates", []), meta.baseline))
+                   speedups=figure_speedups(_figures(summary)))
 
 
 def _figures(summary: Mapping[str, Any]) -> list[Figures]:
