@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..judgement import GateKind
-from ..judgement.figures import Figures, all_figures
+from ..judgement.figures import Figures
 from ..judgement.figures.measured import P99_MIN_REQUESTS
 from ..judgement.quality.param_verdicts import is_refusal
 from ..results.files import write_text_atomic
@@ -588,8 +588,7 @@ def _exact(summary: dict[str, Any]) -> str:
 
 
 def _all_figures(summary: dict[str, Any], data: SavedCampaign) -> list[Figures]:
-    raw = summary.get("figures")
-    return [Figures.model_validate(d) for d in raw] if raw is not None else all_figures(data)
+    return [Figures.model_validate(d) for d in summary["figures"]]
 
 
 def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
