@@ -11,6 +11,7 @@ import pytest
 
 from pytest_osprey.report.html import render_html, write_html
 from pytest_osprey.report.plots import all_plots, prompt_speedups
+from pytest_osprey.report.sections import sig2
 from pytest_osprey.results.folder import SavedCampaign
 from testkit.report_campaign import (
     make_data,
@@ -130,7 +131,7 @@ def test_cost_section_reads_the_summary(page: str, data: SavedCampaign) -> None:
     be = next(b for b in make_summary(data)["cost"]["break_even"]
               if b["candidate"] == "cand" and b["reference"] == "baseline")
     assert be["requests"] is not None and math.isfinite(be["requests"])
-    assert f"{be['requests']:,.0f}" in cost
+    assert sig2(be["requests"]) in cost  # two significant figures, as report.md says it
 
 
 def test_page_without_cost_or_verdicts(data: SavedCampaign) -> None:
