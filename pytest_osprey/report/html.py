@@ -321,6 +321,11 @@ def _verdicts(summary: dict[str, Any], data: SavedCampaign) -> str:
                    + "</div>")
     if len(out) == 1:
         out.append('<p class="note">No candidate was judged.</p>')
+    # On the first screen, under the verdicts they qualify (as report.md says them); the
+    # stability section further down holds the figures behind them.
+    for w in (summary.get("stability") or {}).get("warnings") or []:
+        out.append(f'<div class="warning"><b>Warning:</b> {esc(w)} '
+                   '(<a href="#stability">stability</a>)</div>')
     return "".join(out) + "</section>"
 
 
@@ -401,7 +406,7 @@ def section(sec: Section, heading: str = "h2", warnings: bool = True) -> str:
 
 def _stability(summary: dict[str, Any], plots: Titled) -> str:
     st = summary.get("stability")
-    head = (section(stability_section(Stability.model_validate(st))) if st
+    head = (section(stability_section(Stability.model_validate(st)), warnings=False) if st
             else '<h2 id="stability">Environment stability</h2>')
     return head + _take(plots, "timeline")
 
