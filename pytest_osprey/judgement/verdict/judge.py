@@ -75,8 +75,7 @@ def judge(pilot: Pilot, specs: list[GateSpec], data: SavedCampaign, preflight: P
         diagnoses=diagnose_all(pilot, decided, judged, figures, data),
         speedups=cells, stability=stability(data), cost=cost_summary(pilot, data),
         goodput=goodput_section(pilot, data),
-        domains=all_domain_rows(data, pilot.primary_load, pilot.sampling.seed,
-                                held_out_overlaps(judged)),
+        domains=all_domain_rows(data, pilot.primary_load, held_out_overlaps(judged)),
         acceptance=acceptance,
         machine_speedups=machine_speedups(pilot, data, [v.candidate for v in decided])
         if meta.merged else [])
