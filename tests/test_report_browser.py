@@ -169,3 +169,32 @@ def test_stability_warnings_are_on_the_first_screen(
     seen = json.loads(found.group(1))
     assert len(seen["warnings"]) == 1, seen
     assert 0 < seen["warnings"][0] <= seen["height"], seen
+
+
+OVERFLOW = """<script>
+for (const d of document.querySelectorAll("details")) d.open = true;
+const out = {width: innerWidth, wide: []};
+for (const e of document.querySelectorAll("table, figure, pre")) {
+  const r = e.getBoundingClientRect();
+  if (r.right > innerWidth) out.wide.push([e.tagName, e.className, Math.round(r.right),
+                                           e.textContent.slice(0, 60)]); }
+const pre = document.createElement("pre"); pre.id = "overflow";
+pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+</script>"""
+
+
+def test_every_table_fits_a_1280_pixel_window(
+        recorded: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """Every section opened, no table, figure or block reaches past a 1280-pixel window: the
+    per-level tables keep their last columns (req/s, tokens) in view."""
+    page, _ = recorded
+    probe = tmp_path / "probe.html"
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "",
+                            page.read_text("utf-8")).replace("</body>", OVERFLOW + "</body>"),
+                     "utf-8")
+    dom = _chromium(tmp_path, "--window-size=1280,800", "--dump-dom", probe.as_uri()).stdout
+    found = re.search(r'<pre id="overflow">(.*?)</pre>', dom)
+    assert found is not None, dom[-2000:]
+    seen = json.loads(found.group(1))
+    assert seen["width"] == 1280, seen
+    assert seen["wide"] == [], seen["wide"]

@@ -89,6 +89,8 @@ figcaption{color:#59636e;font-size:13px}
 mark{background:#ffd8b5}.ws{color:#8c959f;font-size:11px}
 .deciding{font-size:15px;margin:4px 0 0}#verdicts{margin-top:12px}
 h2.first{font-size:17px;margin:14px 0 4px}.unchecked{font-weight:600}
+table.levels{font-size:12px}table.levels th,table.levels td{padding:3px 5px}
+table.levels td.num{white-space:normal}
 table.key{font-size:12.5px}table.key th,table.key td{white-space:nowrap;padding:3px 6px}
 details.setup{margin:14px 0}details.setup>summary{cursor:pointer;font-size:16px;font-weight:600}
 """
@@ -111,9 +113,9 @@ def num(value: object, fmt: str = "{:.4g}") -> str:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = (),
-          classes: dict[int, str] | None = None) -> str:
+          classes: dict[int, str] | None = None, css: str | None = None) -> str:
     """Cells in ``rows`` are already HTML; ``columns`` are plain text. ``numeric`` columns
-    are right-aligned; ``classes`` gives other columns a CSS class."""
+    are right-aligned; ``classes`` gives other columns a CSS class; ``css`` the table one."""
     cls = {i: "num" for i in numeric} | (classes or {})
     head = "".join(f"<th>{esc(h)}</th>" for h in columns)
     body = "".join(
@@ -123,7 +125,8 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterab
         ) + "</tr>"
         for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    opening = f'<table class="{css}">' if css else "<table>"
+    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def badge(outcome: object, evidence: object = "tested") -> str:
@@ -594,7 +597,8 @@ def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
         shown = head if any(r[-1] != "-" for r in rows) else head[:-1]
         rows = [r[:len(shown)] for r in rows]
         out.append(f"<h3>Load {esc(level)} ({esc(mine[0].load_label)})</h3>")
-        out.append(f'<div class="scroll">{table(shown, rows, set(range(1, len(shown))))}</div>')
+        levels_table = table(shown, rows, set(range(1, len(shown))), css="levels")
+        out.append(f'<div class="scroll">{levels_table}</div>')
         if shown is not head:
             fewest = min(f.ok for f in mine)
             out.append(f'<p class="note">p99 is shown from {P99_MIN_REQUESTS} completed '
