@@ -47,8 +47,8 @@ def _shipped() -> tuple[list[Prompt], int]:
     """The shipped pilot's checked prompts and its output cap."""
     pilot = yaml.safe_load((ROOT / "pilot.yaml").read_text(encoding="utf-8"))
     ids = set(pilot["trace"]["ids"])
-    prompts = [p for p in load_trace([ROOT / "prompts" / "pilot.jsonl"]).prompts
-               if p.id in ids and p.expect is not None]
+    files = [ROOT / "prompts" / "pilot.jsonl", ROOT / "prompts" / "tasks.jsonl"]
+    prompts = [p for p in load_trace(files).prompts if p.id in ids and p.expect is not None]
     return prompts, int(pilot["max_new_tokens_cap"])
 
 

@@ -358,12 +358,12 @@ def test_shipped_target_continues_every_trace_prompt_differently() -> None:
     tok = AutoTokenizer.from_pretrained(MODELS / "tiny-target")
     model = LlamaForCausalLM.from_pretrained(MODELS / "tiny-target", dtype=torch.float32).eval()
     prompts = ev.load_prompts(FIXTURES.parent / "prompts" / "pilot.jsonl", tok)
-    assert len(prompts) == 55
+    assert len(prompts) == 50
     outputs = ev.greedy(model, tok, prompts, 48)
     fig = ev.variety(outputs)
     assert fig["distinct2_mean"] >= 0.5, fig
     assert fig["dominated_share"] <= 0.1, fig
-    assert fig["distinct_outputs"] >= 50, fig
+    assert fig["distinct_outputs"] >= 45, fig
 
 
 @pytest.mark.slow
