@@ -74,6 +74,8 @@ def show(r: CampaignResult, time_scale: float) -> None:
 def crossover_covered(r: CampaignResult) -> bool:
     """The interval holds the true crossover: past the highest level when the truth pays
     everywhere (an open upper end), below the lowest when it pays nowhere."""
+    if r.crossover.get("status") in (None, "not_estimable"):
+        return False
     ci = r.crossover.get("ci") or [None, None]
     top, bottom = max(LEVELS.values()), min(LEVELS.values())
     if r.true_crossover == "pays_everywhere":
@@ -117,6 +119,8 @@ def main() -> int:
         print(f"  {key[0]} vs {key[1]} @ x{LEVELS[key[2]]}: covered "
               f"{sum(p.covered for p in hits)}/{len(hits)}, mean estimate {est:.3f} "
               f"(true {hits[0].truth:.3f}, {100 * (est / hits[0].truth - 1):+.1f}%)")
+    estimated = sum(r.crossover.get("status") not in (None, "not_estimable") for r in results)
+    print(f"  crossover estimated {estimated}/{n}")
     print(f"  verdicts right {sum(r.verdict_right for r in results)}/{n} "
           f"({', '.join(r.verdict for r in results)}); crossover interval covers the truth "
           f"{sum(crossover_covered(r) for r in results)}/{n}")

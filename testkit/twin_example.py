@@ -189,9 +189,11 @@ def run_campaign(folder: Path, *, seed: int, time_scale: float, prompts: int, pl
         key = (g["condition"], g["reference"], g["load"])
         if g["kind"] != "speedup" or g["slice"] is not None or key not in truth:
             continue
-        low, high = g["ci"]
+        low, high = g["ci"]  # null: an open end (one stretch at the level: no df)
         pairs.append(PairResult(g["condition"], g["reference"], g["load"], g["estimate"],
-                                (low, high), truth[key], g["outcome"]))
+                                (0.0 if low is None else low,
+                                 math.inf if high is None else high), truth[key],
+                                g["outcome"]))
     verdict = next(v for v in summary["verdicts"] if v["candidate"] == "osprey")
     speedup_min = float(data["limits"]["speedup_min"])
     return CampaignResult(
