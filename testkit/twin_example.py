@@ -206,6 +206,6 @@ def run_campaign(folder: Path, *, seed: int, time_scale: float, prompts: int, pl
         overhead_s=x1_overheads(res, time_scale), load_average=os.getloadavg())
 
 
-__all__ = ["LEVELS", "OUTPUTS", "PAIRS", "PLANS", "PROFILE_OF", "PROMPT_TOKENS",
+__all__ = ["EXAMPLE", "LEVELS", "OUTPUTS", "PAIRS", "PLANS", "PROFILE_OF", "PROMPT_TOKENS",
            "CampaignResult", "PairResult", "pilot_dict", "right_verdict", "run_campaign",
            "trace_lines", "true_crossover", "truths", "x1_overheads"]
