@@ -3,8 +3,8 @@ against three serving twins (testkit/serving_twin.py) and read against their kno
 
 The pilot keeps the example's conditions (``baseline`` plain, ``eagle3`` the current drafter,
 ``osprey`` the candidate), its levels (x1, x8, x32, primary x8), its limits, decision and cost
-sections, and its load plan (the shipped 4 passes x 2 boots, or the six-boot per-change plan
-docs/scale.md recommends). What differs, and why:
+sections, and its load plan (the shipped 4 passes x 2 boots, the six-boot per-change plan
+docs/scale.md recommends, or that plan with x32 on every boot). What differs, and why:
 
 * every condition is an endpoint: a :class:`TwinProcess` (nothing boots; a "boot" is a
   stretch of the plan, with no boot-wide offset: the twins have none);
@@ -49,6 +49,8 @@ OUTPUTS = (256, 384, 512)
 PLANS: dict[str, dict[str, Any]] = {
     "shipped": {"passes": 4, "boots_per_condition": 2},
     "six-boot": {"passes": 1, "boots_per_condition": 6, "level_passes": {"low": 1, "high": 1}},
+    # x32 on every boot too: its interval finite, so the crossover is estimated
+    "six-boot-x32": {"passes": 1, "boots_per_condition": 6, "level_passes": {"low": 1}},
 }
 PAIRS = (("eagle3", "baseline"), ("osprey", "baseline"), ("osprey", "eagle3"))
 
