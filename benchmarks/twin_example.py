@@ -63,7 +63,7 @@ def show(r: CampaignResult, time_scale: float) -> None:
           f"true: {r.true_crossover}")
     lat = {c: x1_latency(c, time_scale) for c in r.overhead_s}
     for c, d in sorted(r.overhead_s.items()):
-        print(f"  x1 per-request excess {c}: {1000 * d:+.1f} ms on {lat[c]:.2f} s")
+        print(f"  x1 per-request excess (median) {c}: {1000 * d:+.1f} ms on {lat[c]:.2f} s")
     for cond, ref in (("osprey", "baseline"), ("osprey", "eagle3")):
         if cond in r.overhead_s and ref in r.overhead_s:
             bias = ((lat[ref] + r.overhead_s[ref]) / (lat[cond] + r.overhead_s[cond])
