@@ -94,3 +94,36 @@ def test_the_gate_is_planned_with_several_boots_and_decides() -> None:
         assert gate.outcome == verdict, gate.summary
     assert judged.verdicts[0].verdict == "DROP"
     assert any("boot_consistency[cand]" in r for r in judged.verdicts[0].reasons)
+
+
+def test_a_lightest_level_measured_on_one_boot_gives_way_to_the_next() -> None:
+    """``load.level_passes`` measures x1 on the first boot alone: the boots are compared at
+    the lightest level they all ran (x8 here), where a planted divergence still fails the
+    gate and healthy boots pass (not 'nothing completed on every boot')."""
+    pilot = make_pilot({"base": {"role": "baseline"},
+                        "cand": {"role": "candidate", "speculation": {"algorithm": "NGRAM"}}},
+                       target={"engine": "sglang", "model": "m"},
+                       load={"levels": {"low": 1, "mid": 8}, "boots_per_condition": 2,
+                             "level_passes": {"low": 1}},
+                       decision={"early_stop": False})
+
+    def at_mid(records: list[RequestRecord], name: str) -> list[RequestRecord]:
+        once = [make_record(name, r.prompt_id, boot=0, repetition=0, load="low",
+                            output_ids=r.output_ids, started_at=r.started_at)
+                for r in records if r.boot == 0 and r.repetition == 0]
+        return once + [make_record(name, r.prompt_id, boot=r.boot, repetition=r.repetition,
+                                   load="mid", concurrency=8, output_ids=r.output_ids,
+                                   top2_margin=r.top2_margin, output_tokens=r.output_tokens,
+                                   spec_verify_ct=r.spec_verify_ct,
+                                   started_at=(r.started_at or 0.0) + 50)
+                       for r in records]
+
+    for bad, outcome in ((None, "pass"), (1, "fail")):
+        data = saved_campaign(at_mid(boots(2), "base") + at_mid(boots(2, wrong_boot=bad),
+                                                               "cand"))
+        judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
+        for cond in ("base", "cand"):
+            gate = judged.results[("boot_consistency", cond)]
+            assert "at mid" in gate.summary, gate.summary
+        assert judged.results[("boot_consistency", "base")].outcome == "pass"
+        assert judged.results[("boot_consistency", "cand")].outcome == outcome

@@ -24,6 +24,7 @@ from pytest_osprey.judgement.speed.speedup import (
     Request,
     SpeedError,
     collect,
+    drift_adjusted,
     speed_batch,
     speed_test,
 )
@@ -439,3 +440,18 @@ def test_records_of_a_cycled_x32_campaign_give_a_usable_interval() -> None:
     assert res.n_prompts == 50 and res.n_time_units == 8 and res.gating.df == 7
     assert 1.0 < res.gating.ci_low < 1.3 < res.gating.ci_high < 1.6
     assert res.outcome == "pass"
+
+
+def test_drift_adjusted_survives_a_left_out_boot_that_leaves_no_degree_of_freedom() -> None:
+    """Two boots of one pass, one block: leaving either out leaves one boot, an interval of
+    [0, inf]. The widest is that one (an interim look of a six-boot plan met it and the
+    campaign stopped on a math domain error)."""
+    rng = np.random.default_rng(1)
+    base = np.exp(rng.normal(0, 0.3, (2, 1, 8)))
+    cand = base / 2.0 * np.exp(rng.normal(0, 0.05, (2, 1, 8)))
+    data = PairedLatencies(base, cand, np.zeros(8, dtype=np.int64),
+                           tuple(f"p{i}" for i in range(8)))
+    res = drift_adjusted(data, ((0, 0), (1, 0)), "per_prompt", math.log(1.2), 0.025,
+                         "inconclusive")
+    assert res is not None and res.ci_low == 0.0 and math.isinf(res.ci_high)
+    assert res.outcome == "inconclusive"

@@ -190,7 +190,8 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "it, in words); a slice gate not run: only `not_run` (why, in words)"),
     GateKind.BOOT_CONSISTENCY: KindDoc(
         "with `load.boots_per_condition` >= 2: the condition's boots serve alike: identical "
-        "greedy outputs at the lightest load (first pass of each boot; near-ties by the first "
+        "greedy outputs at the lightest load measured on two boots or more (first pass of "
+        "each boot; near-ties by the first "
         "boot's own margin apart) and no boot whose accept length differs from its other "
         "boots' by more than `decision.regression_tolerance` (Mann-Whitney, p < 0.01)",
         "genuine greedy output divergences between boots (count)", "0 (count)",

@@ -5,8 +5,10 @@ vocabulary map on one start, a tree kernel picked by a race, acceptance that col
 a particular warm-up). With ``load.boots_per_condition`` >= 2 every condition is compared with
 itself across its boots:
 
-* greedy outputs at the lightest load level (one request at a time, so batch composition
-  cannot explain a difference), first pass of each boot: a divergence is genuine unless the
+* greedy outputs at the lightest load level measured on two boots or more (one request at a
+  time, so batch composition cannot explain a difference; ``load.level_passes`` can leave
+  the lightest level on the first boot alone, and then the next level is compared), first
+  pass of each boot: a divergence is genuine unless the
   first boot's own top-1/top-2 margin there is within ``near_tie_epsilon``;
 * accept length (speculative conditions; the timed records, so at the serving sampling where
   the pilot serves sampled): per-request accept lengths of each boot against
@@ -120,9 +122,22 @@ def _acceptance(records: Sequence[RequestRecord], boots: list[int], tolerance: f
                 f"{rest:.2f} on its other boots ({ratio - 1:+.0%}, p={p:.2g})")
 
 
+def compared_level(pilot: Pilot, records: Sequence[RequestRecord]) -> str:
+    """The lightest closed-loop level whose greedy records span two boots or more (else the
+    lightest level): a level measured on one boot has nothing to compare."""
+    load = pilot.load
+    closed = sorted((k for k, v in load.levels.items() if isinstance(v, int)),
+                    key=load.concurrency)
+    for level in closed:
+        if len({r.boot for r in records if r.load == level and r.mode == "greedy"}) >= 2:
+            return level
+    return load.lightest()
+
+
 def judge_boot_consistency(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResult:
-    level = pilot.load.lightest()
-    res = boot_consistency([r for r in data.records if r.condition == spec.condition], level,
+    mine = [r for r in data.records if r.condition == spec.condition]
+    level = compared_level(pilot, mine)
+    res = boot_consistency(mine, level,
                            pilot.limits.quality.near_tie_epsilon,
                            pilot.decision.regression_tolerance)
     if res.boots < 2:

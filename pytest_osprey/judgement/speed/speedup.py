@@ -355,7 +355,9 @@ def drift_adjusted(
         return min(out, key=lambda m: m.ci_low)
     if outcome == "fail":
         return max(out, key=lambda m: m.ci_high)
-    return max(out, key=lambda m: math.log(m.ci_high) - math.log(m.ci_low))
+    # Widest by ratio; an interval reaching 0 (a pass left out leaves no degree of freedom)
+    # is infinitely wide.
+    return max(out, key=lambda m: m.ci_high / m.ci_low if m.ci_low > 0 else math.inf)
 
 
 def _components(batch: Batch) -> Components:
