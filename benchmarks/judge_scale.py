@@ -140,33 +140,43 @@ def judge_folder(root: Path, profile: bool) -> None:
     os.chdir(root)
     res = root / "results"
     times: dict[str, float] = {}
+    cpus: dict[str, float] = {}
     prof = cProfile.Profile() if profile else None
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     pilot = load_pilot(root / "pilot.yaml")
     data = load_campaign(res)
     data.prompts = load_trace(pilot.trace.files).by_id()
-    times["load"] = time.perf_counter() - t
+    times["load"], cpus["load"] = time.perf_counter() - t, time.process_time() - c
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     preflight = read_preflight(res / "preflight.json")
     assert preflight is not None
     if prof:
         prof.enable()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     judgement = judge(pilot, plan_gates(pilot, list(pilot.conditions)), data, preflight)
-    times["judge"] = time.perf_counter() - t
-    t = time.perf_counter()
+    times["judge"], cpus["judge"] = time.perf_counter() - t, time.process_time() - c
+    rss_judged = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t, c = time.perf_counter(), time.process_time()
     write_reports(res, judgement, data, pilot)
-    times["reports"] = time.perf_counter() - t
+    times["reports"], cpus["reports"] = time.perf_counter() - t, time.process_time() - c
     if prof:
         prof.disable()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     summary = json.loads((res / "summary.json").read_text())
     verdict = summary["verdicts"][0]
-    print(f"records {len(data.records)}: load {times['load']:.1f} s, judge "
-          f"{times['judge']:.1f} s, reports {times['reports']:.1f} s, total "
+    sent = len(data.records) + len(data.fillers)
+    size = (res / "records.jsonl").stat().st_size
+    # CPU time beside wall time: less swayed by a machine shared with other work.
+    phases = ", ".join(f"{k} {times[k]:.1f} s (CPU {cpus[k]:.1f})" for k in times)
+    print(f"records {len(data.records)} (+{len(data.fillers)} fillers): {phases}, total "
           f"{sum(times.values()):.1f} s; peak RSS {peak:.0f} MiB ({rss_loaded:.0f} after "
-          f"loading); verdict {verdict['verdict']} ({summary['figures'][1].get('speedup')}); "
-          f"load average {os.getloadavg()}")
+          f"loading, {rss_judged:.0f} after judging); verdict {verdict['verdict']} "
+          f"({summary['figures'][1].get('speedup')}); load average {os.getloadavg()}")
+    print(f"records.jsonl {size / 2**20:.0f} MiB, {size / sent:.0f} bytes per record sent; "
+          "reports: " + ", ".join(
+              f"{name} {(res / name).stat().st_size / 1024:.0f} KiB"
+              for name in ("summary.json", "report.md", "report.html")
+              if (res / name).exists()))
     print("reasons:", "; ".join(r["text"] if isinstance(r, dict) and "text" in r else str(r)
                                for r in verdict.get("reasons", []))[:600])
     if prof:
@@ -177,20 +187,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--keep", type=Path,
+                        help="synthesise into this folder, or reuse the one already there")
     parser.add_argument("--judge", type=Path, help=argparse.SUPPRESS)  # the child's part
     args = parser.parse_args()
     if args.judge:
         judge_folder(args.judge, args.profile)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        t = time.perf_counter()
-        write_folder(Path(tmp), args.records)
-        print(f"synthesised in {time.perf_counter() - t:.1f} s "
-              f"({(Path(tmp) / 'results' / 'records.jsonl').stat().st_size >> 20} MiB of "
-              "records.jsonl)")
+        root = args.keep or Path(tmp)
+        if not (root / "results" / "campaign.json").exists():
+            root.mkdir(parents=True, exist_ok=True)
+            t = time.perf_counter()
+            write_folder(root, args.records)
+            print(f"synthesised in {time.perf_counter() - t:.1f} s")
+        else:  # a kept folder: the reports of the last run go, the records stay
+            for name in ("summary.json", "report.md", "report.html"):
+                (root / "results" / name).unlink(missing_ok=True)
+        size = (root / "results" / "records.jsonl").stat().st_size
+        print(f"records.jsonl {size / 2**20:.0f} MiB")
         # A fresh process: its peak RSS is the judge's and the reports', not the synthesis's.
-        cmd = [sys.executable, __file__, "--judge", tmp, *(["--profile"] if args.profile
-                                                           else [])]
+        cmd = [sys.executable, __file__, "--judge", str(root),
+               *(["--profile"] if args.profile else [])]
         subprocess.run(cmd, check=True)
 
 

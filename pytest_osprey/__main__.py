@@ -189,14 +189,11 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for path in run.reports:
         _say(str(path))
-    from .judgement import diagnose_all, stability
     from .report.headline import bullet_lines, headline
 
-    data = run.judged_data or run.campaign()  # saved
-    for warning in stability(data).warnings:  # as the run's own closing lines say them
+    for warning in judgement.stability.warnings:  # as the run's own closing lines say them
         _say(f"WARNING: {warning}")
-    for d in diagnose_all(run.pilot, judgement.verdicts, list(judgement.results.values()),
-                          judgement.figures, data):
+    for d in judgement.diagnoses:
         _say(headline(d))
         for line in bullet_lines(d):
             _say(line)

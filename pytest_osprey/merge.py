@@ -45,7 +45,7 @@ from typing import Any
 
 from .campaign.shards import Shard, ShardError
 from .exit_codes import EXIT_INTERRUPTED
-from .judgement import Diagnosis, diagnose_all
+from .judgement import Diagnosis
 from .pilot import ConfigError
 from .pilot.loading import load_pilot_text
 from .results import Preflight, SavedCampaign, read_preflight
@@ -479,6 +479,4 @@ def _judge(out: Path, meta: CampaignFile) -> Merged:
     notes = list(run.notes)
     if meta.merge_note:
         notes.insert(0, meta.merge_note)
-    diagnoses = diagnose_all(run.pilot, judgement.verdicts, list(judgement.results.values()),
-                             judgement.figures, run.judged_data or data)
-    return Merged(out, run, list(run.reports), diagnoses, partial, notes)
+    return Merged(out, run, list(run.reports), judgement.diagnoses, partial, notes)

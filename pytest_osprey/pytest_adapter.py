@@ -18,6 +18,7 @@ import pytest
 
 from .campaign import ProgressEvent
 from .engines import BootSpec, Engine, EngineError, make_engine
+from .exit_codes import EXIT_OK, exit_code, gate_fails
 from .judgement import (
     PREFLIGHT,
     GateResult,
@@ -112,15 +113,13 @@ def assert_gate(result: GateResult, pilot: Pilot) -> None:
     if not result.spec.gating and result.outcome != "pass":
         # Reported beside the verdict (other load levels, the unusual slice), never deciding it.
         pytest.skip(skip_reason(f"reported only (not gating), {result.outcome.upper()}", first))
+    if gate_fails(result, pilot.decision):  # the rule exit_code applies to the whole run
+        pytest.fail(("INCONCLUSIVE " if result.outcome == "inconclusive" else "") + text,
+                    pytrace=False)
     if result.outcome == "inconclusive":
-        policy = pilot.decision.inconclusive
-        if policy == "skip":
+        if pilot.decision.inconclusive == "skip":
             pytest.skip(skip_reason("INCONCLUSIVE", first))
-        if policy == "fail":
-            pytest.fail("INCONCLUSIVE " + text, pytrace=False)
         return
-    if result.outcome == "fail":
-        pytest.fail(text, pytrace=False)
     if result.evidence != "tested":
         # Passed, but could hardly (or not at all) have failed: never a plain green pass.
         pytest.skip(skip_reason("could not have failed (not evaluable)", first)
@@ -291,8 +290,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN, None)
     if run is not None:
         run.release()
-    # A partial campaign or lost results never pass, whatever the gates said.
-    if run is not None and run.failed_outside_gates and exitstatus == pytest.ExitCode.OK:
+    # The session ends as every other entry point would end this run (exit_code): a partial
+    # campaign or lost results never pass, nor does a judgement some gate test left unseen.
+    if run is not None and exitstatus == pytest.ExitCode.OK and (
+            run.failed_outside_gates or (run.judged is not None and exit_code(
+                run.judged, run.pilot.decision) != EXIT_OK)):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if interrupted:
         # Results are written and servers stopped: what is left in memory (models, the

@@ -39,6 +39,7 @@ from .judgement import (
     HistoryError,
     Judgement,
     Previous,
+    Withheld,
     compare,
     evaluate,
     judge,
@@ -46,7 +47,6 @@ from .judgement import (
     open_previous,
     plan_gates,
     sampling_budget_problem,
-    withhold,
 )
 from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
 from .pilot.draw import Draw
@@ -419,10 +419,8 @@ class PilotRun:
         return self._judgement
 
     def _judge(self, data: SavedCampaign, plots: bool = True) -> None:
-        judgement = judge(self.pilot, self.gates, data, self.preflight())
-        if self.partial:
-            judgement = withhold(judgement, self.partial)
-        else:  # a server that crashed mid-campaign: what involves it is partial
+        withheld = Withheld(self.partial) if self.partial else None
+        if withheld is None:  # a server that crashed mid-campaign: what involves it is partial
             counts: dict[str, int] = {}
             mode = data.timed_mode
             for r in data.records:
@@ -430,7 +428,8 @@ class PilotRun:
                     counts[r.condition] = counts.get(r.condition, 0) + 1
             self.partial = stopped_note(data.meta, counts)
             if self.partial:
-                judgement = withhold(judgement, self.partial, stopped_conditions(data.meta))
+                withheld = Withheld(self.partial, stopped_conditions(data.meta))
+        judgement = judge(self.pilot, self.gates, data, self.preflight(), withheld)
         if self.previous is not None:
             self.comparison = compare(self.pilot, data, judgement, self.previous,
                                       self.pilot.decision.regression_tolerance)
@@ -456,12 +455,12 @@ class PilotRun:
 
     def fails(self, result: GateResult) -> bool:
         """Whether this gate fails the run (:func:`pytest_osprey.exit_codes.gate_fails`)."""
-        return gate_fails(result, self.pilot.decision.inconclusive)
+        return gate_fails(result, self.pilot.decision)
 
     def exit_code(self, results: Sequence[GateResult] | None = None) -> int:
         """The run's status (:mod:`..exit_codes`); by default every planned gate judged."""
         judged = [self.gate_result(s) for s in self.gates] if results is None else results
-        return exit_code(judged, self.pilot.decision.inconclusive,
+        return exit_code(judged, self.pilot.decision,
                          incomplete=self.incomplete and not self.campaign_error,
                          failed_outside_gates=self.failed_outside_gates)
 

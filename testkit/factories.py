@@ -273,3 +273,28 @@ def pilot_variant(
         params.update(prompts=1, samples=2)  # each parameter still judged, at a small budget
     data["report"] = {"title": f"GPU check ({device}, {order})", "html": False}
     return data
+
+
+def embedded_pilot(device: str, quick: bool) -> dict[str, Any]:
+    """pilot.yaml on ``device`` with absolute paths (run from any folder); ``quick`` cuts it
+    to a few prompts, one pass and short outputs (the CPU dry mode)."""
+    data: dict[str, Any] = yaml.safe_load((ROOT / "pilot.yaml").read_text("utf-8"))
+    data["name"] = f"embedded-{device.replace(':', '')}"
+    target = data["target"]
+    target["device"] = device
+    target["model"] = str(ROOT / target["model"])
+    if device.startswith("cuda"):
+        target.pop("threads", None)  # a CPU setting
+    for cond in data["conditions"].values():
+        if cond.get("drafter"):
+            cond["drafter"] = str(ROOT / cond["drafter"])
+    trace = data["trace"]
+    trace["files"] = [str(ROOT / f) for f in trace["files"]]
+    if quick:
+        trace["ids"] = trace["ids"][:4]
+        data["max_new_tokens_cap"] = 12
+        data["load"].update(passes=2, warmup_requests=1)
+        data["sampling"]["sampled"].update(prompts=2, samples_per_prompt=4, max_new_tokens=8)
+        data["sampling"]["params"].update(prompts=1, samples=2)
+    data["report"] = {"title": f"Embedded pilot ({device})"}
+    return data

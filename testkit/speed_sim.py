@@ -453,8 +453,9 @@ def drift_state(c: Campaigns, look: int = 0) -> tuple[npt.NDArray[np.bool_], Flo
 
     n_looks = looks_of(c.design)
     names = c.design.level_names()
-    series = [(_upto(side[name], c.design, look, n_looks) if look else side[name],
-               c.units[name]) for side in (c.reference, c.candidate) for name in names]
+    cut = [(_upto(side[name], c.design, look, n_looks) if look else side[name], name)
+           for side in (c.reference, c.candidate) for name in names]
+    series = [(x, c.units[name][:, : x.shape[1]]) for x, name in cut]  # the boots looked at
     if c.design.shards > 1:  # as the gate does for a merged campaign (gate.machines_of)
         machines = np.arange(c.design.passes) % c.design.shards
         n_lv = len(names)
@@ -489,7 +490,9 @@ def drift_withheld(
     if c.design.shards > 1:  # as the gate does for a merged campaign (gate.machines_of)
         machines = np.arange(c.design.passes) % c.design.shards
         checked = {name: within_machines(pair, machines) for name, pair in data.items()}
-    series = [(checked[name][k], c.units[name]) for k in (0, 1) for name in names]
+    # An interim look with several boots sees the first boots only: their units too.
+    series = [(checked[name][k], c.units[name][:, : checked[name][k].shape[1]])
+              for k in (0, 1) for name in names]
     n = len(names)
     batch = drift_batch(series, pairs=[(i, i + n) for i in range(n)])
     held = np.zeros(code.shape, dtype=bool)

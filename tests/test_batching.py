@@ -16,6 +16,7 @@ from testkit import tiny_models
 from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot
 
 torch = tiny_models.need()
+pytestmark = pytest.mark.slow  # boots the tiny models
 
 from pytest_osprey.engines import batching, draft_loop  # noqa: E402
 from pytest_osprey.engines.generation_hooks import LogitBias, OpenAIPenalties  # noqa: E402

@@ -160,6 +160,7 @@ def test_memory_gate_limits() -> None:
 
 def test_an_inconclusive_gate_fails_the_run_only_as_the_pilot_says() -> None:
     from pytest_osprey.exit_codes import EXIT_GATE_FAILED, EXIT_INTERRUPTED, EXIT_OK, exit_code
+    from pytest_osprey.pilot.schema import Decision
 
     pilot = decision_pilot(limits={"speedup_min": 1.05})
     judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(1.05, prompts=6,
@@ -167,12 +168,13 @@ def test_an_inconclusive_gate_fails_the_run_only_as_the_pilot_says() -> None:
     results = list(judged.results.values())
     assert "inconclusive" in {r.outcome for r in results if r.spec.gating}
     assert "fail" not in {r.outcome for r in results if r.spec.gating}
-    assert exit_code(results, "pass") == exit_code(results, "skip") == EXIT_OK
-    assert exit_code(results, "fail") == EXIT_GATE_FAILED
-    assert exit_code(results, "pass", incomplete=True) == EXIT_INTERRUPTED
-    assert exit_code(results, "pass", failed_outside_gates=True) == EXIT_GATE_FAILED
+    decided = {p: Decision(inconclusive=p) for p in ("pass", "skip", "fail")}
+    assert exit_code(judged, decided["pass"]) == exit_code(results, decided["skip"]) == EXIT_OK
+    assert exit_code(judged, decided["fail"]) == EXIT_GATE_FAILED
+    assert exit_code(judged, decided["pass"], incomplete=True) == EXIT_INTERRUPTED
+    assert exit_code(results, decided["pass"], failed_outside_gates=True) == EXIT_GATE_FAILED
     slow = judge(pilot, plan_gates(pilot, ["base", "cand"]), campaign(0.5), Preflight())
-    assert exit_code(list(slow.results.values()), "pass") == EXIT_GATE_FAILED
+    assert exit_code(slow, decided["pass"]) == EXIT_GATE_FAILED
 
 
 def test_a_skip_reason_is_short_and_says_things_once() -> None:

@@ -12,6 +12,7 @@ from testkit import tiny_models
 from testkit.factories import TINY_DRAFTER, TINY_TARGET
 
 torch = tiny_models.need()
+pytestmark = pytest.mark.slow  # boots the tiny models
 
 from pytest_osprey.engines import draft_loop  # noqa: E402
 

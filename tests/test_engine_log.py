@@ -14,6 +14,7 @@ from pytest_osprey.engines.transformers import TransformersEngine
 from testkit.factories import make_pilot
 
 MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+pytestmark = pytest.mark.slow  # boots the tiny target
 
 
 def test_log_per_condition(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from testkit import tiny_models
 from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot, write_trace
 
 tiny_models.need()
+pytestmark = pytest.mark.slow  # boots the tiny models
 
 SPEC = GateSpec(GateKind.DISTRIBUTION, "cand", "base")
 T = 0.8

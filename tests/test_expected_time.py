@@ -91,7 +91,7 @@ def test_the_last_run_of_the_same_pilot_reproduces_a_recorded_campaigns_stretche
         assert size.expected.per_level[level] == pytest.approx(spans, rel=0.2), level
 
 
-def test_the_header_states_the_expected_time_first_and_the_worst_case_only_without_one(
+def test_the_header_states_the_expected_time_first_and_the_timeout_bound_only_without_one(
         tmp_path: Path) -> None:  # fmt: skip
     from testkit.factories import endpoint_conditions
 

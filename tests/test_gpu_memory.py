@@ -439,6 +439,7 @@ def test_gpu_check_pilot_variant() -> None:
     assert all(Path(f).is_file() for f in variant["trace"]["files"])
 
 
+@pytest.mark.slow  # boots the tiny models through a pilot run
 def test_gpu_check_dry_run_on_cpu(tmp_path: Path) -> None:
     """The script's CPU mode end to end: a tiny pilot through pytest, its checks passing."""
     argv = ["--device", "cpu", "--out", str(tmp_path), "--orders", "interleaved", "--prompts", "2",

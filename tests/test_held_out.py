@@ -162,7 +162,7 @@ def test_domain_rows_mark_overlapping_prompts() -> None:
                for cond in ("base", "cand") for pid, dom in
                (("p03", "code"), ("p07", "code"), ("p12", "chat"), ("p14", "chat"))]
     data = saved_campaign(records, baseline="base", candidates=["cand"])
-    rows = {r.domain: r for r in all_domain_rows(data, "low", 0, {"cand": ["p03", "p12"]})}
+    rows = {r.domain: r for r in all_domain_rows(data, "low", {"cand": ["p03", "p12"]})}
     assert rows["code"].held_out_overlap == ["p03"] and rows["chat"].held_out_overlap == ["p12"]
     assert all(r.held_out_overlap == [] for r in all_domain_rows(data, "low"))
 

@@ -330,3 +330,48 @@ def test_long_modules_are_still_long() -> None:
     stale = [m for m in LONG_MODULES
              if m not in MODULES or len(MODULES[m].read_text("utf-8").splitlines()) <= MAX_LINES]
     assert not stale, f"no longer over {MAX_LINES} lines (or gone): {stale}"
+
+
+# What judging computes, assembled once by judge(): a reader (report, adapters, entry points)
+# that called one of these would finish the judgement itself, and could drift from it.
+EVALUATORS = frozenset({
+    "judge", "evaluate", "verdicts", "diagnose", "diagnose_all", "stability", "cost_summary",
+    "goodput_section", "all_domain_rows", "held_out_overlaps", "machine_speedups",
+    "per_position_acceptance", "speedup_cells", "with_speedups", "all_figures", "figures_for",
+})
+# Who may call judge() and evaluate() (a preflight gate before anything boots): the run.
+JUDGING = ("pytest_osprey.run", "pytest_osprey.judgement")
+
+
+def _judgement_names(module: str) -> set[str]:
+    """The names ``module`` imports from the judgement package (type-only imports too)."""
+    tree = ast.parse(MODULES[module].read_text("utf-8"))
+    names: set[str] = set()
+    for node in _runtime_imports(tree, type_only=True):
+        if isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            if target == "pytest_osprey.judgement" or target.startswith(
+                    "pytest_osprey.judgement."):
+                names |= {a.name for a in node.names}
+    return names
+
+
+def test_the_judgement_is_finished_in_one_place() -> None:
+    """Only the judgement package (and the run, which calls judge) imports an evaluator:
+    reports, merge and the entry points read the typed judgement judge() returns."""
+    problems = []
+    for module in MODULES:
+        if module.startswith(JUDGING):
+            continue
+        bad = _judgement_names(module) & EVALUATORS
+        if bad:
+            problems.append(f"{module} imports {', '.join(sorted(bad))}")
+    assert not problems, "\n".join(problems)
+
+
+def test_reports_import_no_judgement_evaluator() -> None:
+    """report/ formats what it is given: an evaluator imported there would compute."""
+    reports = [m for m in MODULES if m.startswith("pytest_osprey.report.")]
+    assert reports
+    for module in reports:
+        assert not _judgement_names(module) & EVALUATORS, module

@@ -418,7 +418,7 @@ def test_the_osprey_example_is_the_papers_serving_config_against_the_current_eag
 real = pytest.mark.skipif(not REAL, reason="set OSPREY_SGLANG_PYTHON (a real SGLang 0.5.23)")
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @real
 def test_real_stock_sglang_refuses_osprey_drafts_and_serves_a_single_layer_eagle3(
         tmp_path: Path) -> None:  # fmt: skip
@@ -464,7 +464,7 @@ def test_real_stock_sglang_refuses_osprey_drafts_and_serves_a_single_layer_eagle
         "sglang.srt.models.llama_eagle3 imports (as shipped), builds every layer"), said
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @real
 def test_the_osprey_example_passes_the_dry_run(pytester: pytest.Pytester) -> None:
     """Its command lines pass SGLang's own checks here; the drafter folders are not on this

@@ -29,6 +29,7 @@ from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot, write_trace
 from testkit.param_probes import probe_condition
 
 tiny_models.need()
+pytestmark = pytest.mark.slow  # boots the tiny models
 
 SPEC = GateSpec(GateKind.SAMPLING_PARAMS, "cand", "base")
 PROMPTS, SAMPLES, TOKENS = 1, 3, 10

@@ -177,4 +177,25 @@ def test_a_bad_fault_is_one_line_naming_the_variable(raw: str) -> None:
 
 
 def test_every_fault_is_named_in_the_list() -> None:
-    assert {"temperature", "greedy_verification", "garbage_params"} <= set(FAULTS)
+    assert {"temperature", "greedy_verification", "garbage_params",
+            "drafts_unverified"} <= set(FAULTS)
+
+
+def test_unverified_drafts_are_all_accepted_greedy_or_sampled() -> None:
+    """Every draft emitted as proposed, then the target's own token: a greedy request drafted
+    off the target's argmax keeps the wrong tokens, which an honest verifier rejects."""
+    batcher = Batcher(None, None, 1, set(), lambda ids, stop: False, None,  # type: ignore[arg-type]
+                      threading.Event(), fault=PlantedFault("drafts_unverified"))
+    honest = Batcher(None, None, 1, set(), lambda ids, stop: False, None,  # type: ignore[arg-type]
+                     threading.Event())
+    greedy = GenerationRequest("p", "", 16)
+    raw = torch.stack([LOGITS] * 4)
+    wrong = [5, 7, 9]  # none is the argmax (token 0)
+    for request, g in ((greedy, None), (SERVED, torch.Generator().manual_seed(0))):
+        f = Flight(request, 0.0, list(PROMPT), _processors(request),
+                   sampling_warpers(request) if g is not None else [], g, on_done=lambda _: None)
+        probs = [torch.full((V,), 1.0 / V)] * 3 if g is not None else []
+        drafts = Drafts(tokens=list(wrong), probs=probs, proposed=3)
+        assert batcher._verify(f, drafts, raw)[0] == 3
+    f = Flight(greedy, 0.0, list(PROMPT), [], [], None, on_done=lambda _: None)
+    assert honest._verify(f, Drafts(tokens=list(wrong), proposed=3), raw) == (0, 0)

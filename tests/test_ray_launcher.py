@@ -81,7 +81,8 @@ def _embedded(folder: Path) -> Path:
     return dump_pilot(folder / "pilot.yaml", data)
 
 
-@pytest.mark.parametrize("engine", ["fake-sglang", "embedded"])
+@pytest.mark.parametrize("engine", [
+    "fake-sglang", pytest.param("embedded", marks=pytest.mark.slow)])  # it boots the tiny models
 def test_a_node_killed_mid_run_is_named_and_no_verdict_claimed(cluster: Any, tmp_path: Path,
                                                                engine: str) -> None:
     # The embedded engine runs inside the shard's Ray worker: the node takes it down with it.

@@ -139,3 +139,62 @@ def test_first_screen_shows_what_a_reviewer_needs(
             assert 0 <= left < right <= seen["width"], (name, left, right)
     # The set-up is there, collapsed: its table takes no room until opened.
     assert '<details class="setup" id="setup">' in text
+
+
+
+WARNINGS = """<script>
+const out = {height: innerHeight, warnings: []};
+for (const w of document.querySelectorAll(".warning")) {
+  out.warnings.push(w.getBoundingClientRect().bottom); }
+const pre = document.createElement("pre"); pre.id = "warned";
+pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+</script>"""
+
+
+def test_stability_warnings_are_on_the_first_screen(
+        recorded: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """A stability warning sits on the first screen (1280 x 800), under the verdicts."""
+    page, summary = recorded
+    summary = {**summary, "stability": {**summary["stability"], "warnings": [
+        "the baseline ran 52% slower in pass 2 than in pass 1 at load busy"]}}
+    data = load_campaign(page.parent)
+    warned = write_html(tmp_path, summary, data, {})
+    probe = tmp_path / "probe.html"
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "",
+                            warned.read_text("utf-8")).replace("</body>", WARNINGS + "</body>"),
+                     "utf-8")
+    dom = _chromium(tmp_path, "--window-size=1280,800", "--dump-dom", probe.as_uri()).stdout
+    found = re.search(r'<pre id="warned">(.*?)</pre>', dom)
+    assert found is not None, dom[-2000:]
+    seen = json.loads(found.group(1))
+    assert len(seen["warnings"]) == 1, seen
+    assert 0 < seen["warnings"][0] <= seen["height"], seen
+
+
+OVERFLOW = """<script>
+for (const d of document.querySelectorAll("details")) d.open = true;
+const out = {width: innerWidth, wide: []};
+for (const e of document.querySelectorAll("table, figure, pre")) {
+  const r = e.getBoundingClientRect();
+  if (r.right > innerWidth) out.wide.push([e.tagName, e.className, Math.round(r.right),
+                                           e.textContent.slice(0, 60)]); }
+const pre = document.createElement("pre"); pre.id = "overflow";
+pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+</script>"""
+
+
+def test_every_table_fits_a_1280_pixel_window(
+        recorded: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """Every section opened, no table, figure or block reaches past a 1280-pixel window: the
+    per-level tables keep their last columns (req/s, tokens) in view."""
+    page, _ = recorded
+    probe = tmp_path / "probe.html"
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "",
+                            page.read_text("utf-8")).replace("</body>", OVERFLOW + "</body>"),
+                     "utf-8")
+    dom = _chromium(tmp_path, "--window-size=1280,800", "--dump-dom", probe.as_uri()).stdout
+    found = re.search(r'<pre id="overflow">(.*?)</pre>', dom)
+    assert found is not None, dom[-2000:]
+    seen = json.loads(found.group(1))
+    assert seen["width"] == 1280, seen
+    assert seen["wide"] == [], seen["wide"]

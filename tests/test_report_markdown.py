@@ -216,7 +216,7 @@ def test_break_even_is_rounded_sensibly(judged: tuple[dict[str, Any], Any, str])
     text = markdown(costly, meta, "t", "f", env={})
     row = next(line for line in text.splitlines()
                if line.startswith(f"| {be['candidate']} | {be['reference']} | {be['load']} |"))
-    assert "| 12,000 | 120 |" in row
+    assert "| 12,000 | **120** |" in row  # over max_break_even_days (90): flagged
     assert "| 12.35 |" in text and "12.3456" not in text
     be.update(days=0.012345)
     text = markdown(costly, meta, "t", "f", env={})

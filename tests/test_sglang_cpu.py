@@ -36,7 +36,7 @@ from testkit.sglang_cpu import (
 )
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.engine,
     NEEDS_SGLANG,
     pytest.mark.skipif(
         not (MODELS / "tiny-target").is_dir(),
@@ -47,12 +47,20 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangEngine]:
+    """The module's one plain server, stopped and checked gone after the module's last test,
+    whichever that is (no test stops it, so none depends on running before another)."""
     with pytest.MonkeyPatch.context() as mp:
         # SGLang's default streaming, as an endpoint may serve it: the flag's slot in the
         # command line repeats --enable-metrics instead.
         mp.setattr(sglang_module, "INCREMENTAL", "--enable-metrics")
         with booted(pilot(), "baseline", tmp_path_factory.mktemp("sglang-plain")) as engine:
+            assert engine.server is not None
+            pids, pgid = engine.server.pids(), engine.server.pid
             yield engine
+    # Stopped by booted(): the launcher, its scheduler and detokenizer, and their group.
+    assert pgid is not None and len(pids) >= 2, "launcher plus scheduler and detokenizer"
+    assert not still_alive(pids), still_alive(pids)
+    assert not group_alive(pgid), "a process of the server's group outlived it"
 
 
 def request(i: int, n: int = MAX_TOKENS, **kw: Any) -> GenerationRequest:
@@ -209,12 +217,9 @@ def test_a_request_the_server_aborts_is_a_failure(plain: SGLangEngine) -> None:
     assert after.ok and len(after.output_ids) == MAX_TOKENS
 
 
-def test_teardown_leaves_no_process(plain: SGLangEngine) -> None:
-    # Runs last in this module (tests run in file order): it stops the module's server.
-    assert plain.server is not None
+def test_the_server_runs_as_a_process_group(plain: SGLangEngine) -> None:
+    """What the fixture's teardown checks gone: the launcher's group of several processes."""
+    assert plain.server is not None and plain.server.pid is not None
     pids = plain.server.pids()
-    pgid = plain.server.pid
-    assert pgid is not None and len(pids) >= 2, "launcher plus scheduler and detokenizer"
-    plain.stop()
-    assert not still_alive(pids), still_alive(pids)
-    assert not group_alive(pgid), "a process of the server's group outlived it"
+    assert len(pids) >= 2 and still_alive(pids) == pids, pids
+    assert group_alive(plain.server.pid), "the launcher leads a process group"

@@ -36,7 +36,7 @@ from testkit.sglang_cpu import (
 )
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.engine,
     NEEDS_SGLANG,
     pytest.mark.skipif(
         not (MODELS / "tiny-target").is_dir() or not (MODELS / "tiny-drafter").is_dir(),

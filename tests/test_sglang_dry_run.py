@@ -127,7 +127,7 @@ CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native",
             "--prefill-attention-backend", "intel_amx", "--decode-attention-backend", "intel_amx"]
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @real
 def test_real_sglang_refuses_standalone_with_rejection_sampling_at_dry_run() -> None:
     assert REAL is not None

@@ -1,5 +1,6 @@
 """The SGLang examples through the plugin: examples/pilot-sglang-cpu.yaml end to end (four
-real SGLang 0.5.23 boots on CPU: plain, STANDALONE, EAGLE3, NGRAM), and
+real SGLang 0.5.23 boots on CPU: plain, STANDALONE, EAGLE3, NGRAM; one pass per level, not
+the example's two: speed verdicts are not asserted, its mechanics and quality are), and
 examples/pilot-sglang-eagle3.yaml (a GPU deployment) under --osprey-dry-run. Slow. Needs
 ``OSPREY_SGLANG_PYTHON`` (.ci/run builds it)."""
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from testkit.example_pilots import shrunk_example
 from testkit.pilot_run import servers_left
 from testkit.sglang_cpu import NEEDS_SGLANG
 
@@ -19,8 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_PILOT = ROOT / "examples" / "pilot-sglang-cpu.yaml"
 GPU_PILOT = ROOT / "examples" / "pilot-sglang-eagle3.yaml"
 
+# Both levels (the fillers, the crossover's reason) but one pass each: the timings decide no
+# assertion here, and each condition still boots once, replays, samples and is scored.
+ONE_PASS = {"passes": 1, "warmup_requests": 1}
+
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.engine,
     NEEDS_SGLANG,
 ]
 
@@ -28,7 +34,8 @@ pytestmark = [
 def test_sglang_cpu_pilot(pytester: pytest.Pytester) -> None:
     t0 = time.monotonic()
     result = pytester.runpytest_subprocess(
-        f"--osprey-config={CPU_PILOT}", "--osprey-results=res", "-p", "no:cacheprovider",
+        f"--osprey-config={shrunk_example(CPU_PILOT, pytester.path, load=ONE_PASS)}",
+        "--osprey-results=res", "-p", "no:cacheprovider",
         timeout=2400,  # the sampled pass: 4 x 24 more requests
     )
     wall = time.monotonic() - t0

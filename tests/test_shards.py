@@ -320,14 +320,17 @@ def test_each_machine_reports_its_own_speedup(shards: Path, tmp_path: Path) -> N
 def test_report_says_the_stability_warnings_before_the_verdict(
         shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import pytest_osprey.judgement as judgement
+    from pytest_osprey.judgement.verdict import judge as judging
 
-    class Unsteady:
-        warnings = ("the baseline ran 52% slower in pass 2 than in pass 1",)
+    steady = judging.stability  # where the judgement measures it, once
+
+    def unsteady(data: Any) -> Any:
+        return steady(data).model_copy(update={"warnings": [
+            "the baseline ran 52% slower in pass 2 than in pass 1"]})
 
     merge_shards(tmp_path / "m", [shards / "s1", shards / "s2"])
     capsys.readouterr()
-    monkeypatch.setattr(judgement, "stability", lambda data: Unsteady())
+    monkeypatch.setattr(judging, "stability", unsteady)
     main(["report", str(tmp_path / "m")])
     out = capsys.readouterr().out.splitlines()
     warned = out.index("WARNING: the baseline ran 52% slower in pass 2 than in pass 1")

@@ -15,15 +15,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from scipy import stats
 
 from pytest_osprey.judgement.speed.data import Request, collect
-from pytest_osprey.judgement.speed.drift import drift_check
+from pytest_osprey.judgement.speed.drift import drift_batch, drift_check
 from pytest_osprey.judgement.speed.speedup import PairedLatencies, speed_batch, speed_test
 from pytest_osprey.judgement.speed.stalls import stall_scan
 from testkit.speed_sim import (
     KEEP,
+    Campaigns,
     Design,
     fixed_outcomes,
     low_load_models,
@@ -160,3 +162,26 @@ def test_a_stall_across_passes_does_not_fire_the_drift_rule_on_shared_drift() ->
             assert res.drift_adjusted is not None
         kept += res.outcome == "pass"
     assert kept >= 36
+
+
+def ratio_flags(c: Campaigns) -> npt.NDArray[np.bool_]:
+    """Per campaign: did the paired-ratio drift test alone flag some pass (x1 design)."""
+    series = [(c.reference["low"], c.units["low"]), (c.candidate["low"], c.units["low"])]
+    return np.asarray(drift_batch(series).ratio_changed.any(axis=1))
+
+
+def test_the_paired_ratio_drift_test_counts_a_stall_once_at_x1() -> None:
+    """Stalls of either server move the ratio of consecutive x1 units together: read as
+    independent units, the ratio test alone flagged a pass in ~36% of campaigns at 10% stall
+    onset (true 1.0x); read as a time series, ~16%."""
+    n = 300
+    c = simulate(X1, LOW["stalls10%"], 1.0, n, seed=71)
+    assert_rate_at_most(int(ratio_flags(c).sum()), n, 0.25, "ratio test flags stalls")
+
+
+def test_the_paired_ratio_drift_test_still_catches_a_pass_slowed_for_one_condition() -> None:
+    n = 200
+    noise = replace(noise_models()["independent"], pass_slowdown=(0.3, 0.7),
+                    slowdown_reference_only=True)
+    c = simulate(X1, noise, 1.0, n, seed=73)
+    assert_rate_at_least(int(ratio_flags(c).sum()), n, 0.9, "ratio test catches a pass")

@@ -5,6 +5,7 @@ queueing warning."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,17 @@ from pytest_osprey.campaign.events import (
     pass_eta,
 )
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.judgement import GateResult, GateSpec, Judgement, all_figures, stability
+from pytest_osprey.judgement import (
+    GateResult,
+    GateSpec,
+    Judgement,
+    all_figures,
+    diagnose_all,
+    judge,
+    speedup_cells,
+    stability,
+)
+from pytest_osprey.judgement.figures.speedups import with_speedups
 from pytest_osprey.judgement.verdict.verdicts import verdicts
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import load_trace
@@ -30,6 +41,7 @@ from pytest_osprey.report.terminal import (
     text_table,
     worse_than_baseline,
 )
+from pytest_osprey.results import Preflight
 from pytest_osprey.results.folder import SavedCampaign
 from testkit import factories
 from testkit.factories import closed_loop_starts, make_record, saved_campaign, write_trace
@@ -96,8 +108,13 @@ def _judgement(pilot: Pilot, data: SavedCampaign, cand: str) -> Judgement:
                    "pass", "the baseline met the targets in 2 of 21 requests",
                    evidence="not_evaluable"),
     ]
-    return Judgement({(g.spec.kind, g.spec.id): g for g in results},
-                     verdicts(pilot, results), all_figures(data, pilot))
+    decided = verdicts(pilot, results)
+    figures = all_figures(data, pilot)
+    cells = speedup_cells(results, "baseline")
+    return replace(judge(pilot, [], data, Preflight()),
+                   results={(g.spec.kind, g.spec.id): g for g in results}, verdicts=decided,
+                   figures=with_speedups(figures, cells), speedups=cells,
+                   diagnoses=diagnose_all(pilot, decided, results, figures, data))
 
 
 def _cols(judgement: Judgement) -> Columns:
@@ -171,7 +188,9 @@ def test_closing_lines_name_what_could_not_have_failed_and_how_it_ended() -> Non
     assert "quality identical" not in head
     # The quality part gives way to the width; what could not have failed stays said.
     assert "unproven: correctness; unchecked: sampled distribution" in head
-    assert "  - unchecked correctness: skip (not evaluable)" in "\n".join(lines)
+    shown = "\n".join(lines)
+    assert "  - unchecked correctness: not evaluable: " in shown
+    assert "not evaluable: not evaluable" not in shown and "skip (not evaluable)" not in shown
     goodput = [line for line in lines if line.startswith("  - could not have failed: goodput")]
     assert goodput == ["  - could not have failed: goodput at concurrent (pass, not evaluable): "
                        "the baseline met the targets in 2 of 21 requests"]

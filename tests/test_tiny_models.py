@@ -23,6 +23,7 @@ import corpus  # noqa: E402
 import eagle3  # noqa: E402
 import lm_training as lm  # noqa: E402
 import model_eval as ev  # noqa: E402
+import tasks  # noqa: E402
 
 
 def _mo(entries: list[tuple[bytes, bytes]], order: str = "<") -> bytes:
@@ -55,6 +56,39 @@ def test_catalog_strings_reads_translations_of_a_mo_file(tmp_path: Path, order: 
     assert corpus.catalog_strings(path) == ["Datei nicht gefunden", "%d Datei wurde gelöscht"]
     (tmp_path / "bad.mo").write_bytes(b"not a catalog at all")
     assert corpus.catalog_strings(tmp_path / "bad.mo") == []
+
+
+def test_task_answers_say_what_their_prompts_ask() -> None:
+    """Every tool call names the function and the values its prompt gives, in the JSON the
+    prompt asks for; a YAML mapping comes back as the same data; each ends the sequence."""
+    import random
+    import re
+
+    rng = random.Random(3)
+    for _ in range(200):
+        e = tasks.tool_example(rng)
+        call = json.loads(e.answer)
+        user = e.messages[-1][1]
+        assert f"`{call['name']}`" in user
+        for name, value in call["arguments"].items():
+            assert f"{name} = {value}" in user
+        assert e.text().endswith("<|end|>\n</s>")
+    for _ in range(100):
+        e = tasks.yaml_example(rng)
+        body = re.search(r"```yaml\n(.*)\n```", e.messages[-1][1], re.DOTALL)
+        assert body is not None
+        data = {k: int(v) if v.isdigit() else v
+                for k, _, v in (line.partition(": ") for line in body.group(1).splitlines())}
+        assert json.loads(e.answer) == data
+
+
+def test_task_batches_mask_the_answer_only() -> None:
+    data = [(torch.arange(1, 8), 4), (torch.arange(1, 5), 2)]
+    x, mask = tasks.batch(data, 6, torch.Generator().manual_seed(0))
+    for row, m in zip(x.tolist(), mask.tolist(), strict=True):
+        length = 7 if row[4] == 5 else 4
+        assert row[length:] == [0] * (7 - length)  # right-padded
+        assert m == [i >= {7: 4, 4: 2}[length] and i < length for i in range(7)]
 
 
 def test_grown_model_computes_what_the_small_one_did() -> None:

@@ -16,7 +16,10 @@ from testkit.tiny_models import drafted_pilot
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
-pytestmark = pytest.mark.skipif(not (MODELS / "tiny-drafter").is_dir(), reason="no tiny models")
+pytestmark = [
+    pytest.mark.slow,  # boots the tiny models
+    pytest.mark.skipif(not (MODELS / "tiny-drafter").is_dir(), reason="no tiny models"),
+]
 
 
 def test_stop_strings_with_and_without_a_drafter(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from testkit.factories import make_pilot
 PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.engine,
     pytest.mark.skipif(
         not PYTHON, reason="set OSPREY_VLLM_PYTHON to a Python with vLLM (CPU build) installed"
     ),

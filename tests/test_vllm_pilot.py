@@ -1,12 +1,17 @@
-"""examples/pilot-vllm-cpu.yaml end to end through the plugin: three real vLLM boots.
+"""examples/pilot-vllm-cpu.yaml end to end through the plugin, cut to what it asserts: two
+conditions (the plain server, booted again to score the samples, and the tiny drafter), one
+load level, one pass, 8 prompts.
 
-Slow (several minutes). Needs ``OSPREY_VLLM_PYTHON`` (a Python with vllm-cpu; .ci/run builds
-one). Checks: the weak drafter is dropped, every condition booted once, no server process
-is left, the exact distribution test ran on every candidate (served at temperature 0.8) and
-finds its drafted positions off the served temperature while the plain server's are on it, the
-speculation each candidate ran (read back from the server) is the one the pilot asked for and
-its acceptance counts agree with vLLM's counters, and the tiny drafter's accept length under
-vLLM agrees with the embedded engine's on the same prompts within 10%.
+Slow (minutes). Needs ``OSPREY_VLLM_PYTHON`` (a Python with vllm-cpu; .ci/run builds one).
+Checks: every condition booted once, no server process is left, the exact distribution test
+ran on the candidate (served at temperature 0.8) and finds its drafted positions off the served
+temperature while the first token and the plain server's own samples (the A/A control) are on
+it, so the candidate is dropped; the speculation it ran (read back from the server) is the one
+the pilot asked for and its acceptance counts agree with vLLM's counters; and the tiny
+drafter's accept length under vLLM agrees with the embedded engine's on the same prompts
+within 10%. Speed verdicts are not asserted here (real timings on a shared machine): the
+example's full design (the weak drafter, two levels, two passes) is what users run; its fault
+is also kept as a recorded case (testkit/recorded/, tests/test_vllm_recorded.py).
 """
 
 from __future__ import annotations
@@ -24,14 +29,28 @@ from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.judgement.service.speculation import speculation_differences
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import load_trace, render_prompt
+from testkit.example_pilots import shrunk_example
 from testkit.pilot_run import servers_left
 
 ROOT = Path(__file__).resolve().parents[1]
 PILOT = ROOT / "examples" / "pilot-vllm-cpu.yaml"
 PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")
 
+# The example's conditions and sampled budget (what the exact test needs), with the speed design
+# cut to one level and one pass over 8 prompts of its trace (all its domains but legal and
+# multilingual): the speed passes assert nothing here that the mechanics checks need twice.
+CANDIDATES = ("tiny-drafter",)
+SHRUNK_IDS = ["chat-01", "chat-03", "code-01", "code-02", "commonsense-01", "finance-01",
+              "math-01", "clinical-01"]
+
+
+def shrunk(folder: Path) -> Path:
+    return shrunk_example(PILOT, folder, conditions=CANDIDATES, ids=SHRUNK_IDS,
+                          load={"levels": {"low": 1}, "passes": 1, "warmup_requests": 1})
+
+
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.engine,
     pytest.mark.skipif(
         not PYTHON, reason="set OSPREY_VLLM_PYTHON to a Python with vLLM (CPU build) installed"
     ),
@@ -71,8 +90,8 @@ def embedded_accept_length(prompt_ids: list[str]) -> float:
 
 def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(
-        f"--osprey-config={PILOT}", "--osprey-results=res", "-p", "no:cacheprovider",
-        timeout=3000,
+        f"--osprey-config={shrunk(pytester.path)}", "--osprey-results=res",
+        "-p", "no:cacheprovider", timeout=2400,
     )
     out = result.stdout.str()
     res = pytester.path / "res"
@@ -83,7 +102,7 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
     assert all(c["error"] is None for c in conditions.values()), conditions
     assert all(c["boot_s"] for c in conditions.values()), "each condition boots exactly once"
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
-    assert "DROP tiny-drafter-weak" in out, out
+    assert "DROP tiny-drafter" in out, out  # by its quality, whatever the speed
 
     records = [json.loads(line) for line in (res / "records.jsonl").read_text().splitlines()]
     drafted = [r for r in records if r["condition"] == "tiny-drafter" and r["ok"]
@@ -98,7 +117,7 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
     # Served at temperature 0.8, so the distribution check runs on every candidate: it must
     # have been able to fail (its outcome is what this vLLM build does, printed below) ...
     gates = {(g["kind"], g["id"]): g for g in summary["gates"]}
-    for cand in ("tiny-drafter", "tiny-drafter-weak"):
+    for cand in CANDIDATES:
         dist = gates[("distribution", f"{cand}-vs-baseline")]
         assert dist["outcome"] != "skip" and dist["evidence"] != "not_evaluable", dist
     for v in summary["verdicts"]:
@@ -109,7 +128,7 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
     # differs from run to run: near-uniform, loops of unlikely tokens, or a mixture whose best
     # single temperature is near the served one, so the summary names what it saw and never a
     # direction), and the first token, which the target samples alone, is as served.
-    for cand in ("tiny-drafter", "tiny-drafter-weak"):
+    for cand in CANDIDATES:
         dist = gates[("distribution", f"{cand}-vs-baseline")]
         details = dist["details"]
         assert details["method"] == "exact" and details["scorer"] == "baseline", details
@@ -139,7 +158,7 @@ def test_vllm_cpu_pilot(pytester: pytest.Pytester) -> None:
         assert rec and not [r for r in rec if r["mismatch"]], rec
     boots = {n: round(c["boot_s"], 1) for n, c in conditions.items()}
     dist_p = {c: gates[("distribution", f"{c}-vs-baseline")]["p_value"]
-              for c in ("tiny-drafter", "tiny-drafter-weak")}
+              for c in CANDIDATES}
     speedups = {g["id"]: (g["estimate"], g["ci"]) for g in summary["gates"]
                 if g["kind"] == "speedup" and g["gating"]}
     print(f"\nvLLM CPU pilot: boots {boots}; accept length vLLM {vllm_al:.3f} vs embedded "

@@ -8,14 +8,14 @@ none, and the progress line's ETA after warm-up is the first estimate."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..pilot.probes import PROBES, SAMPLED_PROBES
 from ..pilot.schema import Pilot
 from ..pilot.selection import pass_draws
 from ..pilot.trace import Trace
-from .requests import max_new_tokens
+from .requests import BREAKER_TIMEOUTS, max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,8 @@ def default_model(pilot: Pilot) -> TimeModel | None:
 @dataclass(frozen=True)
 class ExpectedTime:
     """Expected wall time per phase (seconds, every condition), the time if early stopping
-    ends the timed passes at the first look (None without early stopping), the devices held
-    and their price."""
+    ends the timed passes at the first look (None without early stopping, or where the plan
+    has a single look), the worst case, the devices held and their price."""
 
     source: str
     phases: dict[str, float]
@@ -89,6 +89,10 @@ class ExpectedTime:
     price: float = 0.0
     currency: str = "USD"
     per_level: dict[str, float] = field(default_factory=dict)
+    worst_s: float = 0.0
+    """The whole plan (no early stop), every output at its full token budget, and each
+    condition losing once the longer of its boot timeout and the timeout breaker's requests
+    (a server that hangs): what the campaign can bill at most under the time model."""
 
     @property
     def total_s(self) -> float:
@@ -98,16 +102,27 @@ class ExpectedTime:
     def device_hours(self) -> float:
         return self.total_s / 3600 * self.devices
 
+    @property
+    def worst_device_hours(self) -> float:
+        return max(self.worst_s, self.total_s) / 3600 * self.devices
+
+    def money(self, device_hours: float) -> str:
+        """``USD 2.55`` at the price set, "" without one."""
+        return f"{self.currency} {device_hours * self.price:,.2f}" if self.price > 0 else ""
+
     def line(self) -> str:
         """E.g. ``expected time: up to 12 min (after the first look about 5 min), about 0.2
         GPU-hours (USD 0.50 at 2.50/h) [assumed: ...]``."""
         unit = "GPU-hours" if self.gpu else "device-hours"
         look = (f" (early stopping: about {duration(self.first_look_s)} if it stops at the "
                 "first look)" if self.first_look_s is not None else "")
-        money = (f" ({self.currency} {self.device_hours * self.price:,.2f} at "
-                 f"{self.price:,.2f}/h)" if self.price > 0 else "")
+        money = (f" ({self.money(self.device_hours)} at {self.price:,.2f}/h)"
+                 if self.price > 0 else "")
+        worst = self.money(self.worst_device_hours)
         return (f"expected time: up to {duration(self.total_s)}{look}, about "
-                f"{self.device_hours:,.2f} {unit}{money} [{self.source}]")
+                f"{self.device_hours:,.2f} {unit}{money}; worst case "
+                f"{self.worst_device_hours:,.2f} {unit}" + (f" ({worst})" if worst else "")
+                + f" (full token budgets, a hung server per condition) [{self.source}]")
 
     def facts(self) -> dict[str, Any]:
         """campaign.json's ``size.expected``."""
@@ -116,7 +131,10 @@ class ExpectedTime:
                                        else round(self.first_look_s, 1)),
                 "phases": {k: round(v, 1) for k, v in self.phases.items()},
                 "devices": self.devices, "device_hours": round(self.device_hours, 4),
-                "cost": round(self.device_hours * self.price, 4) if self.price > 0 else None}
+                "cost": round(self.device_hours * self.price, 4) if self.price > 0 else None,
+                "worst_device_hours": round(self.worst_device_hours, 4),
+                "worst_cost": (round(self.worst_device_hours * self.price, 4)
+                               if self.price > 0 else None)}
 
 
 UNKNOWN = "expected time: known after warm-up (the progress line's ETA)"
@@ -135,6 +153,14 @@ def expected_time(pilot: Pilot, trace: Trace, conditions: int,
     model = model or default_model(pilot)
     if model is None:
         return None
+    expected = _phases(pilot, trace, conditions, model)
+    full = _phases(pilot, trace, conditions, replace(model, fill=1.0))
+    load, target = pilot.load, pilot.target
+    hung = max(target.boot_timeout_s, BREAKER_TIMEOUTS * load.request_timeout_s)
+    return replace(expected, worst_s=full.total_s + conditions * hung)
+
+
+def _phases(pilot: Pilot, trace: Trace, conditions: int, model: TimeModel) -> ExpectedTime:
     load, sampling = pilot.load, pilot.sampling
     prompts = trace.prompts
     boots = load.boots_per_condition
@@ -147,7 +173,7 @@ def expected_time(pilot: Pilot, trace: Trace, conditions: int,
         per_level[level] = waves * model.request_s(mean, c) * conditions  # per pass
     phases = {"boots": model.boot_s * boots * conditions,
               "warm-up": model.request_s(mean, 1) * boots * conditions,
-              "timed": sum(per_level.values()) * load.passes}
+              "timed": sum(t * load.passes_at(level) / boots for level, t in per_level.items())}
     if sampling.serving.sampled and sampling.greedy:
         phases["greedy"] = len(prompts) * boots * model.request_s(mean, 1) * conditions
     draws = pass_draws(pilot, prompts)
@@ -169,10 +195,17 @@ def expected_time(pilot: Pilot, trace: Trace, conditions: int,
             sampling.params.max_new_tokens, 1) * conditions
         phases["scoring"] = phases.get("scoring", 0.0) + scored * conditions * 2 \
             * model.overhead_s
+    # The first look as the replay plan places it (campaign/schedule.py): after the first
+    # pass with one interleaved boot; after the second boot with several (every per-boot
+    # phase that far); none where the plan's only look is its end.
     first = None
-    if pilot.decision.early_stop and load.passes > 1:
-        first = phases["timed"] / load.passes + sum(v for k, v in phases.items()
-                                                    if k != "timed")
+    rest = sum(v for k, v in phases.items() if k not in ("timed", "boots", "warm-up", "greedy"))
+    if pilot.decision.early_stop and boots == 1 and load.interleaved and load.passes > 1:
+        first = sum(per_level.values()) + phases["boots"] + phases["warm-up"] \
+            + phases.get("greedy", 0.0) + rest
+    elif pilot.decision.early_stop and boots >= 3:
+        first = 2 / boots * sum(phases.get(k, 0.0) for k in ("timed", "boots", "warm-up",
+                                                             "greedy")) + rest
     return ExpectedTime(model.source, phases, first, pilot.cost.devices_per_server,
                         gpu=pilot.target.engine != "transformers" or pilot.target.device != "cpu",
                         price=pilot.cost.device_hour_price, currency=pilot.cost.currency,

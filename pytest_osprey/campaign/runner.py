@@ -155,6 +155,7 @@ class Campaign:
             strata={p.id: p.slice for p in self.trace.prompts}, seed=load.seed,
             fill={level: max(1, load.concurrency(level)) for level in load.levels
                   if load.rate(level) is None},  # closed loop: c measured requests a block
+            level_passes=load.level_passes,
         )
 
     def run(self) -> SavedCampaign:

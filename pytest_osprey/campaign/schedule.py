@@ -85,6 +85,14 @@ class ReplayPlan:
     seed: int | str
     partitions: Mapping[str, tuple[tuple[tuple[str, ...], ...], ...]] = field(
         default_factory=dict)
+    level_passes: Mapping[str, int] = field(default_factory=dict)
+    """Levels that run fewer passes over the campaign than passes x boots (see runs)."""
+
+    def runs(self, level: str, boot: int, pass_index: int) -> bool:
+        """Whether ``level`` runs that pass: the first pass of every boot first, then the
+        second of every boot, and so on, up to its ``level_passes``."""
+        every = self.passes * self.boots_per_condition
+        return pass_index * self.boots_per_condition + boot < self.level_passes.get(level, every)
 
     def block_of(self, level: str, boot: int = 0, pass_index: int = 0) -> dict[str, int]:
         """Prompt id -> block index at ``level`` in that boot's pass."""
@@ -173,6 +181,7 @@ def plan_replay(
     strata: Mapping[str, str] | None = None,
     seed: int | str = 0,
     fill: Mapping[str, int] | None = None,
+    level_passes: Mapping[str, int] | None = None,
 ) -> ReplayPlan:
     """The campaign's stretches in execution order.
 
@@ -185,6 +194,9 @@ def plan_replay(
     passes of a boot). Early-stopping looks: with one boot, after each pass; with b >= 2 boots,
     after each boot from the second on (an earlier look could not see boot-to-boot variation).
     In the sequential order one look comes after each boot from the second on.
+    ``level_passes`` maps levels to fewer passes over the campaign than passes x boots: such
+    a level runs the first pass of every boot first, then the second of every boot, and so on
+    (the partitions, hence the other levels' blocks, are unchanged).
     """
     conds = tuple(conditions)
     if not conds or len(set(conds)) != len(conds):
@@ -198,6 +210,11 @@ def plan_replay(
         raise PlanError(f"order must be 'interleaved' or 'sequential', got {order!r}")
     # One partition per (boot, pass): the first keeps the seed of fixed-block plans.
     fills = dict(block_prompts) if fill is None else dict(fill)
+    fewer = {lv: n for lv, n in (level_passes or {}).items()
+             if n < passes * boots_per_condition}
+    for lv, n in fewer.items():
+        if lv not in block_prompts or n < 1:
+            raise PlanError(f"level_passes: {lv!r} needs a load level and at least one pass")
     partitions = {
         level: tuple(
             split_blocks(prompt_ids, size, strata,
@@ -217,6 +234,8 @@ def plan_replay(
         return max(1, boot)
 
     def add(boot: int, p: int, level: str, block: int, cond: str, stretch_id: int) -> None:
+        if p * boots + boot >= fewer.get(level, passes * boots):
+            return
         ids = partitions[level][boot * passes + p][block]
         out.append(Stretch(len(out), boot, p, level, block, cond, ids, stretch_id,
                            look_of(boot, p)))
@@ -247,13 +266,14 @@ def plan_replay(
                         for k in sequence:
                             add(boot, p, level, k, cond, stretch_id)
                 stretch_id += 1
-    return ReplayPlan(tuple(out), blocks, conds, passes, boots, order, looks, seed, partitions)
+    return ReplayPlan(tuple(out), blocks, conds, passes, boots, order, looks, seed, partitions,
+                      fewer)
 
 
 def plan_facts(plan: ReplayPlan) -> PlanFacts:
     """The plan as campaign.json records it."""
     return PlanFacts(
         passes=plan.passes, boots_per_condition=plan.boots_per_condition, order=plan.order,
-        looks=plan.looks, seed=str(plan.seed),
+        looks=plan.looks, seed=str(plan.seed), level_passes=dict(plan.level_passes),
         blocks={lvl: [list(b) for b in bs] for lvl, bs in plan.blocks.items()},
     )

@@ -132,8 +132,9 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int,
     prompts = trace.prompts
     budget = sum(max_new_tokens(pilot, p) for p in prompts)
     boots = load.boots_per_condition
-    timed = len(prompts) * len(load.levels) * load.passes * boots
-    tokens = budget * len(load.levels) * load.passes * boots
+    level_passes = sum(load.passes_at(level) for level in load.levels)  # boots counted
+    timed = len(prompts) * level_passes
+    tokens = budget * level_passes
     greedy = 0
     if sampling.serving.sampled and sampling.greedy:  # the untimed greedy pass beside them
         greedy = len(prompts) * boots
@@ -154,7 +155,7 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int,
         params = n * (1 + len(PROBES)) + scored_probes + (2 * n if samples else 0)
         tokens += params * sampling.params.max_new_tokens
     # Closed loop: c at a time; open loop: up to its cap (uncapped: all of a stretch at once).
-    waves = sum(len(prompts) * load.passes * boots / max(1, load.concurrency(level))
+    waves = sum(len(prompts) * load.passes_at(level) / max(1, load.concurrency(level))
                 for level in load.levels)
     waves += sampled + params + greedy
     worst = waves * conditions * load.request_timeout_s

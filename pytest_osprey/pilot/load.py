@@ -118,6 +118,17 @@ class Load(Strict):
     passes: Annotated[int, Field(ge=1, le=64)] = 4
     """Passes over the whole trace per condition, boot and load level (each prompt is
     replayed this often; early stopping looks after each pass). Formerly `blocks`."""
+    level_passes: dict[str, Annotated[int, Field(ge=1, le=64)]] = Field(
+        default_factory=dict, max_length=MAX_ITEMS,
+        description="Load level -> its timed passes over the whole campaign, at most `passes` "
+        "x `boots_per_condition` (default: all of them). The first pass of every boot comes "
+        "first, then the second of every boot, and so on (1: the first boot's first pass "
+        "only). Only the primary load's speedup gates (decision.primary_load); a level that "
+        "only informs (the crossover, the other levels' speedups) and costs much per pass (x1 "
+        "serves one request at a time) may take fewer: the decision's power is unchanged, that "
+        "level's intervals widen (on one boot, a boot's offset is not told from the drafter's "
+        "effect there). Early stopping's looks are unchanged",
+    )
     block_prompts: dict[str, Annotated[int, Field(ge=1, le=MAX_COUNT)]] = Field(
         default_factory=dict, max_length=MAX_ITEMS,
         description="Load level -> prompts per block (default: the level's concurrency, at "
@@ -168,6 +179,11 @@ class Load(Strict):
     @property
     def interleaved(self) -> bool:
         return self.order != "sequential"
+
+    def passes_at(self, level: str) -> int:
+        """Timed passes at ``level`` over the whole campaign (see level_passes)."""
+        every = self.passes * self.boots_per_condition
+        return min(self.level_passes.get(level, every), every)
 
     def block_size(self, level: str) -> int:
         """Prompts per block at ``level`` (see block_prompts)."""

@@ -386,6 +386,12 @@ def cross_field_problems(pilot: Pilot) -> list[tuple[tuple[str | int, ...], str]
         (("limits", "latency", i, "load"), lim.load) for i, lim in enumerate(pilot.limits.latency)
     ]
     where += [(("load", "block_prompts", name), name) for name in pilot.load.block_prompts]
+    where += [(("load", "level_passes", name), name) for name in pilot.load.level_passes]
+    every = pilot.load.passes * pilot.load.boots_per_condition
+    out += [(("load", "level_passes", name),
+             f"{n} passes at {name!r} is more than the campaign's {every} (load.passes x "
+             "load.boots_per_condition)")
+            for name, n in pilot.load.level_passes.items() if n > every]
     for loc, level in where:
         if level is not None and level not in pilot.load.levels:
             out.append((loc, f"load level {level!r} is not in load.levels ({levels})"))

@@ -10,15 +10,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..judgement import CandidateVerdict, Comparison, Judgement, diagnose_all, stability
+from ..judgement import CandidateVerdict, Comparison, Judgement
 from ..judgement.verdict.diagnosis import gate_name, short_text
 from ..pilot.schema import Pilot
 from ..results.ending import campaign_end
 from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
+from ..results.spent import campaign_spent
 from .headline import bullet_lines, headline
 from .setup import memory_basis, short_setup
-from .terminal import Columns, results_line, speedup_cells, terminal_legend, text_table
+from .terminal import Columns, results_line, terminal_legend, text_table
 
 COLORS = {"KEEP": "green", "DROP": "red", "INCONCLUSIVE": "yellow"}
 
@@ -31,10 +32,8 @@ class Line:
 
 def table_columns(judgement: Judgement, data: SavedCampaign) -> Columns:
     label, note, _ = memory_basis(data.meta)
-    base = data.meta.baseline
-    gates = [g.as_dict() for g in judgement.results.values()]
-    return Columns(memory=label, memory_note=note, baseline=base,
-                   speedups=speedup_cells(gates, base))
+    return Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
+                   speedups=judgement.speedups)
 
 
 def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
@@ -45,17 +44,14 @@ def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
     out = [Line(f"set-up: {setup}")]
     out += [Line(t) for t in text_table(judgement.figures, cols)]
     out += [Line(t) for t in terminal_legend(cols, judgement.figures)]
-    for warning in stability(data).warnings:
+    for warning in judgement.stability.warnings:
         out.append(Line(f"WARNING: {warning}", "yellow"))
     out.append(Line(""))
-    results = list(judgement.results.values())
-    for d in diagnose_all(pilot, judgement.verdicts, results, judgement.figures, data):
+    for verdict, d in zip(judgement.verdicts, judgement.diagnoses, strict=True):
         out.append(Line(headline(d), f"{COLORS[d.verdict]} bold"))
         out += [Line(t) for t in bullet_lines(d)]
-        verdict = next((v for v in judgement.verdicts if v.candidate == d.candidate), None)
-        if verdict is not None:
-            out += [Line(t, "yellow") for t in unproven_lines(verdict, data.meta.baseline,
-                                                              {u.kind for u in d.unchecked})]
+        out += [Line(t, "yellow") for t in unproven_lines(verdict, data.meta.baseline,
+                                                          {u.kind for u in d.unchecked})]
     if comparison is not None:
         out.append(Line(f"compared with {comparison.previous_dir} "
                         f"(run {comparison.previous_run_id}):"))
@@ -64,6 +60,9 @@ def closing_lines(pilot: Pilot, judgement: Judgement, data: SavedCampaign,
                             "red" if f.regression else ""))
         out += [Line(f"  {note}") for note in comparison.notes]
     out.append(Line(f"campaign: {campaign_end(data).text}"))
+    spent = campaign_spent(data.meta, pilot)
+    if spent is not None:
+        out.append(Line(spent.line()))
     where = results_line(reports)
     if where:
         out.append(Line(where))

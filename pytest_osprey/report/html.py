@@ -18,22 +18,23 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..judgement import GateKind
-from ..judgement.figures import Figures, all_figures
+from ..judgement import CostSection, GateKind, GoodputSection, Stability
+from ..judgement.figures import Figures
 from ..judgement.figures.measured import P99_MIN_REQUESTS
 from ..judgement.quality.param_verdicts import is_refusal
 from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .exact_table import HEADER, exact_tables
+from .sections import Section, cost_section, goodput_section, stability_section
 from .setup import level_order, memory_basis, shards_line
 from .terminal import (
     SERVING_HEADER,
     Columns,
+    figure_speedups,
     header,
     legend,
     serving_cells,
-    speedup_cells,
     table_rows,
     worse_than_baseline,
 )
@@ -88,6 +89,8 @@ figcaption{color:#59636e;font-size:13px}
 mark{background:#ffd8b5}.ws{color:#8c959f;font-size:11px}
 .deciding{font-size:15px;margin:4px 0 0}#verdicts{margin-top:12px}
 h2.first{font-size:17px;margin:14px 0 4px}.unchecked{font-weight:600}
+table.levels{font-size:12px}table.levels th,table.levels td{padding:3px 5px}
+table.levels td.num{white-space:normal}
 table.key{font-size:12.5px}table.key th,table.key td{white-space:nowrap;padding:3px 6px}
 details.setup{margin:14px 0}details.setup>summary{cursor:pointer;font-size:16px;font-weight:600}
 """
@@ -109,22 +112,10 @@ def num(value: object, fmt: str = "{:.4g}") -> str:
     return esc(fmt.format(value))
 
 
-def money(value: object) -> str:
-    """Currency amounts in plain decimals (no exponent), 3 significant digits when small."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return num(value)
-    if not math.isfinite(value):
-        return esc(f"{value:g}")
-    if value == 0:
-        return "0.00"
-    decimals = max(2, 2 - math.floor(math.log10(abs(value))))
-    return esc(f"{value:,.{decimals}f}")
-
-
 def table(columns: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = (),
-          classes: dict[int, str] | None = None) -> str:
+          classes: dict[int, str] | None = None, css: str | None = None) -> str:
     """Cells in ``rows`` are already HTML; ``columns`` are plain text. ``numeric`` columns
-    are right-aligned; ``classes`` gives other columns a CSS class."""
+    are right-aligned; ``classes`` gives other columns a CSS class; ``css`` the table one."""
     cls = {i: "num" for i in numeric} | (classes or {})
     head = "".join(f"<th>{esc(h)}</th>" for h in columns)
     body = "".join(
@@ -134,7 +125,8 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterab
         ) + "</tr>"
         for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    opening = f'<table class="{css}">' if css else "<table>"
+    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def badge(outcome: object, evidence: object = "tested") -> str:
@@ -331,6 +323,11 @@ def _verdicts(summary: dict[str, Any], data: SavedCampaign) -> str:
                    + "</div>")
     if len(out) == 1:
         out.append('<p class="note">No candidate was judged.</p>')
+    # On the first screen, under the verdicts they qualify (as report.md says them); the
+    # stability section further down holds the figures behind them.
+    for w in (summary.get("stability") or {}).get("warnings") or []:
+        out.append(f'<div class="warning"><b>Warning:</b> {esc(w)} '
+                   '(<a href="#stability">stability</a>)</div>')
     return "".join(out) + "</section>"
 
 
@@ -363,7 +360,7 @@ def _key_figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     figs = _all_figures(summary, data)
     label, note, _ = memory_basis(data.meta)
     cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
-                   speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
+                   speedups=figure_speedups(figs))
     head = header(cols)
     rows = [[esc(c) for c in row] for row in table_rows(figs, cols, deltas=True)]
     body = (table(head, rows, set(range(2, len(head)))) if rows
@@ -388,29 +385,32 @@ def _setup(summary: dict[str, Any], data: SavedCampaign) -> str:
             f"the {len(conds)} conditions as booted</summary>{body}</details>")
 
 
-def _stability(summary: dict[str, Any], plots: Titled) -> str:
-    out = ['<h2 id="stability">Environment stability</h2>']
-    st = summary.get("stability") or {}
-    for w in st.get("warnings") or []:
-        out.append(f'<div class="warning"><b>Warning:</b> {esc(w)}</div>')
-    drift = st.get("drift") or []
-    if drift:
-        out.append(f'<p class="note">The baseline ({esc(st.get("baseline"))}, speculation off) '
-                   "against its own first pass, same prompts: 1.00x means the machine ran "
-                   "at the same speed.</p>")
-        out.append(table(("load", "pass", "baseline latency vs pass 1", "prompts"), [
-            (esc(d.get("load")), num(d.get("block")), num(d.get("ratio"), "{:.2f}x"),
-             num(d.get("prompts"))) for d in drift], {1, 2, 3}))
-    elif st:
-        out.append('<p class="note">One pass: no drift between passes to measure.</p>')
-    loads = [x for x in st.get("load") or [] if x.get("loadavg_1m") is not None]
-    if loads:
-        top = max(x["loadavg_1m"] for x in loads)
-        low = min(x["loadavg_1m"] for x in loads)
-        out.append(f'<p class="note">Load average (1 min) during the replays: {low:.1f} to '
-                   f"{top:.1f} on {esc(st.get('cpus') or '?')} CPUs.</p>")
-    out.append(_take(plots, "timeline"))
+def section(sec: Section, heading: str = "h2", warnings: bool = True) -> str:
+    """A section of :mod:`.sections` as HTML: its warnings, notes (`code` as code) and
+    tables, a value over its limit flagged."""
+    anchor = f' id="{sec.key}"' if heading == "h2" else ""
+    out = [f"<{heading}{anchor}>{esc(sec.title)}</{heading}>"]
+    if warnings:
+        out += [f'<div class="warning"><b>Warning:</b> {esc(w)}</div>' for w in sec.warnings]
+    for note in sec.notes:
+        parts = note.split("`")
+        out.append('<p class="note">' + "".join(
+            f"<code>{esc(p)}</code>" if i % 2 else esc(p) for i, p in enumerate(parts))
+            + "</p>")
+    for t in sec.tables:
+        if t.caption:
+            out.append(f"<h3>{esc(t.caption)}</h3>")
+        out.append(table(t.header, [tuple(f'<span class="over">{esc(c.text)}</span>' if c.over
+                                          else esc(c.text) for c in row) for row in t.rows],
+                         t.numeric))
     return "".join(out)
+
+
+def _stability(summary: dict[str, Any], plots: Titled) -> str:
+    st = summary.get("stability")
+    head = (section(stability_section(Stability.model_validate(st)), warnings=False) if st
+            else '<h2 id="stability">Environment stability</h2>')
+    return head + _take(plots, "timeline")
 
 
 def _prompts(r: dict[str, Any]) -> str:
@@ -445,22 +445,8 @@ def _goodput(summary: dict[str, Any], plots: Titled) -> str:
     gp = summary.get("goodput")
     if not gp:
         return ""
-    targets = ", ".join(f"{name} &le; {num(gp[key] * 1000, '{:g}')} ms" for key, name in (
-        ("ttft_s", "TTFT"), ("tpot_s", "inter-token"), ("e2e_s", "completion"))
-        if gp.get(key) is not None)
-
-    def pct(v: object) -> str:
-        return "-" if not isinstance(v, int | float) else f"{v:.0%}"
-
-    body = table(("condition", "load", "good/sent", "share", "TTFT ok", "inter-token ok",
-                  "completion ok"),
-                 [(esc(r.get("condition")), esc(r.get("load")),
-                   f"{num(r.get('good'))}/{num(r.get('sent'))}", pct(r.get("share")),
-                   pct(r.get("ttft_share")), pct(r.get("tpot_share")), pct(r.get("e2e_share")))
-                  for r in gp.get("table", [])], {2, 3, 4, 5, 6})
-    return (f'<h3>Goodput</h3><p class="note">A request is good when it completed with '
-            f"{targets}. Margin against the baseline {num(gp.get('margin'), '{:.0%}')}.</p>"
-            + body + _take(plots, "goodput"))
+    return section(goodput_section(GoodputSection.model_validate(gp)), "h3") \
+        + _take(plots, "goodput")
 
 
 def _analyses(summary: dict[str, Any], plots: Titled) -> str:
@@ -587,15 +573,14 @@ def _exact(summary: dict[str, Any]) -> str:
 
 
 def _all_figures(summary: dict[str, Any], data: SavedCampaign) -> list[Figures]:
-    raw = summary.get("figures")
-    return [Figures.model_validate(d) for d in raw] if raw is not None else all_figures(data)
+    return [Figures.model_validate(d) for d in summary.get("figures") or []]
 
 
 def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
     figs = _all_figures(summary, data)
     label, note, _ = memory_basis(data.meta)
     cols = Columns(memory=label, memory_note=note, baseline=data.meta.baseline,
-                   speedups=speedup_cells(summary.get("gates", []), data.meta.baseline))
+                   speedups=figure_speedups(figs))
     out = ['<h2 id="figures">Figures per condition and load level</h2>',
            f'<p class="note">{esc(legend(cols))}.</p>']
     levels = list(dict.fromkeys(f.load for f in figs))
@@ -612,7 +597,8 @@ def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
         shown = head if any(r[-1] != "-" for r in rows) else head[:-1]
         rows = [r[:len(shown)] for r in rows]
         out.append(f"<h3>Load {esc(level)} ({esc(mine[0].load_label)})</h3>")
-        out.append(f'<div class="scroll">{table(shown, rows, set(range(1, len(shown))))}</div>')
+        levels_table = table(shown, rows, set(range(1, len(shown))), css="levels")
+        out.append(f'<div class="scroll">{levels_table}</div>')
         if shown is not head:
             fewest = min(f.ok for f in mine)
             out.append(f'<p class="note">p99 is shown from {P99_MIN_REQUESTS} completed '
@@ -623,62 +609,11 @@ def _figures(summary: dict[str, Any], data: SavedCampaign) -> str:
 
 
 def _cost(summary: dict[str, Any]) -> str:
-    out = ['<h2 id="cost">Cost and break-even</h2>']
     cost = summary.get("cost")
     if not cost:
-        return out[0] + '<p class="note">No cost section in the summary.</p>'
-    if not cost.get("device_hour_price"):
-        return out[0] + ('<p class="note">Cost not configured: <code>cost.device_hour_price'
-                         "</code> is 0, so no cost per request and no break-even are computed. "
-                         "Set it (and <code>cost.setup</code> per drafter) to see them.</p>")
-    cur = esc(cost.get("currency", ""))
-    limits = cost.get("limits") or {}
-    max_cost, max_days = limits.get("max_cost_per_request"), limits.get("max_break_even_days")
-    per_day = cost.get("expected_requests_per_day")
-    out.append(
-        f'<p class="note">Serving cost: {money(cost.get("device_hour_price"))} {cur} per '
-        f'device-hour &times; {num(cost.get("devices_per_server"))} device(s) per server. '
-        "Expected traffic: "
-        + (f"{num(per_day, '{:,.0f}')} requests/day. " if per_day is not None else "not given. ")
-        + "Limits: cost per request "
-        + (f"{money(max_cost)} {cur}" if max_cost is not None else "none")
-        + ", break-even " + (f"{num(max_days)} days" if max_days is not None else "none")
-        + ". Cost per request = hourly cost / successful requests per busy hour.</p>")
-
-    def over(value: object, limit: object, fmt: str | None = None) -> str:
-        text = num(value, fmt) if fmt else money(value)
-        bad = isinstance(value, int | float) and isinstance(limit, int | float) and value > limit
-        return f'<span class="over">{text}</span>' if bad else text
-
-    rows = [
-        (esc(c.get("condition")),
-         f"{esc(c.get('load'))} ({esc(c.get('load_label') or 'x' + str(c.get('concurrency')))})",
-         f"{esc(c.get('ok'))}/{esc(c.get('total'))}", num(c.get("busy_s"), "{:.2f}"),
-         num(c.get("requests_per_hour"), "{:.1f}"),
-         over(c.get("cost_per_request"), max_cost), money(_per_k(c.get("cost_per_request"))),
-         money(c.get("setup_cost")))
-        for c in cost.get("table", [])
-    ]
-    unit = cost.get("currency", "")
-    out.append(table(("condition", "load", "ok/total", "busy s", "ok requests/hour",
-                       f"cost per ok request ({unit})", f"per 1,000 ({unit})",
-                       f"setup ({unit})"), rows, {2, 3, 4, 5, 6, 7}))
-    be_rows = [
-        (esc(b.get("candidate")), esc(b.get("reference")), esc(b.get("load")),
-         money(b.get("setup_cost")), money(b.get("savings_per_request")),
-         num(b.get("requests"), "{:,.0f}"), over(b.get("days"), max_days, "{:,.1f}"),
-         esc(b.get("reason") or ""))
-        for b in cost.get("break_even", [])
-    ]
-    if be_rows:
-        out.append("<h3>Break-even (setup cost / savings per request)</h3>")
-        out.append(table(("candidate", "vs", "load", "setup", "savings per request",
-                           "break-even requests", "days", "note"), be_rows, {3, 4, 5, 6}))
-    return "".join(out)
-
-
-def _per_k(value: object) -> object:
-    return value * 1000 if isinstance(value, int | float) else value
+        return '<h2 id="cost">Cost and break-even</h2><p class="note">No cost section in the ' \
+               "summary.</p>"
+    return section(cost_section(CostSection.model_validate(cost)))
 
 
 def _plots(plots: Titled) -> str:

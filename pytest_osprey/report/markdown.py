@@ -19,17 +19,17 @@ The page is capped (``report.markdown_max_kib``, 64 KiB by default, never above 
 from __future__ import annotations
 
 import html
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..judgement import Figures
+from ..judgement import CostSection, Figures, GoodputSection, Stability
 from ..results.campaign_file import CampaignFile
 from .exact_table import HEADER, exact_tables
+from .sections import Section, cost_section, goodput_section, stability_section
 from .setup import hardware, memory_basis, shards_line, short_setup, started
-from .terminal import Columns, in_flight_text, speedup_cells, speedup_text, table_rows
+from .terminal import Columns, figure_speedups, in_flight_text, speedup_text, table_rows
 
 GITHUB_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step summary
 RESERVE = 400  # bytes kept for the truncation note
@@ -105,7 +105,7 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
 def _columns(summary: Mapping[str, Any], meta: CampaignFile) -> Columns:
     label, note, _ = memory_basis(meta)
     return Columns(memory=label, memory_note=note, baseline=meta.baseline,
-                   speedups=speedup_cells(summary.get("gates", []), meta.baseline))
+                   speedups=figure_speedups(_figures(summary)))
 
 
 def _figures(summary: Mapping[str, Any]) -> list[Figures]:
@@ -217,55 +217,25 @@ def _gates(summary: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _money(value: object) -> str:
-    """Plain decimals, 3 significant digits when small (no exponents in a cost table)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    return f"{value:,.{max(2, 2 - math.floor(math.log10(abs(value))))}f}"
+def _section(sec: Section) -> tuple[str, list[str]]:
+    """A section of :mod:`.sections` as a title and Markdown lines (its warnings are said
+    under the verdicts already); `code` in a note stays a code span."""
+    lines: list[str] = []
+    for note in sec.notes:
+        parts = note.split("`")
+        lines += ["".join(f"`{p}`" if i % 2 else esc(p) for i, p in enumerate(parts)), ""]
+    for t in sec.tables:
+        if t.caption:
+            lines += [f"**{esc(t.caption)}**", ""]
+        header, rows = t.narrow()
+        lines += [*_table(header, [[f"**{c.text}**" if c.over else c.text for c in row]
+                                   for row in rows]), ""]
+    return sec.title, lines[:-1] if lines and not lines[-1] else lines
 
 
-def _cents(value: object) -> str:
-    """Money to the cent (a setup cost, a price)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    return f"{value:,.2f}" if math.isfinite(value) else f"{value:g}"
-
-
-def _sig2(value: object) -> str:
-    """Two significant figures, plain decimals: break-even days and requests are estimates
-    from a few minutes of traffic, not to the unit."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    digits = 1 - math.floor(math.log10(abs(value)))
-    rounded = round(value, digits)
-    return f"{rounded:,.{max(digits, 0)}f}"
-
-
-def _cost(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
-    cost = summary.get("cost") or {}
-    if not cost or not cost.get("device_hour_price"):
-        return ("Cost: not configured", [
-            "No serving cost was configured (`cost.device_hour_price` is 0), so no cost per "
-            "request or break-even is computed."])
-    cur = esc(cost.get("currency"))
-    rows = [(c.get("condition"), c.get("load"), _money(c.get("cost_per_request")),
-             _sig2(c.get("requests_per_hour")), _cents(c.get("setup_cost")))
-            for c in cost.get("table", [])]
-    lines = [f"{_cents(cost.get('device_hour_price'))} {cur} per device-hour x "
-             f"{cost.get('devices_per_server')} device(s).", "",
-             *_table(("condition", "load", f"cost per ok request ({cur})", "ok requests/hour",
-                      f"setup ({cur})"), rows)]
-    be = [(b.get("candidate"), b.get("reference"), b.get("load"), _sig2(b.get("requests")),
-           _sig2(b.get("days")), b.get("reason") or "")
-          for b in cost.get("break_even", [])]
-    if be:
-        lines += ["", *_table(("candidate", "vs", "load", "break-even requests", "days",
-                               "note"), be)]
-    return "Cost and break-even", lines
+def _cost(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    cost = summary.get("cost")
+    return _section(cost_section(CostSection.model_validate(cost))) if cost else None
 
 
 def exact_section(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
@@ -287,20 +257,7 @@ def _setup(summary: Mapping[str, Any]) -> tuple[str, list[str]]:
 
 def _stability(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     st = summary.get("stability")
-    if not st:
-        return None
-    lines = [f"The baseline ({esc(st.get('baseline'))}) against its own first pass, same "
-             "prompts (1.00: unchanged):", ""]
-    lines += _table(("load", "pass", "baseline latency vs pass 1", "prompts"),
-                    [(d.get("load"), d.get("block"), f"{d.get('ratio', 0):.2f}x",
-                      d.get("prompts")) for d in st.get("drift", [])]) if st.get("drift") \
-        else ["(one pass: no drift to measure)"]
-    loads = [x for x in st.get("load", []) if x.get("loadavg_1m") is not None]
-    if loads:
-        top = max(loads, key=lambda x: x.get("loadavg_1m") or 0)
-        lines += ["", f"Load average (1 min) during the replays: up to "
-                  f"{top.get('loadavg_1m'):.1f} on {st.get('cpus') or '?'} CPUs."]
-    return "Environment stability", lines
+    return _section(stability_section(Stability.model_validate(st))) if st else None
 
 
 def _ms(v: float | None) -> str:
@@ -378,12 +335,7 @@ def _prompts(r: Mapping[str, Any]) -> str:
 
 def _goodput(summary: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     gp = summary.get("goodput")
-    if not gp:
-        return None
-    rows = [(r.get("condition"), r.get("load"), f"{r.get('good')}/{r.get('sent')}",
-             f"{r['share']:.0%}" if r.get("share") is not None else "-")
-            for r in gp.get("table", [])]
-    return "Goodput", _table(("condition", "load", "good/sent", "share"), rows)
+    return _section(goodput_section(GoodputSection.model_validate(gp))) if gp else None
 
 
 def _comparison(summary: Mapping[str, Any]) -> list[str]:

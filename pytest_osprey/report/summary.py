@@ -10,18 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..judgement import (
-    Comparison,
-    Judgement,
-    all_domain_rows,
-    cost_summary,
-    diagnose_all,
-    goodput_section,
-    held_out_overlaps,
-    machine_speedups,
-    per_position_acceptance,
-    stability,
-)
+from ..judgement import Comparison, Judgement
 from ..judgement.figures.measured import memory_kind
 from ..pilot.schema import Pilot
 from ..results.campaign_file import live_status
@@ -29,11 +18,11 @@ from ..results.ending import campaign_end
 from ..results.files import write_json_atomic, write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.redact import scrub
+from ..results.spent import campaign_spent
 from .headline import headline
 from .markdown import markdown
 from .setup import models, setup_facts, setup_rows
 from .summary_schema import SUMMARY_SCHEMA, Summary
-from .terminal import speedup_cells
 
 
 def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
@@ -41,17 +30,7 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                  rejudged: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json's content, validated against its schema (summary_schema.Summary)."""
     meta = data.meta
-    diagnoses = diagnose_all(pilot, judgement.verdicts, list(judgement.results.values()),
-                             judgement.figures, data)
-    acceptance = {c: shares for c in meta.conditions
-                  if (shares := per_position_acceptance(data.of(c))) is not None}
-    gates = [g.as_dict() for g in judgement.results.values()]
-    speedups = speedup_cells(gates, meta.baseline)
-    figures = [f.model_copy(update={"speedup": cell[0], "speedup_ci": [cell[1], cell[2]]
-                                    if cell[1] is not None else None})
-               if (cell := speedups.get((f.condition, f.load))) is not None else f
-               for f in judgement.figures]
-    per_machine = machine_speedups(pilot, data, [v.candidate for v in judgement.verdicts])
+    per_machine = judgement.machine_speedups
     summary = Summary.model_validate({
         "schema": SUMMARY_SCHEMA,
         "run_id": meta.run_id,
@@ -63,6 +42,8 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
                      "started_at": meta.started_at, "ended_at": meta.ended_at,
                      "started_at_iso": _iso(meta.started_at),
                      "ended_at_iso": _iso(meta.ended_at),
+                     "spent": (spent.as_dict() if (spent := campaign_spent(meta, pilot))
+                               is not None else None),
                      "requests_planned": meta.size.requests if meta.size else None,
                      "quality_requests": meta.size.quality_requests if meta.size else None,
                      "quality_share": meta.size.quality_share if meta.size else None,
@@ -77,11 +58,11 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
              "next_step": d.next_step,
              "crossover": d.crossover.as_dict() if d.crossover is not None else None,
              "unproven": [f"{g.spec.kind}[{g.spec.id}] {g.evidence}" for g in v.unproven]}
-            for v, d in zip(judgement.verdicts, diagnoses, strict=True)
+            for v, d in zip(judgement.verdicts, judgement.diagnoses, strict=True)
         ],
-        "gates": gates,
-        "figures": figures,
-        "cost": cost_summary(pilot, data),
+        "gates": [g.as_dict() for g in judgement.results.values()],
+        "figures": judgement.figures,
+        "cost": judgement.cost,
         "conditions": {
             name: {"role": info.role, "error": info.error, "boot_s": info.boot_s,
                    "peak_memory_mb": info.peak_memory_mb,
@@ -91,11 +72,10 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
         "comparison": comparison,
         "setup": [{"what": k, "value": v} for k, v in setup_rows(meta, pilot, judgement.figures)],
         "setup_facts": setup_facts(meta, pilot),
-        "stability": stability(data),
-        "goodput": goodput_section(pilot, data),
-        "domains": all_domain_rows(data, pilot.primary_load, pilot.sampling.seed,
-                                   held_out_overlaps(judgement.results.values())),
-        "acceptance_by_position": acceptance,
+        "stability": judgement.stability,
+        "goodput": judgement.goodput,
+        "domains": judgement.domains,
+        "acceptance_by_position": judgement.acceptance,
         "shards": [{"index": m.index, "status": m.status, "node": m.node, "passes": m.passes,
                     "greedy_requests": m.greedy_requests, "note": m.note,
                     "speedup": per_machine[i] if i < len(per_machine) else {}}

@@ -31,6 +31,7 @@ from ..judgement import (
     Stability,
     Verdict,
 )
+from .summary_spent import SpentEntry
 
 SUMMARY_SCHEMA: Final = 1
 """Version of the summary.json format (the ``schema`` key)."""
@@ -250,6 +251,8 @@ class CampaignEntry(_Sheet):
     above."""
     quality_share: float | None = None
     """`quality_requests / requests_planned` (0-1); null as above."""
+    spent: SpentEntry | None = None
+    """What the campaign cost (its wall time x devices, priced); null while it runs."""
     draws: dict[str, list[str]] = Field(default_factory=dict)
     """Pass (`trace` for trace.limit, `sampled`, `params`) -> the prompt ids it drew, seeded
     and stratified by slice and domain across the trace (campaign.json `draws` says why);

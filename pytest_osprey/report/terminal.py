@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ..judgement import Figures, GateKind
+from ..judgement import Cell, Figures
 from ..judgement.figures.measured import P99_MIN_REQUESTS
-
-Cell = tuple[float | None, float | None, float | None]  # speedup estimate, CI low, CI high
 
 
 def _ms(v: float | None) -> str:
@@ -37,16 +34,13 @@ class Columns:
     speedups: Mapping[tuple[str, str], Cell] | None = None
 
 
-def speedup_cells(gates: Iterable[Mapping[str, Any]], baseline: str | None) -> dict[
-        tuple[str, str], Cell]:
-    """(condition, load) -> speedup over the baseline on the whole trace, from gate entries
-    (summary.json's ``gates[]`` or ``GateResult.as_dict()``)."""
+def figure_speedups(figs: Iterable[Figures]) -> dict[tuple[str, str], Cell]:
+    """(condition, load) -> the speedup the judgement put in each figures row."""
     out: dict[tuple[str, str], Cell] = {}
-    for g in gates:
-        if g.get("kind") != GateKind.SPEEDUP or g.get("slice") or g.get("reference") != baseline:
-            continue
-        ci = g.get("ci") or [None, None]
-        out[(str(g.get("condition")), str(g.get("load")))] = (g.get("estimate"), ci[0], ci[1])
+    for f in figs:
+        if f.speedup is not None:
+            low, high = f.speedup_ci if f.speedup_ci else (None, None)
+            out[(f.condition, f.load)] = (f.speedup, low, high)
     return out
 
 

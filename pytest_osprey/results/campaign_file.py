@@ -111,6 +111,8 @@ class PlanFacts(_Facts):
     seed: str = "0"
     blocks: dict[str, list[list[str]]] = Field(default_factory=dict)
     """Load level -> its blocks of prompt ids (a block is the statistics' unit)."""
+    level_passes: dict[str, int] = Field(default_factory=dict)
+    """Load levels that ran fewer passes per boot than ``passes`` (load.level_passes)."""
 
     def block_of(self, level: str) -> dict[str, int]:
         return {pid: k for k, ids in enumerate(self.blocks.get(level, [])) for pid in ids}
@@ -164,6 +166,11 @@ class ExpectedFacts(_Facts):
     device_hours: float
     cost: float | None = None
     """device_hours x cost.device_hour_price, when a price is set."""
+    worst_device_hours: float | None = None
+    """The worst case: the whole plan at full token budgets and a hung server per condition
+    (its boot timeout or the timeout breaker's requests, the longer)."""
+    worst_cost: float | None = None
+    """worst_device_hours x cost.device_hour_price, when a price is set."""
 
 
 class SizeFacts(_Facts):

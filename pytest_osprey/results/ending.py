@@ -70,8 +70,10 @@ def campaign_end(data: SavedCampaign) -> CampaignEnd:
     units: dict[str, int] = {}
     if plan is not None:
         for level, blocks in plan.blocks.items():
-            if isinstance(meta.load_levels.get(level), int):
-                units[level] = len(blocks) * max(passes_run, 1)
+            if isinstance(meta.load_levels.get(level), int):  # load.level_passes: fewer
+                ran = {(r.boot, r.repetition) for r in data.records
+                       if r.mode == mode and not r.filler and r.load == level}
+                units[level] = len(blocks) * max(len(ran), 1)
     return CampaignEnd(meta.status, planned, passes_run, stopped,
                        meta.stopped_after_block if stopped else None, decisions, missing,
                        units, _text(meta.status, planned, passes_run, stopped, decisions,

@@ -30,7 +30,10 @@ class SavedCampaign:
 
     ``records`` are the judged requests only: fillers (sent to keep a level's load steady)
     are moved to ``fillers`` on construction, so that no gate, figure or report that reads
-    ``records`` can count them. Only the in-flight load reads both (:attr:`sent`)."""
+    ``records`` can count them. Only the in-flight load reads both (:attr:`sent`).
+
+    :meth:`of` and :meth:`at` read an index of ``records`` built on first use and rebuilt
+    when the list is replaced or grows: a record is replaced by a new list, not in place."""
 
     directory: Path
     meta: CampaignFile
@@ -39,6 +42,7 @@ class SavedCampaign:
     fillers: list[RequestRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what reading the folder had to mend
     scores: list[ScoreLine] = field(default_factory=list)  # scores.jsonl (none: not scored)
+    _index: _Index | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.meta, Mapping):  # a plain dict (tests, older callers)
@@ -56,18 +60,31 @@ class SavedCampaign:
     def timed_mode(self) -> str:
         """The mode of the timed records (speed, latency, load, cost): "serving" where the
         campaign timed at a sampled serving setting, else "greedy"."""
-        return timed_mode(self.records)
+        return self._indexed().timed_mode
 
     def of(
         self, condition: str, load: str | None = None, mode: str | None = None
     ) -> list[RequestRecord]:
         """A condition's records (at ``load``) of ``mode``, by default the timed ones."""
-        mode = mode or self.timed_mode
-        return [
-            r
-            for r in self.records
-            if r.condition == condition and r.mode == mode and (load is None or r.load == load)
-        ]
+        index = self._indexed()
+        found = index.groups.get((condition, load, mode or index.timed_mode), ())
+        return list(found)  # a fresh list, as a filter gives: the caller may change it
+
+    def at(self, load: str, mode: str | None = None, *, any_mode: bool = False
+           ) -> list[RequestRecord]:
+        """Every condition's records at ``load`` of ``mode`` (by default the timed ones;
+        ``any_mode``: of every mode), in the records' order."""
+        index = self._indexed()
+        key = (None, load, None if any_mode else mode or index.timed_mode)
+        return list(index.groups.get(key, ()))
+
+    def _indexed(self) -> _Index:
+        """The records grouped once, not filtered per call (the gates, figures and reports
+        ask for a condition's records at a level dozens of times: each scanned 10^5
+        records). Rebuilt when ``records`` is replaced or grows."""
+        if self._index is None or not self._index.covers(self.records):
+            self._index = _Index.of(self.records)
+        return self._index
 
     def scores_of(self, condition: str, probe: str | None = None) -> list[ScoreLine]:
         """The condition's sampled-pass outputs (``probe``: that sampled probe's) as the
@@ -76,6 +93,33 @@ class SavedCampaign:
 
     def condition_error(self, condition: str) -> str | None:
         return self.meta.condition_error(condition)
+
+
+_Key = tuple[str | None, str | None, str | None]  # condition, load, mode (None: every one)
+
+
+@dataclass(frozen=True)
+class _Index:
+    """``records`` grouped by (condition, load, mode), (condition, None, mode) (every
+    load), (None, load, mode) (every condition) and (None, load, None) (every condition and
+    mode), each group in the records' order; and their timed mode."""
+
+    records: list[RequestRecord]  # held: the list indexed (its id cannot be reused)
+    size: int
+    timed_mode: str
+    groups: dict[_Key, list[RequestRecord]]
+
+    def covers(self, records: list[RequestRecord]) -> bool:
+        return records is self.records and len(records) == self.size
+
+    @classmethod
+    def of(cls, records: list[RequestRecord]) -> _Index:
+        groups: dict[_Key, list[RequestRecord]] = {}
+        for r in records:
+            for key in ((r.condition, r.load, r.mode), (r.condition, None, r.mode),
+                        (None, r.load, r.mode), (None, r.load, None)):
+                groups.setdefault(key, []).append(r)
+        return cls(records, len(records), timed_mode(records), groups)
 
 
 def load_campaign(directory: Path) -> SavedCampaign:
@@ -149,21 +193,16 @@ def iter_pairs(
     slice_: str | None = None,
 ) -> Iterator[tuple[str, list[float], list[float]]]:
     """Per prompt: the metric's values for reference and candidate (ok timed requests)."""
+    if reference == candidate:  # a condition is not paired with itself
+        return
     ref: dict[str, list[float]] = {}
     cand: dict[str, list[float]] = {}
-    mode = data.timed_mode
-    for r in data.records:
-        if r.mode != mode or r.load != load or not r.ok:
-            continue
-        if slice_ is not None and r.slice != slice_:
-            continue
-        value = metric(r)
-        if value is None:
-            continue
-        if r.condition == reference:
-            ref.setdefault(r.prompt_id, []).append(value)
-        elif r.condition == candidate:
-            cand.setdefault(r.prompt_id, []).append(value)
+    for condition, values in ((reference, ref), (candidate, cand)):
+        for r in data.of(condition, load):
+            if not r.ok or (slice_ is not None and r.slice != slice_):
+                continue
+            if (value := metric(r)) is not None:
+                values.setdefault(r.prompt_id, []).append(value)
     for pid in ref:
         if pid in cand:
             yield pid, ref[pid], cand[pid]

@@ -11,7 +11,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Literal, get_type_hints
@@ -19,6 +19,7 @@ from typing import IO, Any, Literal, get_type_hints
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
+from .packed import Packed, pack
 from .redact import json_ready
 
 SCHEMA = 2  # 2: block is the replay plan's block; repetition the pass; boot, stretch
@@ -36,9 +37,11 @@ class Measurement:
     error: str | None = None
     ttft_s: float | None = None
     e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
+    itl_s: Sequence[float] = field(default_factory=list)
+    """A list as measured; once read from records.jsonl, a list-alike held packed
+    (results/packed.py)."""
     prompt_tokens: int | None = None
-    output_ids: list[int] = field(default_factory=list)
+    output_ids: Sequence[int] = field(default_factory=list)
     output_text: str = ""
     top2_margin: list[float] | None = None
     """Per output position: logprob of top-1 minus top-2, where the engine gives it."""
@@ -124,7 +127,10 @@ def impossible_value(m: Measurement, max_new_tokens: int | None,
             return impossible(name, value, "not an integer")
     for name in ("itl_s", "top2_margin", "spec_accepted_per_position", "output_ids",
                  "spec_step_accepts", "spec_step_drafts"):
-        for value in getattr(m, name) or ():
+        values = getattr(m, name) or ()
+        if isinstance(values, Packed) and not values.unusual(counts=name in _COUNTS):
+            continue  # all sound, checked at once (value by value below: which one is not)
+        for value in values:
             if not _finite(value):
                 return impossible(name, value, "not a finite number")
             if value < 0 and name != "top2_margin":  # a margin's sign is the engine's order
@@ -333,49 +339,76 @@ class RecordsError(ValueError):
     """A records file that cannot be read; names the file and line."""
 
 
+# Per-token lists held packed once read (results/packed.py): what a record's size grows with.
+_PACKED = ("itl_s", "output_ids")
+# Text fields whose values recur across records (each line's parse makes new strings): one
+# string per distinct value.
+_SHARED = ("run_id", "condition", "load", "slice", "domain", "mode", "prompt_id",
+           "finish_reason", "probe", "output_text")
+
+
 def read_records(path: Path) -> Iterator[RequestRecord]:
-    """Read records.jsonl; a torn last line (crash mid-write) is skipped, others are errors."""
+    """Read records.jsonl; a torn last line (crash mid-write) is skipped, others are errors.
+
+    Line by line (the file is never held whole), per-token lists packed, recurring strings
+    shared: what is read is the same, in a fraction of the memory."""
+    shared: dict[str, str] = {}
     with path.open("rb") as fh:  # bytes: a torn write may also cut a UTF-8 sequence
-        lines = fh.readlines()
-    for n, raw in enumerate(lines, 1):
-        torn = n == len(lines) and not raw.endswith(b"\n")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if torn:
+        for n, raw in enumerate(fh, 1):
+            record = _read_line(path, n, raw, shared)
+            if record is False:
                 return
-            raise RecordsError(f"{path}:{n}: not valid UTF-8: {exc.reason}") from None
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if torn:
-                return
-            raise RecordsError(f"{path}:{n}: not valid JSON: {exc.msg}") from None
-        except RecursionError:
-            raise RecordsError(f"{path}:{n}: not a request record (JSON nested too deeply)"
-                               ) from None
-        if not isinstance(data, dict) or "condition" not in data:
-            raise RecordsError(f"{path}:{n}: not a request record")
-        if "\\u" in line and not _writable(data):
-            raise RecordsError(f"{path}:{n}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
-                               "not text")
-        schema = data.get("schema", SCHEMA)
-        if not isinstance(schema, int) or isinstance(schema, bool):
-            raise RecordsError(f"{path}:{n}: records schema {schema!r} is not an integer")
-        if schema > SCHEMA:
-            raise RecordsError(
-                f"{path}:{n}: records schema {schema} is newer than this version "
-                f"reads ({SCHEMA}); upgrade pytest-osprey"
-            )
-        try:
-            record = RequestRecord.from_dict(data)
-        except TypeError as exc:  # a required field is missing
-            raise RecordsError(f"{path}:{n}: not a request record: {exc}") from None
-        if wrong := _wrong_type(data):
-            raise RecordsError(f"{path}:{n}: not a request record: {wrong}")
-        yield record
+            if record is not None:
+                yield record
+
+
+def _read_line(path: Path, n: int, raw: bytes, shared: dict[str, str]
+               ) -> RequestRecord | Literal[False] | None:
+    """Line ``n``'s record; None for a blank line, False for a torn last line (the only one
+    that can lack its newline)."""
+    torn = not raw.endswith(b"\n")
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if torn:
+            return False
+        raise RecordsError(f"{path}:{n}: not valid UTF-8: {exc.reason}") from None
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        if torn:
+            return False
+        raise RecordsError(f"{path}:{n}: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise RecordsError(f"{path}:{n}: not a request record (JSON nested too deeply)"
+                           ) from None
+    if not isinstance(data, dict) or "condition" not in data:
+        raise RecordsError(f"{path}:{n}: not a request record")
+    if "\\u" in line and not _writable(data):
+        raise RecordsError(f"{path}:{n}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                           "not text")
+    schema = data.get("schema", SCHEMA)
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise RecordsError(f"{path}:{n}: records schema {schema!r} is not an integer")
+    if schema > SCHEMA:
+        raise RecordsError(
+            f"{path}:{n}: records schema {schema} is newer than this version "
+            f"reads ({SCHEMA}); upgrade pytest-osprey"
+        )
+    try:
+        record = RequestRecord.from_dict(data)
+    except TypeError as exc:  # a required field is missing
+        raise RecordsError(f"{path}:{n}: not a request record: {exc}") from None
+    if wrong := _wrong_type(data):
+        raise RecordsError(f"{path}:{n}: not a request record: {wrong}")
+    for name in _PACKED:
+        setattr(record, name, pack(getattr(record, name)))
+    for name in _SHARED:
+        if isinstance(value := getattr(record, name), str):
+            setattr(record, name, shared.setdefault(value, value))
+    return record
 
 
 def _writable(data: Any) -> bool:

@@ -19,6 +19,8 @@ import threading
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from .packed import Packed
+
 MASK = "***"
 
 _LOCK = threading.Lock()
@@ -100,6 +102,8 @@ def _walk(obj: Any, open_: set[int], finite: bool = False) -> Any:
         return scrub(obj) if _FORMS else obj
     if finite and isinstance(obj, float) and not math.isfinite(obj):
         return None
+    if isinstance(obj, Packed):  # a record's per-token values, written as the list they are
+        obj = obj.tolist()
     if not isinstance(obj, dict | list | tuple):
         return obj
     if id(obj) in open_:  # as json.dumps would say

@@ -136,6 +136,8 @@ class IdentityResult:
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first differing token; a length difference counts at the shorter end."""
+    if len(a) == len(b) and a == b:  # the common case, compared at C speed
+        return None
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i

@@ -164,10 +164,13 @@ def level_loads(data: SavedCampaign, mode: str | None = None) -> list[LevelLoad]
     figures: dict[tuple[str, str], list[float]] = {}
     for r, value in in_flight(sent):
         figures.setdefault((r.condition, r.load), []).append(value)
+    by_level: dict[tuple[str, str], list[RequestRecord]] = {}
+    for r in sent:  # grouped once, in the records' order (not filtered per level)
+        by_level.setdefault((r.condition, r.load), []).append(r)
     out = []
     for cond in dict.fromkeys([*data.meta.conditions, *(r.condition for r in sent)]):
         for level in dict.fromkeys([*data.meta.load_levels, *(r.load for r in sent)]):
-            recs = [r for r in sent if r.condition == cond and r.load == level]
+            recs = by_level.get((cond, level), [])
             if not recs:
                 continue
             rate = next((r.rate for r in recs if r.rate is not None), None)

@@ -144,6 +144,7 @@ def design_sees(pilot: Pilot, trace_prompts: int, power: float = 0.8) -> SpeedSe
     alpha = (1 - pilot.decision.confidence) / 2
     return SpeedSees(tuple(
         level_sees(name, load.concurrency(name), load.block_size(name),
-                   load.rate(name) is None, trace_prompts, load.passes,
+                   load.rate(name) is None, trace_prompts,
+                   max(1, load.passes_at(name) // load.boots_per_condition),
                    load.boots_per_condition, pilot.limits.speedup_min, alpha, power)
         for name in load.levels))

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from ..stats.core import FloatArray
 from .data import IntArray
+from .variance import PARZEN_MEAN, PARZEN_SQUARE, parzen
 
 CHANGE_SHARE = 1.0
 """A pair's ratio counts as changed in an instance when it moved by more than this share of
@@ -30,6 +31,9 @@ the tolerance (robustly: the median over prompts) ..."""
 CHANGE_SHARE_LONG = 0.25
 """... and this share where a time unit holds :data:`LONG_UNIT` prompts or more."""
 LONG_UNIT = 8
+DRIFT_REACH = 4
+"""Units the paired-ratio test's serial sum reaches over at x1 (the variance's shortest
+reach): one pass of 21 units keeps ~10 effective clusters."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class DriftBatch:
     fired: npt.NDArray[np.bool_]  # (F,S)
     log_bias_bound: FloatArray  # (S,) see ``Drift.bias_bound``
     changed: npt.NDArray[np.bool_]  # (S,R) instances where the comparison changed: _changed
+    ratio_changed: npt.NDArray[np.bool_]  # (S,R) of those, where a pair's ratio moved
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,9 @@ def _series(levels: Sequence[tuple[FloatArray, IntArray]]) -> list[_Series | Non
     return out
 
 
-def _test(parts: Sequence[_Series]) -> tuple[FloatArray, FloatArray]:
-    """(robust log change (S,R), unadjusted two-sided p (S,R)) of the pooled ``parts``."""
+def _test(parts: Sequence[_Series], serial: bool = False) -> tuple[FloatArray, FloatArray]:
+    """(robust log change (S,R), unadjusted two-sided p (S,R)) of the pooled ``parts``;
+    ``serial``: units of one request read as a time series (:func:`_serial_sum`)."""
     from scipy import special
 
     contrasts = np.concatenate([s.contrasts for s in parts], axis=2)
@@ -186,12 +192,48 @@ def _test(parts: Sequence[_Series]) -> tuple[FloatArray, FloatArray]:
     g = present.sum(axis=2).astype(np.float64)  # (S,R)
     u = np.where(present, ranks, 0.0)
     mean = u.sum(axis=2) / np.maximum(g, 1)
-    var = np.where(present, (u - mean[..., None]) ** 2, 0.0).sum(axis=2)
+    var = np.zeros_like(mean)
+    eff = np.zeros_like(mean)  # the clusters' worth of information (df + 1)
+    at = 0
+    for part in parts:
+        width = part.ranks.shape[2]
+        sl = slice(at, at + width)
+        at += width
+        dev = np.where(present[..., sl], u[..., sl] - mean[..., None], 0.0)
+        v, e = _serial_sum(dev, present[..., sl], _cells_per_unit(part) if serial else 2.0)
+        var += v
+        eff += e
     se = np.sqrt(var / np.maximum(g - 1, 1) / np.maximum(g, 1))
     with np.errstate(invalid="ignore", divide="ignore"):
         t = np.where(se > 0, np.abs(mean) / np.where(se > 0, se, 1.0), np.inf)
-    p = 2 * special.stdtr(np.maximum(g - 1, 1), -t)
+    p = 2 * special.stdtr(np.maximum(np.minimum(eff, g) - 1, 1), -t)
     return np.asarray(est, dtype=np.float64), np.where(np.isnan(est), 1.0, p)
+
+
+def _serial_sum(
+    dev: FloatArray, present: npt.NDArray[np.bool_], cells: float
+) -> tuple[FloatArray, FloatArray]:
+    """(sum of squares of one series' centred cluster ranks ``(S,R,K)``, its clusters' worth
+    of information), per instance. Where a time unit holds one request of a condition (x1),
+    a stall of one server spans several consecutive units and moves their ranks together,
+    which a sum of squares reads as independent clusters: the sum is then a Parzen HAC over
+    the units in the order they ran, reaching :data:`DRIFT_REACH` units (at most half of
+    them), with the fixed-b correction of the variance's serial term; its effective clusters
+    ``1 / (0.539 b)`` stand for the units in df. Used by the paired-ratio test only (see
+    :func:`_changed`); with several requests a unit (x4: 5-6 units a pass) the plain sum."""
+    count = present.sum(axis=2).astype(np.float64)
+    plain = (dev**2).sum(axis=2)
+    if cells >= 1.5:
+        return plain, count
+    order = np.argsort(~present, axis=2, kind="stable")  # this instance's units, in time order
+    x = np.take_along_axis(dev, order, axis=2)
+    span = np.minimum(float(DRIFT_REACH), np.maximum(count / 2, 2.0))
+    var = plain.copy()
+    for lag in range(1, int(np.ceil(span.max()))):
+        var += 2 * parzen(lag / span) * (x[..., lag:] * x[..., :-lag]).sum(axis=2)
+    b = np.minimum(span / np.maximum(count, 1.0), 1.0)
+    var = np.maximum(var, 0.0) / (1 - PARZEN_MEAN * b)
+    return var, np.minimum(1 / (PARZEN_SQUARE * b), count)
 
 
 def _log_bias(
@@ -248,19 +290,26 @@ def _changed(
     every: list[_Series | None], hit: npt.NDArray[np.bool_],
     pairs: Sequence[tuple[int, int]] | None, paired: Sequence[_Series | None], n: int,
     n_inst: int, contrasts_n: int, alpha: float, tolerance: float,
-) -> npt.NDArray[np.bool_]:
-    """(S,R): instances where the comparison changed - one condition of a pair changed
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """(S,R): instances where the comparison changed, and those where a pair's ratio moved
+    (the second test alone) - one condition of a pair changed
     there and the other did not (their own tests), or a pair's ratio moved there (the same
     rank test on the ratio, each pair and all pooled, Bonferroni over instances and tests).
-    A change both conditions shared does neither."""
+    A change both conditions shared does neither. At x1 the ratio test reads a pass's units
+    as a time series (:func:`_serial_sum`): stalls of either server, 2-8 requests long, move
+    the ratio of consecutive units together; counted as independent they made the ratio
+    test alone flag a pass in 36% of campaigns at 10% stall onset (16% read serially). The
+    one-condition tests keep unit clustering: a whole pass of one condition slowed (the
+    bias this check exists for) moves every unit, and read serially there a reference-only
+    slowdown of 30-70% under mixed noise bought 5.3% false keeps (docs/speed-calibration.md)."""
     out = np.zeros((n, n_inst), dtype=bool)
     used = [one for one in paired if one is not None and one.contrasts.shape[1] == n_inst]
     if not used:
-        return out
+        return out, out
     tests = [used] + ([[one] for one in used] if len(used) > 1 else [])
     moved = np.zeros((n, n_inst), dtype=bool)  # the ratio moved by a material amount
     for family in tests:
-        e, q = _test(family)
+        e, q = _test(family, serial=True)
         # Where a time unit is a long stretch (>= LONG_UNIT requests), a pair's two
         # stretches lie far apart and a change shared by both conditions does not cancel
         # within it: a smaller move counts.
@@ -269,12 +318,13 @@ def _changed(
         material = np.abs(np.nan_to_num(e)) > math.log1p(tolerance) * share
         moved |= material
         out |= material & (np.minimum(q * contrasts_n * len(tests), 1.0) <= alpha)
+    ratio = out.copy()
     index = {i: f for f, i in enumerate(i for i, s in enumerate(every) if s is not None)}
     if hit.shape[0] > 1:  # the single-series tests follow the pool (families 1..)
         for i, j in [(0, 1)] if pairs is None else pairs:
             if i in index and j in index:
                 out |= (hit[1 + index[i]] ^ hit[1 + index[j]]) & moved
-    return out
+    return out, ratio
 
 
 def _batch(
@@ -285,7 +335,7 @@ def _batch(
     if not parts:  # fewer than two instances anywhere: nothing to compare
         return DriftBatch(np.zeros(n, dtype=bool), np.full((1, n, 1), np.nan),
                           np.ones((1, n, 1)), np.zeros((1, n), dtype=bool), np.zeros(n),
-                          np.zeros((n, 1), dtype=bool))
+                          np.zeros((n, 1), dtype=bool), np.zeros((n, 1), dtype=bool))
     families = [parts] + ([[s] for s in parts] if len(parts) > 1 else [])
     tested = [_test(f) for f in families]
     est = np.stack([e for e, _ in tested])  # (F,S,R)
@@ -296,9 +346,10 @@ def _batch(
     hit = material & (p <= alpha)  # (F,S,R)
     fired = np.asarray(hit.any(axis=2), dtype=bool)
     bias = _log_bias(every, [(0, 1)] if pairs is None else pairs, n)
-    changed = _changed(every, hit, pairs, paired, n, n_inst, contrasts_n, alpha, tolerance)
+    changed, ratio = _changed(every, hit, pairs, paired, n, n_inst, contrasts_n, alpha,
+                              tolerance)
     return DriftBatch(np.asarray(fired.any(axis=0), dtype=bool), est, p, fired, bias,
-                      changed)
+                      changed, ratio)
 
 
 def drift_check(
@@ -404,12 +455,16 @@ def _resampled_medians(values: FloatArray, which: IntArray, picks: IntArray,
     for k in range(0, picks.shape[0], rows):
         block = picks[k:k + rows]
         # How often each cluster was drawn, hence each value's weight, in rank order.
-        counts = np.zeros((block.shape[0], clusters), dtype=np.int64)
-        np.add.at(counts, (np.arange(block.shape[0])[:, None], block), 1)
+        n = block.shape[0]
+        flat = (np.arange(n)[:, None] * clusters + block).ravel()
+        counts = np.bincount(flat, minlength=n * clusters).reshape(n, clusters)
         cum = np.cumsum(counts[:, owner], axis=1)
         total = cum[:, -1]
         lo_rank, hi_rank = (total - 1) // 2, total // 2  # the middle one or two (0-based)
-        lo = (cum <= lo_rank[:, None]).sum(axis=1)
-        hi = (cum <= hi_rank[:, None]).sum(axis=1)
+        # Values at or below each middle rank: a search in each (non-decreasing) row.
+        lo = np.array([np.searchsorted(c, q, side="right") for c, q in zip(cum, lo_rank,
+                                                                            strict=True)])
+        hi = np.array([np.searchsorted(c, q, side="right") for c, q in zip(cum, hi_rank,
+                                                                            strict=True)])
         out[k:k + rows] = (ranked[lo] + ranked[hi]) / 2
     return out

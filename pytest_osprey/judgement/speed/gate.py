@@ -43,7 +43,7 @@ def blocks_of(data: SavedCampaign, level: str) -> dict[str, int]:
     plan = data.meta.plan
     if plan is not None and plan.blocks.get(level):
         return plan.block_of(level)
-    ids = sorted({r.prompt_id for r in data.records if r.load == level})
+    ids = sorted({r.prompt_id for r in data.at(level, any_mode=True)})
     return {pid: i for i, pid in enumerate(ids)}
 
 
@@ -55,8 +55,8 @@ def _requests(data: SavedCampaign, level: str, conditions: tuple[str, ...],
     # Timed at a sampled serving setting: latencies like with like (served.py).
     at = lengths(data.records, level, mode).latency if mode == "serving" else None
     out = []
-    for r in data.records:
-        if r.mode != mode or r.load != level or r.condition not in conditions:
+    for r in data.at(level, mode):
+        if r.condition not in conditions:
             continue
         if (slice_ is not None and r.slice != slice_) or r.prompt_id not in block:
             continue

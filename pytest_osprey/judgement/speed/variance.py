@@ -88,7 +88,7 @@ PARZEN_MEAN = 0.75  # integral of the Parzen kernel over [-1, 1]
 PARZEN_SQUARE = 0.539285  # integral of its square: the estimate's precision (Kiefer-Vogelsang)
 
 
-def _parzen(x: FloatArray) -> FloatArray:
+def parzen(x: FloatArray) -> FloatArray:
     x = np.abs(x)
     return np.where(x <= 0.5, 1 - 6 * x * x + 6 * x**3, np.where(x < 1, 2 * (1 - x) ** 3, 0.0))
 
@@ -153,9 +153,12 @@ def _serial(
     resid[:, 1:] -= rho[:, None] * terms[:, :-1]
     resid = np.where(np.arange(n_units)[None, :] < count[:, None], resid, 0.0)
     var = (resid**2).sum(axis=1)
-    for lag in range(1, int(span[active].max())):
-        weight = _parzen(lag / span)
-        var += 2 * weight * (resid[:, lag:] * resid[:, :-lag]).sum(axis=1)
+    # Every lag's kernel weights at once (thousands of lags at 10^4 units; the same numbers
+    # as lag by lag), then each lag's products in turn (as before: the same sums).
+    lags = np.arange(1, int(span[active].max()))
+    weights = 2 * parzen(lags[:, None] / span[None, :])
+    for lag, weight in zip(lags.tolist(), weights, strict=True):
+        var += weight * (resid[:, lag:] * resid[:, :-lag]).sum(axis=1)
     var = np.maximum(var, 0.0) / (1 - rho) ** 2
     b = np.minimum(span / np.maximum(count, 1.0), 1.0)
     var = var / (1 - PARZEN_MEAN * b)

@@ -12,21 +12,34 @@ they are.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..gates.evaluate import PREFLIGHT
+from ..gates.kinds import GateKind
 from ..gates.result import GateResult
 from ..gates.spec import GateSpec
-from .judge import Judgement
+from .verdicts import CandidateVerdict
 
 WITHHELD = "INTERRUPTED, no verdict"  # how a withheld verdict's first reason starts
 
 
-def withhold(judgement: Judgement, why: str,
-             conditions: Collection[str] | None = None) -> Judgement:
-    """``judgement`` with its verdicts withheld because of ``why`` (a new judgement; the one
-    given is unchanged): all of them, or (``conditions``: those that stopped mid-campaign)
-    those that involve them."""
+@dataclass(frozen=True)
+class Withheld:
+    """Why a campaign's verdicts are withheld: ``why`` said first in each, for all of them or
+    (``conditions``: those that stopped mid-campaign) those that involve them."""
+
+    why: str
+    conditions: Collection[str] | None = None
+
+
+GateKey = tuple[GateKind, str]
+
+
+def withhold(results: dict[GateKey, GateResult], verdicts: list[CandidateVerdict],
+             withheld: Withheld) -> tuple[dict[GateKey, GateResult], list[CandidateVerdict]]:
+    """``results`` and ``verdicts`` with the verdicts withheld (new ones; those given are
+    unchanged)."""
+    why, conditions = withheld.why, withheld.conditions
 
     def involved(spec: GateSpec) -> bool:
         return conditions is None or spec.condition in conditions or (
@@ -40,14 +53,13 @@ def withhold(judgement: Judgement, why: str,
                            summary=f"campaign incomplete, not a pass: {result.summary}")
         return result
 
-    new = {id(r): held(r) for r in judgement.results.values()}
-    verdicts = []
-    for verdict in judgement.verdicts:
+    new = {id(r): held(r) for r in results.values()}
+    out = []
+    for verdict in verdicts:
         gates = [new[id(g)] if id(g) in new else held(g) for g in verdict.gates]
         if conditions is None or verdict.candidate in conditions or any(
                 involved(g.spec) for g in verdict.gates):
             verdict = replace(verdict, verdict="INCONCLUSIVE", withheld=why,
                               reasons=[f"{WITHHELD}: {why}", *verdict.reasons])
-        verdicts.append(replace(verdict, gates=gates))
-    results = {key: new[id(r)] for key, r in judgement.results.items()}
-    return replace(judgement, results=results, verdicts=verdicts)
+        out.append(replace(verdict, gates=gates))
+    return {key: new[id(r)] for key, r in results.items()}, out

@@ -41,7 +41,11 @@ def _why_not(gates: Sequence[GateResult], key: str) -> str:
     if not gates:
         return f"not run ({key} is off)"
     first = gates[0].summary.splitlines()[0] if gates[0].summary else ""
-    return f"{gates[0].outcome} ({gates[0].evidence.replace('_', ' ')}): {first}".rstrip(": ")
+    said = gates[0].evidence.replace("_", " ") if gates[0].evidence == "not_evaluable" \
+        else f"{gates[0].outcome} ({gates[0].evidence.replace('_', ' ')})"
+    # The gate's own summary often opens with what it was ("not evaluable: ..."): once.
+    first = first.removeprefix(f"{said}: ").removeprefix("not evaluable: ")
+    return f"{said}: {first}".rstrip(": ")
 
 
 def unchecked(pilot: Pilot, candidate: str, results: Sequence[GateResult]) -> list[Unchecked]:
