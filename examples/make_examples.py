@@ -1,10 +1,11 @@
 """The example outputs the docs show, generated from a real run of the shipped pilot.
 
-``examples/first-run/run/`` holds that run's results folder (records and scores compressed),
-``examples/first-run/terminal.txt`` and ``report.md`` what the plugin prints and writes when it
-judges it: re-judged by ``pytest --osprey-config=... --osprey-reuse`` with this checkout's code,
-so the docs show the output format of the code beside them. tests/test_doc_examples.py fails
-when the committed outputs drift from what the code renders; this script renews them.
+``examples/first-run/run/`` holds that run's results folder (records, scores and
+campaign.json compressed); ``examples/first-run/terminal.txt`` and ``report.md`` are what the
+plugin prints and writes when it judges it, re-judged by ``pytest --osprey-config=...
+--osprey-reuse`` with this checkout's code, so the docs show the output format of the code
+beside them. tests/test_doc_examples.py fails when the committed outputs drift from what the
+code renders; this script renews them.
 
     python examples/make_examples.py                   # re-render from the stored run
     python examples/make_examples.py --from-run DIR    # store a new real run first, then render
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import gzip
 import json
+import lzma
 import os
 import re
 import shutil
@@ -32,8 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "first-run"
 STORED = EXAMPLE / "run"
-COMPRESSED = ("records.jsonl", "scores.jsonl")
-KEPT = ("campaign.json", "pilot.yaml", "preflight.json")
+COMPRESSED = ("records.jsonl", "scores.jsonl", "campaign.json")  # xz: the tree is small
+KEPT = ("pilot.yaml", "preflight.json")
 WIDTH = 120
 README = ROOT / "README.md"
 # The README shows the pilot's summary (GitHub renders no includes): the script writes it
@@ -43,7 +44,7 @@ BEGIN, END = "<!-- example: first-run summary -->", "<!-- /example -->"
 
 def store(run: Path) -> None:
     """Copy a finished results folder into STORED: its inputs to judging, the big ones
-    gzipped (mtime 0: the same run gives the same bytes), and the trace files it replayed."""
+    xz-compressed, and the trace files it replayed."""
     if not (run / "campaign.json").is_file():
         raise SystemExit(f"{run}: no campaign.json there (not a results folder)")
     shutil.rmtree(STORED, ignore_errors=True)
@@ -54,7 +55,7 @@ def store(run: Path) -> None:
     for name in COMPRESSED:
         if (run / name).is_file():
             with (run / name).open("rb") as src, \
-                    gzip.GzipFile(STORED / f"{name}.gz", "wb", 9, mtime=0) as dst:
+                    lzma.open(STORED / f"{name}.xz", "wb", preset=9 | lzma.PRESET_EXTREME) as dst:
                 shutil.copyfileobj(src, dst)
     meta = json.loads((run / "campaign.json").read_text())
     for rel, src in zip(trace_files(), meta["trace_files"], strict=True):
@@ -83,16 +84,16 @@ def unpack(into: Path) -> Path:
         (into / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(STORED / "trace" / rel, into / rel)
     (into / "fixtures").symlink_to(ROOT / "fixtures")
-    meta = json.loads((folder / "campaign.json").read_text())
-    meta["trace_files"] = [str(into / rel) for rel in trace_files()]  # where they are now
-    (folder / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
     for name in KEPT:
         if (STORED / name).is_file():
             shutil.copyfile(STORED / name, folder / name)
     for name in COMPRESSED:
-        if (STORED / f"{name}.gz").is_file():
-            with gzip.open(STORED / f"{name}.gz", "rb") as src, (folder / name).open("wb") as dst:
+        if (STORED / f"{name}.xz").is_file():
+            with lzma.open(STORED / f"{name}.xz", "rb") as src, (folder / name).open("wb") as dst:
                 shutil.copyfileobj(src, dst)
+    meta = json.loads((folder / "campaign.json").read_text())
+    meta["trace_files"] = [str(into / rel) for rel in trace_files()]  # where they are now
+    (folder / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
     return folder
 
 
