@@ -100,10 +100,15 @@ def unpack(into: Path) -> Path:
 def normalise(text: str, folder: Path) -> str:
     """What varies from one rendering to the next, or from one machine to another, written
     as it reads in the docs: the scratch folder, the re-judged folder's time, pytest's
-    duration."""
+    duration; the re-judged copy's mark (the docs show a first run's reports)."""
     text = re.sub(re.escape(str(folder)) + r"/rejudged-\d{8}T\d{6}Z", "results", text)
     text = text.replace(str(folder), "results").replace(str(folder.parent), ".")
     text = re.sub(r" in \d+\.\d+s( \(\d+:\d\d:\d\d\))?", "", text)
+    # A first run's reports, as the run wrote them: not marked as a re-judged copy.
+    text = re.sub(r"_Re-judged copy \([^)]*\)[^\n]*_\n\n", "", text)
+    text = re.sub(r"rejudged-\d{8}T\d{6}Z/", "", text)
+    # pytest centres its banners in = signs around text whose length varies (the duration).
+    text = re.sub(r"(?m)^=+ (.*?) =+$", r"== \1 ==", text)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
 
