@@ -142,6 +142,20 @@ def test_first_screen_shows_what_a_reviewer_needs(
 
 
 
+def _measured(page: Path, script: str, pre_id: str, tmp: Path) -> dict[str, Any]:
+    """What ``script`` (writing JSON into ``<pre id=pre_id>``) found in a copy of ``page``
+    opened at 1280 x 800, the copy without the page's script ban."""
+    probe = tmp / "probe.html"
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "",
+                            page.read_text("utf-8")).replace("</body>", script + "</body>"),
+                     "utf-8")
+    dom = _chromium(tmp, "--window-size=1280,800", "--dump-dom", probe.as_uri()).stdout
+    found = re.search(f'<pre id="{pre_id}">(.*?)</pre>', dom)
+    assert found is not None, dom[-2000:]
+    seen: dict[str, Any] = json.loads(found.group(1))
+    return seen
+
+
 WARNINGS = """<script>
 const out = {height: innerHeight, warnings: []};
 for (const w of document.querySelectorAll(".warning")) {
@@ -159,14 +173,7 @@ def test_stability_warnings_are_on_the_first_screen(
         "the baseline ran 52% slower in pass 2 than in pass 1 at load busy"]}}
     data = load_campaign(page.parent)
     warned = write_html(tmp_path, summary, data, {})
-    probe = tmp_path / "probe.html"
-    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "",
-                            warned.read_text("utf-8")).replace("</body>", WARNINGS + "</body>"),
-                     "utf-8")
-    dom = _chromium(tmp_path, "--window-size=1280,800", "--dump-dom", probe.as_uri()).stdout
-    found = re.search(r'<pre id="warned">(.*?)</pre>', dom)
-    assert found is not None, dom[-2000:]
-    seen = json.loads(found.group(1))
+    seen = _measured(warned, WARNINGS, "warned", tmp_path)
     assert len(seen["warnings"]) == 1, seen
     assert 0 < seen["warnings"][0] <= seen["height"], seen
 
@@ -188,13 +195,6 @@ def test_every_table_fits_a_1280_pixel_window(
     """Every section opened, no table, figure or block reaches past a 1280-pixel window: the
     per-level tables keep their last columns (req/s, tokens) in view."""
     page, _ = recorded
-    probe = tmp_path / "probe.html"
-    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "",
-                            page.read_text("utf-8")).replace("</body>", OVERFLOW + "</body>"),
-                     "utf-8")
-    dom = _chromium(tmp_path, "--window-size=1280,800", "--dump-dom", probe.as_uri()).stdout
-    found = re.search(r'<pre id="overflow">(.*?)</pre>', dom)
-    assert found is not None, dom[-2000:]
-    seen = json.loads(found.group(1))
+    seen = _measured(page, OVERFLOW, "overflow", tmp_path)
     assert seen["width"] == 1280, seen
     assert seen["wide"] == [], seen["wide"]
