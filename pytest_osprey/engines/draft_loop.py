@@ -50,6 +50,11 @@ class DraftLoop:
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.cache: Any = None
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """Tokens proposed per step: transformers >= 5.25 sizes the target's cache record by it."""
+        return self.k
+
     def get_candidates(self, input_ids: torch.Tensor,
                        **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         import torch
