@@ -109,6 +109,10 @@ def normalise(text: str, folder: Path) -> str:
     text = re.sub(r"rejudged-\d{8}T\d{6}Z/", "", text)
     # pytest centres its banners in = signs around text whose length varies (the duration).
     text = re.sub(r"(?m)^=+ (.*?) =+$", r"== \1 ==", text)
+    # A failed test's id in the short summary: pytest writes the suite's path relative to the
+    # checkout's depth and cuts the message to the width left, so both vary with the checkout's
+    # path. The id, as in the suites folder, is what the docs show.
+    text = re.sub(r"(?m)^(FAILED|ERROR) \S*?(test_\w+\.py::\S+)( - .*)?$", r"\1 suites/\2", text)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
 
