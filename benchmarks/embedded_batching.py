@@ -34,7 +34,7 @@ import statistics
 import time
 
 from pytest_osprey.engines import GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.pilot.trace import load_trace, render_prompt
 from testkit import embedded_bench
 

@@ -49,8 +49,8 @@ from typing import Any, Protocol
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit
 
 from pytest_osprey.engines.base import GenerationRequest, GenerationResult
-from pytest_osprey.engines.sglang import SGLangClient
-from pytest_osprey.engines.vllm import OpenAIClient
+from pytest_osprey.engines.sglang.engine import SGLangClient
+from pytest_osprey.engines.vllm.engine import OpenAIClient
 from testkit.stream_fidelity import (
     ClientRun,
     Outcome,

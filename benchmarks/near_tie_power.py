@@ -33,14 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pytest_osprey.judgement.quality.identity import greedy_identity  # noqa: E402
-from testkit.sim_greedy import (  # noqa: E402
-    HARMLESS,
-    MarginModel,
-    Run,
-    campaign,
-    chat_like,
-    empirical,
-)
+from testkit.sim_greedy import HARMLESS, MarginModel, Run, campaign, chat_like, empirical  # noqa: E402
 
 CANDIDATES = {"harmless": HARMLESS, "relaxed tau 0.05": Run(sigma=0.01, tau=0.05),
               "bf16-like verify": Run(sigma=0.05)}

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pytest_osprey.engines.base import BootSpec  # noqa: E402
-from pytest_osprey.engines.planted_faults import ENV  # noqa: E402
-from pytest_osprey.engines.transformers import TransformersEngine  # noqa: E402
+from pytest_osprey.engines.embedded.engine import TransformersEngine  # noqa: E402
+from pytest_osprey.engines.embedded.planted_faults import ENV  # noqa: E402
 from pytest_osprey.judgement.gates.kinds import GateKind  # noqa: E402
 from pytest_osprey.judgement.gates.spec import GateSpec  # noqa: E402
 from pytest_osprey.judgement.quality.gates import judge_sampling_params  # noqa: E402

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_osprey.campaign.requests import serving_seed
 from pytest_osprey.engines import BootSpec, GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.pilot.schema import Condition, Pilot, Speculation, Target, TraceSpec
 from pytest_osprey.pilot.trace import load_trace, render_prompt
 

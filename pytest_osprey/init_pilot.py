@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engines.sglang_defaults import SGLangDefaults, sglang_defaults
+from .engines.sglang.defaults import SGLangDefaults, sglang_defaults
 from .pilot.base import ConfigError
 from .pilot.schema import Pilot
 from .pilot.writer import ENGINES, Answers, DrafterAnswer, pilot_text, write_pilot

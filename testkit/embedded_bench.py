@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osprey.engines import BootSpec
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.pilot.schema import Condition, Pilot, Speculation, Target, TraceSpec
 
 from .factories import TINY_MODELS

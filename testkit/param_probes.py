@@ -8,7 +8,7 @@ from typing import Any
 
 from pytest_osprey.campaign.probing import run_probes, run_sampled_probes
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.pilot.probes import SAMPLED_BY_NAME
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.pilot.trace import Prompt, render_prompt

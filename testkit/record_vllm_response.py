@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.vllm import VLLMEngine
+from pytest_osprey.engines.vllm.engine import VLLMEngine
 from testkit.factories import make_pilot
 
 MODELS = Path(os.environ.get("OSPREY_TINY_MODELS", Path(__file__).parents[1] / "fixtures" /

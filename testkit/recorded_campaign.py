@@ -24,13 +24,7 @@ from pytest_osprey.results.folder import load_campaign
 from pytest_osprey.results.preflight_file import read_preflight
 from pytest_osprey.results.records import RecordWriter, RequestRecord
 
-from .factories import (
-    closed_loop_starts,
-    make_record,
-    pilot_data,
-    pilot_text,
-    sampled_records,
-)
+from .factories import closed_loop_starts, make_record, pilot_data, pilot_text, sampled_records
 
 RUN_ID = "20250101T000000Z-abc123"
 LEVELS = {"low": 1, "busy": 4}

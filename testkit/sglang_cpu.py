@@ -1,7 +1,7 @@
 """Real SGLang 0.5.23 on CPU for integration tests: pilots, boots, and raw HTTP.
 
 Needs ``OSPREY_SGLANG_PYTHON``: the python of an environment built by
-``python -m pytest_osprey.engines.sglang_cpu.build_env VENV``. Models come from
+``python -m pytest_osprey.engines.sglang.cpu.build_env VENV``. Models come from
 ``OSPREY_TINY_MODELS`` (default ``fixtures/models``).
 """
 
@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from pytest_osprey.engines.base import BootSpec
-from pytest_osprey.engines.sglang import SGLangEngine
+from pytest_osprey.engines.sglang.engine import SGLangEngine
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import make_pilot
 
@@ -29,7 +29,7 @@ PYTHON = os.environ.get("OSPREY_SGLANG_PYTHON")
 NEEDS_SGLANG = pytest.mark.skipif(
     not PYTHON,
     reason="set OSPREY_SGLANG_PYTHON to the python of an environment built by "
-    "python -m pytest_osprey.engines.sglang_cpu.build_env VENV",
+    "python -m pytest_osprey.engines.sglang.cpu.build_env VENV",
 )
 MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")
 EAGLE3 = Path(os.environ.get("OSPREY_TINY_EAGLE3") or MODELS / "tiny-eagle3")

@@ -70,7 +70,7 @@ def started_engine(pilot: Any, name: str, folder: Path) -> Any:
     """``name``'s embedded engine of ``pilot``, booted, its log under ``folder/logs`` (the
     caller stops it)."""
     from pytest_osprey.engines.base import BootSpec
-    from pytest_osprey.engines.transformers import TransformersEngine
+    from pytest_osprey.engines.embedded.engine import TransformersEngine
 
     engine = TransformersEngine(pilot, name, BootSpec(name, folder / "logs"))
     engine.start()

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from pytest_osprey.engines import sglang as sg
-from pytest_osprey.engines import vllm as vl
 from pytest_osprey.engines.base import GenerationRequest, acceptance_from_histogram
+from pytest_osprey.engines.sglang import engine as sg
+from pytest_osprey.engines.vllm import engine as vl
 from pytest_osprey.judgement import GateSpec, evaluate, plan_gates
 from pytest_osprey.judgement.history import Previous, acceptance_findings
 from pytest_osprey.judgement.quality.acceptance import PositionRates, collapses, pooled

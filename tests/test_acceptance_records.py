@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.sglang import SGLangClient
+from pytest_osprey.engines.sglang.engine import SGLangClient
 from pytest_osprey.engines.speculation import VLLM_METRICS, spec_counters_of
-from pytest_osprey.engines.vllm import OpenAIClient
+from pytest_osprey.engines.vllm.engine import OpenAIClient
 from pytest_osprey.judgement.figures.measured import accept_lengths
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec

@@ -18,9 +18,10 @@ from testkit.factories import TINY_DRAFTER, TINY_TARGET, make_pilot
 torch = tiny_models.need()
 pytestmark = pytest.mark.slow  # boots the tiny models
 
-from pytest_osprey.engines import batching, draft_loop  # noqa: E402
-from pytest_osprey.engines.generation_hooks import LogitBias, OpenAIPenalties  # noqa: E402
-from pytest_osprey.engines.transformers import TransformersEngine  # noqa: E402
+from pytest_osprey.engines.embedded import batching  # noqa: E402
+from pytest_osprey.engines.embedded.engine import TransformersEngine  # noqa: E402
+from pytest_osprey.engines.embedded.generation_hooks import LogitBias, OpenAIPenalties  # noqa: E402
+from testkit import draft_loop  # noqa: E402
 
 PROMPTS = [
     "def read_config(path):\n",
@@ -274,7 +275,7 @@ def test_speculative_sampling_in_a_batch_keeps_the_targets_distribution(
 
 
 def test_the_cache_appends_in_place_until_its_room_is_full() -> None:
-    from pytest_osprey.engines.kv_rows import growing_layer
+    from pytest_osprey.engines.embedded.kv_rows import growing_layer
 
     layer = growing_layer()()
     k = torch.randn(2, 4, 5, 8)

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.engines.chat_template import load_chat_tokenizer, template_digest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.pilot.trace import Prompt, Trace, render_prompt
 from testkit.endpoint_pilot import sglang_routes
 from testkit.factories import TINY_TARGET, make_pilot

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.sglang import SGLangClient
+from pytest_osprey.engines.sglang.engine import SGLangClient
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT, LONG = 48, 384

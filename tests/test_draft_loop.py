@@ -14,7 +14,7 @@ from testkit.factories import TINY_DRAFTER, TINY_TARGET
 torch = tiny_models.need()
 pytestmark = pytest.mark.slow  # boots the tiny models
 
-from pytest_osprey.engines import draft_loop  # noqa: E402
+from testkit import draft_loop  # noqa: E402
 
 PROMPTS = [
     "def read_config(path):\n",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from testkit.factories import make_pilot
 
 MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"

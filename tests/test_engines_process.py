@@ -17,8 +17,8 @@ import pytest
 
 from pytest_osprey.engines import process as proc
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
-from pytest_osprey.engines.sglang import SGLangEngine
-from pytest_osprey.engines.vllm import FLUSHED, VLLMEngine
+from pytest_osprey.engines.sglang.engine import SGLangEngine
+from pytest_osprey.engines.vllm.engine import FLUSHED, VLLMEngine
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import make_pilot
 from testkit.pilot_run import SERVERS, fake_target, gone

@@ -14,8 +14,8 @@ import pytest
 
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.planted_faults import ENV
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
+from pytest_osprey.engines.embedded.planted_faults import ENV
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.gates import judge_distribution

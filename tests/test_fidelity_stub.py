@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_osprey.engines.base import GenerationRequest, GenerationResult
-from pytest_osprey.engines.sglang import SGLangClient
-from pytest_osprey.engines.vllm import OpenAIClient
+from pytest_osprey.engines.sglang.engine import SGLangClient
+from pytest_osprey.engines.vllm.engine import OpenAIClient
 from testkit import stream_fidelity as fid
 from testkit import timed_stream as stub
 from testkit.fake_server import Reply, ScriptedServer

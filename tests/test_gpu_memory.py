@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from pytest_osprey.engines import BootSpec, gpu_memory
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.engines.process import ServerProcess
-from pytest_osprey.engines.transformers import TransformersEngine
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import ROOT, TINY_DRAFTER, TINY_TARGET, make_pilot, pilot_variant
 
@@ -330,7 +330,7 @@ def test_server_on_cpu_beside_a_gpu_reports_rss(nvml: Any, server: ServerProcess
 
 
 def test_sglang_kv_capacity_from_a_scheduler_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_osprey.engines.sglang import SGLangClient
+    from pytest_osprey.engines.sglang.engine import SGLangClient
 
     client = SGLangClient("http://127.0.0.1:9", "cand")
     info = {"version": "0.5", "internal_states": [{"max_total_num_tokens": 4096}]}

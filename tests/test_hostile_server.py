@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.engines import http1
 from pytest_osprey.engines.base import EngineError, GenerationRequest
-from pytest_osprey.engines.httpstream import STRING_MOST, bounded, cap_text
-from pytest_osprey.engines.sglang import SGLangClient
+from pytest_osprey.engines.http import http1
+from pytest_osprey.engines.http.stream import STRING_MOST, bounded, cap_text
+from pytest_osprey.engines.sglang.engine import SGLangClient
 from pytest_osprey.engines.speculation import accept_length_most
 from pytest_osprey.results.records import IMPOSSIBLE, Measurement, checked, impossible_value
 from testkit.factories import make_pilot

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from pytest_osprey.engines import http1
-from pytest_osprey.engines.httpstream import StreamError, stream_json
+from pytest_osprey.engines.http import http1
+from pytest_osprey.engines.http.stream import StreamError, stream_json
 
 T = TypeVar("T")
 URL = "/v1/completions"

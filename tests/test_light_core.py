@@ -44,7 +44,7 @@ def test_every_module_but_the_sglang_kernel_imports_without_torch() -> None:
                           capture_output=True, text=True, timeout=240, check=True)
     bad, torch_loaded = proc.stdout.strip().splitlines()[-2:]
     # The pure-torch sgl_kernel is installed into SGLang's own venv, never imported here.
-    assert eval(bad) == [("pytest_osprey.engines.sglang_cpu.sgl_kernel", "torch")], bad
+    assert eval(bad) == [("pytest_osprey.engines.sglang.cpu.sgl_kernel", "torch")], bad
     assert torch_loaded == "False"
 
 

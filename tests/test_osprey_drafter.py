@@ -454,7 +454,7 @@ def test_real_stock_sglang_refuses_osprey_drafts_and_serves_a_single_layer_eagle
         "stock SGLang 0.5.23 runs this 2-layer Osprey draft (LlamaForCausalLMEagle3), its input "
         "layer ignoring swap_h_and_emb: apply the drafter's SGLang patch (written for SGLang "
         "0.5.9)")
-    from pytest_osprey.engines.sglang_check import serving_check
+    from pytest_osprey.engines.sglang.check import serving_check
 
     single = draft_layout(json.loads((MODELS / "tiny-eagle3" / "config.json").read_text()))
     assert single is not None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_osprey.campaign.runner import Campaign
-from pytest_osprey.engines.planted_faults import ENV
+from pytest_osprey.engines.embedded.planted_faults import ENV
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.gates import judge_sampling_params

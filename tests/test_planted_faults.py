@@ -14,9 +14,9 @@ import torch
 from scipy import stats
 
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.batching import Batcher, Drafts, Flight
-from pytest_osprey.engines.generation_hooks import OpenAIPenalties, sampling_warpers
-from pytest_osprey.engines.planted_faults import (
+from pytest_osprey.engines.embedded.batching import Batcher, Drafts, Flight
+from pytest_osprey.engines.embedded.generation_hooks import OpenAIPenalties, sampling_warpers
+from pytest_osprey.engines.embedded.planted_faults import (
     ENV,
     FAULTS,
     PlantedFault,

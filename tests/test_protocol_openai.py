@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.engines import vllm as vl
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
-from pytest_osprey.engines.endpoint import EndpointEngine
+from pytest_osprey.engines.endpoint.engine import EndpointEngine
+from pytest_osprey.engines.vllm import engine as vl
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import make_pilot
 from testkit.fake_server import Reply, ScriptedServer

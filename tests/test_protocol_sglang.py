@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.base import EngineError, GenerationRequest
-from pytest_osprey.engines.endpoint import EndpointEngine
+from pytest_osprey.engines.endpoint.engine import EndpointEngine
+from pytest_osprey.engines.sglang import engine as sg
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import make_pilot
 from testkit.fake_engine import sglang_events

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.engines import sglang as sg
 from pytest_osprey.engines.base import GenerationRequest
+from pytest_osprey.engines.sglang import engine as sg
 from testkit.fake_engine import sglang_events
 from testkit.fake_server import Reply, ScriptedServer
 from testkit.timed_stream import Payloads

@@ -40,7 +40,7 @@ import pytest
 
 from pytest_osprey.campaign.requests import sample_seed
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.judgement import GateSpec, evaluate
 from pytest_osprey.judgement.quality.identity import greedy_identity
 from pytest_osprey.pilot.schema import Pilot
@@ -219,8 +219,8 @@ class _TopK50(TransformersEngine):
 
 async def together(engine: TransformersEngine, reqs: list[GenerationRequest]) -> list[Any]:
     """A prompt's samples in one batch: each sequence keeps its own seeded generator and
-    warpers in the engine's batch (engines/batching.py), so each draw is the one it would be
-    alone, several times faster than one at a time."""
+    warpers in the engine's batch (engines/embedded/batching.py), so each draw is the one it
+    would be alone, several times faster than one at a time."""
     return list(await asyncio.gather(*(engine.generate(r) for r in reqs)))
 
 

@@ -24,13 +24,7 @@ from hypothesis import strategies as st
 from pytest_osprey.results import records as records_module
 from pytest_osprey.run_folders import default_results
 from testkit import tinyfs
-from testkit.endpoint_pilot import (
-    run_cli,
-    saved_results,
-    sglang_routes,
-    tree,
-    write_endpoint_pilot,
-)
+from testkit.endpoint_pilot import run_cli, saved_results, sglang_routes, tree, write_endpoint_pilot
 from testkit.fake_server import ScriptedServer
 
 FUZZ = settings(deadline=None, database=None, max_examples=40,

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.sglang import SGLangEngine
+from pytest_osprey.engines.sglang.engine import SGLangEngine
 from pytest_osprey.judgement import judge, plan_gates
 from pytest_osprey.pilot.loading import load_pilot_text
 from pytest_osprey.pilot.schema import Pilot
@@ -33,13 +33,7 @@ from pytest_osprey.results import load_campaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.redact import MASK, register, reset, scrub, scrub_obj
 from pytest_osprey.run_inputs import bind_warning
-from testkit.endpoint_pilot import (
-    run_cli,
-    saved_results,
-    sglang_routes,
-    tree,
-    write_endpoint_pilot,
-)
+from testkit.endpoint_pilot import run_cli, saved_results, sglang_routes, tree, write_endpoint_pilot
 from testkit.factories import dump_pilot, make_pilot, pilot_data, write_trace
 from testkit.fake_server import Reply, ScriptedServer
 from testkit.pilot_run import FAKEPKGS, MARK, kill_marked

@@ -13,11 +13,7 @@ from pytest_osprey.report.html import render_html, write_html
 from pytest_osprey.report.plots import all_plots, prompt_speedups
 from pytest_osprey.report.sections import sig2
 from pytest_osprey.results.folder import SavedCampaign
-from testkit.report_campaign import (
-    make_data,
-    make_summary,
-    rec,
-)
+from testkit.report_campaign import make_data, make_summary, rec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.sglang import SGLangClient
-from pytest_osprey.engines.vllm import OpenAIClient
+from pytest_osprey.engines.sglang.engine import SGLangClient
+from pytest_osprey.engines.vllm.engine import OpenAIClient
 from pytest_osprey.results.records import Measurement, checked, impossible_value
 from testkit.fake_server import OnRequest, Reply, ScriptedServer, Seen
 

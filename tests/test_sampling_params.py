@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from pytest_osprey.engines.base import GenerationRequest, unsupported
-from pytest_osprey.engines.sglang import SAMPLING_PARAMS as SGLANG_PARAMS
-from pytest_osprey.engines.sglang import SGLangClient
-from pytest_osprey.engines.transformers import SAMPLING_PARAMS as TRANSFORMERS_PARAMS
-from pytest_osprey.engines.vllm import OpenAIClient
+from pytest_osprey.engines.embedded.engine import SAMPLING_PARAMS as TRANSFORMERS_PARAMS
+from pytest_osprey.engines.sglang.engine import SAMPLING_PARAMS as SGLANG_PARAMS
+from pytest_osprey.engines.sglang.engine import SGLangClient
+from pytest_osprey.engines.vllm.engine import OpenAIClient
 from pytest_osprey.judgement import GateSpec, evaluate
 from pytest_osprey.pilot.probes import BY_NAME, PLAIN
 from pytest_osprey.results.folder import SavedCampaign

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pytest_osprey.engines.base import EngineError
-from pytest_osprey.engines.sglang import SGLangClient
-from pytest_osprey.engines.vllm import OpenAIClient
+from pytest_osprey.engines.sglang.engine import SGLangClient
+from pytest_osprey.engines.vllm.engine import OpenAIClient
 from pytest_osprey.results.records import Measurement, RecordsError
 from pytest_osprey.results.scores import (
     ScoredPosition,

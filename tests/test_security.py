@@ -26,8 +26,8 @@ import pytest
 
 from pytest_osprey.engines.base import BootSpec, EngineError, GenerationRequest
 from pytest_osprey.engines.process import choose_port
-from pytest_osprey.engines.sglang import SGLangEngine, sglang_argv
-from pytest_osprey.engines.vllm import VLLMEngine, vllm_argv
+from pytest_osprey.engines.sglang.engine import SGLangEngine, sglang_argv
+from pytest_osprey.engines.vllm.engine import VLLMEngine, vllm_argv
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import make_pilot, write_pilot
 from testkit.pilot_run import (

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.sglang import SGLangClient
-from pytest_osprey.engines.vllm import OpenAIClient
+from pytest_osprey.engines.sglang.engine import SGLangClient
+from pytest_osprey.engines.vllm.engine import OpenAIClient
 from testkit.endpoint_pilot import run_cli
 from testkit.factories import dump_pilot, pilot_data
 from testkit.serving_twin import TwinProcess, TwinServer

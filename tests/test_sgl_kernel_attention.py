@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pytest_osprey.engines.sglang_cpu import sgl_kernel  # registers torch.ops.sgl_kernel
+from pytest_osprey.engines.sglang.cpu import sgl_kernel  # registers torch.ops.sgl_kernel
 
 OPS = torch.ops.sgl_kernel
 POOL, WIDTH = 96, 40  # KV slots; req_to_token row width

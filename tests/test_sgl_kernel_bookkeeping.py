@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_osprey.engines.sglang_cpu import sgl_kernel  # noqa: F401  registers the ops
+from pytest_osprey.engines.sglang.cpu import sgl_kernel  # noqa: F401  registers the ops
 
 OPS = torch.ops.sgl_kernel
 POOL_ROWS, POOL_LEN = 6, 32

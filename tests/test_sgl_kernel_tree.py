@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pytest_osprey.engines.sglang_cpu import sgl_kernel  # noqa: F401  registers the ops
+from pytest_osprey.engines.sglang.cpu import sgl_kernel  # noqa: F401  registers the ops
 
 OPS = torch.ops.sgl_kernel
 
@@ -246,6 +246,6 @@ def test_reconstruct_from_mask_matches_the_parent_array(n: int) -> None:
 
 
 def test_speculative_submodule_exposes_the_mask_helper() -> None:
-    from pytest_osprey.engines.sglang_cpu.sgl_kernel import speculative
+    from pytest_osprey.engines.sglang.cpu.sgl_kernel import speculative
 
     assert speculative.reconstruct_indices_from_tree_mask is OPS.reconstruct_indices_from_tree_mask

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_osprey.engines import sglang as sglang_module
 from pytest_osprey.engines.base import GenerationRequest, GenerationResult
-from pytest_osprey.engines.sglang import SGLangEngine
+from pytest_osprey.engines.sglang import engine as sglang_module
+from pytest_osprey.engines.sglang.engine import SGLangEngine
 from testkit.sglang_cpu import (
     MAX_TOKENS,
     MODELS,

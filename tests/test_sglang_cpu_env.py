@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_osprey.engines.sglang_cpu import build_env
-from pytest_osprey.engines.sglang_cpu.torchvision_guard import (
+from pytest_osprey.engines.sglang.cpu import build_env
+from pytest_osprey.engines.sglang.cpu.torchvision_guard import (
     GuardError,
     guard_torchvision,
     patch_source,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import make_pilot
 from testkit.sglang_cpu import (

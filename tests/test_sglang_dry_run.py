@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_osprey.engines.sglang_check import SEED_NOTE, dry_run_check
+from pytest_osprey.engines.sglang.check import SEED_NOTE, dry_run_check
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.preflight.command_lines import check_command_lines
 from testkit.factories import make_pilot

@@ -24,11 +24,8 @@ import pytest
 import yaml
 
 from pytest_osprey.engines.base import GenerationRequest
-from pytest_osprey.engines.planted_faults import ENV
-from pytest_osprey.judgement.quality.correctness import (
-    correctness_by_prompt,
-    correctness_gate,
-)
+from pytest_osprey.engines.embedded.planted_faults import ENV
+from pytest_osprey.judgement.quality.correctness import correctness_by_prompt, correctness_gate
 from pytest_osprey.pilot.trace import Prompt, load_trace, render_prompt
 from pytest_osprey.results.records import RequestRecord
 from testkit import tiny_models

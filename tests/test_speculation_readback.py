@@ -20,8 +20,8 @@ import pytest
 
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.endpoint import EndpointEngine
-from pytest_osprey.engines.sglang import SGLangClient, SGLangEngine
+from pytest_osprey.engines.endpoint.engine import EndpointEngine
+from pytest_osprey.engines.sglang.engine import SGLangClient, SGLangEngine
 from pytest_osprey.engines.speculation import (
     SGLANG_METRICS,
     VLLM_METRICS,
@@ -29,7 +29,7 @@ from pytest_osprey.engines.speculation import (
     spec_counters_of,
     vllm_ran,
 )
-from pytest_osprey.engines.vllm import OpenAIClient, VLLMEngine
+from pytest_osprey.engines.vllm.engine import OpenAIClient, VLLMEngine
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.gates.spec import GateSpec
 from pytest_osprey.judgement.quality.acceptance import accept_length, reconcile

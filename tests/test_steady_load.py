@@ -15,8 +15,8 @@ import pytest
 
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.campaign.steady import filler_order, hold_load
-from pytest_osprey.engines import sglang as sg
-from pytest_osprey.engines.vllm_metrics import max_num_seqs_of
+from pytest_osprey.engines.sglang import engine as sg
+from pytest_osprey.engines.vllm.metrics import max_num_seqs_of
 from pytest_osprey.judgement.figures.measured import all_figures
 from pytest_osprey.judgement.service.fairness import fairness_check
 from pytest_osprey.judgement.service.load import drained, in_flight, level_loads

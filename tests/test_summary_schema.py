@@ -22,12 +22,7 @@ from pytest_osprey.judgement.cost.pricing import BreakEven, ConditionCost
 from pytest_osprey.judgement.figures.measured import Figures
 from pytest_osprey.judgement.gates import evaluate as decision
 from pytest_osprey.report.summary_reference import GATE_KINDS, render_reference
-from pytest_osprey.report.summary_schema import (
-    SUMMARY_SCHEMA,
-    GateEntry,
-    Summary,
-    json_schema,
-)
+from pytest_osprey.report.summary_schema import SUMMARY_SCHEMA, GateEntry, Summary, json_schema
 from testkit.recorded_campaign import (
     CONDITIONS,
     LEVELS,

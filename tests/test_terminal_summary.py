@@ -12,12 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_osprey.campaign import runner
-from pytest_osprey.campaign.events import (
-    ETA_MIN_DONE,
-    ProgressEvent,
-    campaign_eta,
-    pass_eta,
-)
+from pytest_osprey.campaign.events import ETA_MIN_DONE, ProgressEvent, campaign_eta, pass_eta
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.judgement import (
     GateResult,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.transformers import MAX_BATCH, TransformersEngine
+from pytest_osprey.engines.embedded.engine import MAX_BATCH, TransformersEngine
 from testkit.tiny_models import drafted_pilot
 
 pytest.importorskip("torch")

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest, GenerationResult
-from pytest_osprey.engines.vllm import VLLMEngine
+from pytest_osprey.engines.vllm.engine import VLLMEngine
 from pytest_osprey.pilot.schema import Pilot
 from testkit.factories import make_pilot
 

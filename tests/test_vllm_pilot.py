@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
-from pytest_osprey.engines.transformers import TransformersEngine
+from pytest_osprey.engines.embedded.engine import TransformersEngine
 from pytest_osprey.judgement.service.speculation import speculation_differences
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import load_trace, render_prompt

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .base import BootSpec, Engine, EngineError, GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Pilot
+    from pytest_osprey.pilot.schema import Pilot
 
 __all__ = [
     "BootSpec",
@@ -21,10 +21,10 @@ __all__ = [
 
 # engine name -> "module:Class"; imported lazily so torch loads only when it is used.
 _ENGINES = {
-    "transformers": "pytest_osprey.engines.transformers:TransformersEngine",
-    "sglang": "pytest_osprey.engines.sglang:SGLangEngine",
-    "vllm": "pytest_osprey.engines.vllm:VLLMEngine",
-    "endpoint": "pytest_osprey.engines.endpoint:EndpointEngine",
+    "transformers": "pytest_osprey.engines.embedded.engine:TransformersEngine",
+    "sglang": "pytest_osprey.engines.sglang.engine:SGLangEngine",
+    "vllm": "pytest_osprey.engines.vllm.engine:VLLMEngine",
+    "endpoint": "pytest_osprey.engines.endpoint.engine:EndpointEngine",
 }
 
 

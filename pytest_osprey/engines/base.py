@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..results.records import Measurement
-from ..results.scores import ScoredPosition
+from pytest_osprey.results.records import Measurement
+from pytest_osprey.results.scores import ScoredPosition
 
 
 class EngineError(RuntimeError):

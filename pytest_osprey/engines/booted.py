@@ -14,17 +14,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from ..results.records import checked
-from ..results.scores import ScoredPosition
+from pytest_osprey.results.records import checked
+from pytest_osprey.results.scores import ScoredPosition
+
 from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
 from .chat_template import load_chat_tokenizer, template_digest
-from .httpstream import bearer
+from .http.stream import bearer
 from .process import ServerProcess, api_key_from, choose_port, engine_env, mask_argv
 from .scoring import prompt_ids
 from .speculation import accept_length_most
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Pilot
+    from pytest_osprey.pilot.schema import Pilot
 
 
 class ServerClient(Protocol):

@@ -29,14 +29,15 @@ from typing import IO, TYPE_CHECKING, Any
 import httpx
 import psutil
 
-from ..results import redact
+from pytest_osprey.results import redact
+
 from . import gpu_memory
 from .base import BootSpec, EngineError
 from .environment import engine_environ
 from .watchdog import end_watchdog, start_watchdog
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Pilot, Target
+    from pytest_osprey.pilot.schema import Pilot, Target
 
 MASK = "***"
 TAIL_LINES = 50

@@ -27,9 +27,10 @@ from typing import Any
 
 import httpx
 
-from ..results.scores import ScoredPosition
+from pytest_osprey.results.scores import ScoredPosition
+
 from .base import EngineError
-from .httpstream import ClientPool
+from .http.stream import ClientPool
 
 SCORE_TIMEOUT_S = 300.0
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Pilot
+    from pytest_osprey.pilot.schema import Pilot
 
 # SGLang server_info keys for adaptive depth: 0.5.23 has speculative_adaptive; the others are
 # the documented newer spellings (``--auto-spec``), read tolerantly.

@@ -2,7 +2,7 @@
 
 Reads the checkpoint folders only (configs, tokenizer files, safetensors headers), plus the
 engine's version from its own Python and, for a multi-layer or Osprey EAGLE-3 draft on SGLang,
-whether that SGLang serves it as trained (engines/sglang_check.py), so a mismatch costs
+whether that SGLang serves it as trained (engines/sglang/check.py), so a mismatch costs
 seconds, not a GPU boot.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.environment import engine_environ
-from ..engines.sglang_drafts import PATCHED_EAGLE3, DraftLayout
+from ..engines.sglang.drafts import PATCHED_EAGLE3, DraftLayout
 from ..pilot.schema import Pilot
 from ..results.pins import sha256_file
 from .check import Check
@@ -405,8 +405,8 @@ def check_all(pilot: Pilot, conditions: list[str]) -> dict[str, ArtifactReport]:
 
 
 def _serving(pilot: Pilot, name: str, layout: DraftLayout) -> Check:
-    """Whether the SGLang ``name`` boots serves its draft as trained (engines/sglang_check)."""
-    from ..engines.sglang_check import serving_check
+    """Whether the SGLang ``name`` boots serves its draft as trained (engines/sglang/check.py)."""
+    from ..engines.sglang.check import serving_check
 
     said = serving_check(pilot, name, layout)
     return Check("serving engine", said.ok, said.detail)

@@ -14,7 +14,7 @@ from ..pilot.schema import Pilot
 from .artifact import target_weights_problem
 
 if TYPE_CHECKING:
-    from ..engines.sglang_check import Verdict
+    from ..engines.sglang.check import Verdict
 
 KEY_FILE_SHOWN = "<temporary 0600 file holding the API key>"
 _SERVERS = ("sglang", "vllm")
@@ -72,7 +72,7 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
     out = {c: CommandCheck(c, True) for c in conditions}
     verdicts: dict[str, Verdict] = {}
     if engine == "sglang":
-        from ..engines.sglang_check import dry_run_check
+        from ..engines.sglang.check import dry_run_check
 
         verdicts = dry_run_check(pilot)
     weights = target_weights_problem(pilot)
@@ -91,8 +91,8 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
                 check.lines.append(f"endpoint {cond.endpoint.url} ({cond.endpoint.protocol}): "
                                    "nothing is launched")
             elif engine == "sglang":
-                from ..engines.sglang import sglang_argv
-                from ..engines.sglang_check import seed_note
+                from ..engines.sglang.check import seed_note
+                from ..engines.sglang.engine import sglang_argv
 
                 key_file = KEY_FILE_SHOWN if pilot.target.api_key_env else None
                 argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
@@ -106,12 +106,12 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
                 if note:
                     check.lines.append(note)
             elif engine == "vllm":
-                from ..engines.vllm import vllm_argv
+                from ..engines.vllm.engine import vllm_argv
 
                 check.lines.append(shlex.join(vllm_argv(pilot, name, pilot.target.port or 8000)))
                 check.environment = environment_line(pilot, name)
             else:
-                from ..engines.transformers import TransformersEngine
+                from ..engines.embedded.engine import TransformersEngine
 
                 TransformersEngine.validate(pilot, name)
                 check.lines.append("embedded transformers engine: no command line to launch")

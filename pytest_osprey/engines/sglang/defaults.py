@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from .environment import engine_environ
+from ..environment import engine_environ
 
 MARK = "OSPREY-SGLANG-DEFAULTS "
 # The ServerArgs fields a pilot for a speculative stack depends on.

@@ -21,9 +21,10 @@ from typing import Any
 
 import httpx
 
-from ..results.records import impossible
+from pytest_osprey.results.records import impossible
+
+from ..base import EngineError, GenerationResult
 from . import http1
-from .base import EngineError, GenerationResult
 from .http1 import DONE
 
 __all__ = [

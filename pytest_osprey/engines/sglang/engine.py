@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..results.records import impossible
-from ..results.scores import ScoredPosition
-from .base import (
+from pytest_osprey.results.records import impossible
+from pytest_osprey.results.scores import ScoredPosition
+
+from ..base import (
     BootSpec,
     EngineError,
     GenerationRequest,
@@ -24,11 +25,19 @@ from .base import (
     reported,
     unsupported,
 )
-from .booted import BootedServer
-from .httpstream import ClientPool, TokenClock, bearer, guarded, read_json, stream_json
-from .process import engine_python
-from .scoring import post_json, sglang_body, sglang_scores
-from .sglang_stream import (
+from ..booted import BootedServer
+from ..http.stream import ClientPool, TokenClock, bearer, guarded, read_json, stream_json
+from ..process import engine_python
+from ..scoring import post_json, sglang_body, sglang_scores
+from ..speculation import (
+    SGLANG_METRICS,
+    SPEC_V2_ENV,
+    EffectiveSpeculation,
+    sglang_ran,
+    spec_counters_of,
+    speculation_facts,
+)
+from .stream import (
     SGLangStream,
     abort_message,
     finish_reason_of,
@@ -37,17 +46,9 @@ from .sglang_stream import (
     top2_ids_of,
     verification_of,
 )
-from .speculation import (
-    SGLANG_METRICS,
-    SPEC_V2_ENV,
-    EffectiveSpeculation,
-    sglang_ran,
-    spec_counters_of,
-    speculation_facts,
-)
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Pilot
+    from pytest_osprey.pilot.schema import Pilot
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM")
 DEFAULT_ALGORITHM = "STANDALONE"  # a plain draft model

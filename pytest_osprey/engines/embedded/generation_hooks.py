@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from .base import GenerationRequest
+from ..base import GenerationRequest
 
 if TYPE_CHECKING:
     import torch

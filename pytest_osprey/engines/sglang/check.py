@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import EngineError
-from .environment import engine_environ
-from .process import engine_python
-from .sglang import KeyFile, sglang_argv
-from .sglang_drafts import OSPREY_PATCH_SGLANG, PATCHED_EAGLE3, DraftLayout
+from ..base import EngineError
+from ..environment import engine_environ
+from ..process import engine_python
+from .drafts import OSPREY_PATCH_SGLANG, PATCHED_EAGLE3, DraftLayout
+from .engine import KeyFile, sglang_argv
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Pilot
+    from pytest_osprey.pilot.schema import Pilot
 
 MARK = "OSPREY-SGLANG-CHECK "
 SEED_NOTE = ("note: SGLang honours sampling_seed only with --enable-deterministic-inference "

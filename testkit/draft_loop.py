@@ -5,7 +5,7 @@ transformers' assisted generation drafts by calling the drafter's whole ``genera
 verify step. On a small model that call's set-up (configuration copies, logits processors and
 stopping criteria rebuilt, cache bookkeeping) costs more than the drafter's forward passes, and
 is a cost no serving engine pays. The embedded engine now drafts in its own batching loop
-(engines/batching.py); this loop is the reference it is held to with transformers' batch-1
+(engines/embedded/batching.py); this loop is the reference it is held to with transformers' batch-1
 generate (the same drafts, the same outputs), where verification stays transformers' own.
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .httpstream import cap_text
+from ..http.stream import cap_text
 
 _REASON_MOST = 100  # characters of a finish reason kept
 _MESSAGE_MOST = 500  # characters of an abort message kept

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import EngineError
+from ..base import EngineError
 
 if TYPE_CHECKING:
     import torch

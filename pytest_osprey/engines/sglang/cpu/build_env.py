@@ -1,6 +1,6 @@
 """Build (or refresh) a Python environment that serves real SGLang 0.5.23 on CPU.
 
-    python -m pytest_osprey.engines.sglang_cpu.build_env VENV
+    python -m pytest_osprey.engines.sglang.cpu.build_env VENV
 
 PyPI's SGLang pins a CUDA torch and CUDA-only kernels, so the environment is put together by
 hand: the CPU torch first, then SGLang and the packages whose requirements would drag CUDA in,
@@ -143,7 +143,7 @@ def install_shim(site: Path) -> Path:
             )
         shutil.rmtree(target)
     shutil.copytree(SHIM_SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (target / SHIM_MARKER).write_text("Installed by pytest_osprey.engines.sglang_cpu.build_env\n")
+    (target / SHIM_MARKER).write_text("Installed by pytest_osprey.engines.sglang.cpu.build_env\n")
     return target
 
 
@@ -182,7 +182,7 @@ def build(venv: Path, *, python: str = sys.executable) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pytest_osprey.engines.sglang_cpu.build_env",
+        prog="python -m pytest_osprey.engines.sglang.cpu.build_env",
         description="Build or refresh a venv that serves SGLang 0.5.23 on CPU",
     )
     parser.add_argument("venv", type=Path, help="The environment's directory (created if absent)")

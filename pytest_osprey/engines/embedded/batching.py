@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .base import GenerationRequest
+from ..base import GenerationRequest
 from .kv_rows import KVRows
 from .planted_faults import PlantedFault
 

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..results.records import impossible
-from ..results.scores import ScoredPosition
-from .base import (
+from pytest_osprey.results.records import impossible
+from pytest_osprey.results.scores import ScoredPosition
+
+from ..base import (
     BootSpec,
     EngineError,
     GenerationRequest,
@@ -23,8 +24,8 @@ from .base import (
     reported,
     unsupported,
 )
-from .booted import BootedServer
-from .httpstream import (
+from ..booted import BootedServer
+from ..http.stream import (
     ClientPool,
     TokenClock,
     bearer,
@@ -34,16 +35,16 @@ from .httpstream import (
     read_most,
     stream_json,
 )
-from .process import engine_python
-from .scoring import openai_body, openai_scores, post_json
-from .speculation import (
+from ..process import engine_python
+from ..scoring import openai_body, openai_scores, post_json
+from ..speculation import (
     VLLM_METRICS,
     EffectiveSpeculation,
     spec_counters_of,
     speculation_facts,
     vllm_ran,
 )
-from .vllm_metrics import (
+from .metrics import (
     accept_from,
     acceptance_from,
     counters_from,
@@ -54,7 +55,7 @@ from .vllm_metrics import (
 )
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Pilot
+    from pytest_osprey.pilot.schema import Pilot
 
 METHODS = ("draft_model", "ngram", "eagle", "eagle3")
 DEFAULT_METHOD = "draft_model"

@@ -1,10 +1,11 @@
 """The embedded engine: transformers models in-process, served as a server serves them.
 
-Concurrent requests share one decoding loop (engines/batching.py): they join a running batch as
-they arrive and leave it as they finish, each step runs the target once over every sequence in
-flight, with a drafter the drafts verified per sequence (greedy: the longest prefix the target
-agrees with; sampled: speculative sampling), acceptance recorded per sequence. Latency is timed
-from submission: a request that waits for a place in the batch feels it, as users do."""
+Concurrent requests share one decoding loop (embedded/batching.py): they join a running
+batch as they arrive and leave it as they finish, each step runs the target once over every
+sequence in flight, with a drafter the drafts verified per sequence (greedy: the longest
+prefix the target agrees with; sampled: speculative sampling), acceptance recorded per
+sequence. Latency is timed from submission: a request that waits for a place in the batch
+feels it, as users do."""
 
 from __future__ import annotations
 
@@ -21,21 +22,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..results.scores import ScoredPosition
-from . import gpu_memory
-from .base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
+from pytest_osprey.results.scores import ScoredPosition
+
+from .. import gpu_memory
+from ..base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
+from ..chat_template import template_digest
+from ..speculation import fixed_k_facts
 from .batching import CANCELLED_BY_CLIENT, MAX_BATCH, Batcher, Flight, Processor
-from .chat_template import template_digest
-from .embedded_scoring import score_outputs
 from .generation_hooks import sampling_processors, sampling_warpers, token_times
 from .planted_faults import planted_fault
 from .quantize import round_weights
-from .speculation import fixed_k_facts
+from .scoring import score_outputs
 
 if TYPE_CHECKING:
     import torch
 
-    from ..pilot.schema import Pilot
+    from pytest_osprey.pilot.schema import Pilot
 
 ALGORITHMS = ("assisted",)
 # transformers has no constrained decoding of its own (json_schema, regex).

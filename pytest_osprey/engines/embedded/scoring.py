@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..results.scores import ScoredPosition
+from pytest_osprey.results.scores import ScoredPosition
 
 SCORE_BATCH = 16  # samples scored in one forward
 

@@ -8,19 +8,20 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..results.records import checked
-from ..results.scores import ScoredPosition
-from .base import BootSpec, EngineError, GenerationRequest, GenerationResult
-from .chat_template import load_chat_tokenizer, template_digest
-from .httpstream import bearer
-from .process import api_key_from
-from .scoring import prompt_ids
-from .sglang import SGLangClient
-from .speculation import VLLM_METRICS, accept_length_most, spec_counters_of
-from .vllm import OpenAIClient
+from pytest_osprey.results.records import checked
+from pytest_osprey.results.scores import ScoredPosition
+
+from ..base import BootSpec, EngineError, GenerationRequest, GenerationResult
+from ..chat_template import load_chat_tokenizer, template_digest
+from ..http.stream import bearer
+from ..process import api_key_from
+from ..scoring import prompt_ids
+from ..sglang.engine import SGLangClient
+from ..speculation import VLLM_METRICS, accept_length_most, spec_counters_of
+from ..vllm.engine import OpenAIClient
 
 if TYPE_CHECKING:
-    from ..pilot.schema import Endpoint, Pilot
+    from pytest_osprey.pilot.schema import Endpoint, Pilot
 
 # What answers 200 when the server is up, per protocol.
 _HEALTH = {"sglang": ("/health", "/health_generate"), "openai": ("/health", "/v1/models")}

@@ -1,0 +1,1 @@
+"""An endpoint: a server this run did not start."""

@@ -1,0 +1,1 @@
+"""vLLM: the booted server and its metrics."""
