@@ -41,7 +41,7 @@ from pytest_osprey.pilot.loading import load_pilot_text  # noqa: E402
 from pytest_osprey.results import SavedCampaign, read_preflight  # noqa: E402
 from pytest_osprey.results.preflight_file import Preflight  # noqa: E402
 from pytest_osprey.results.records import RequestRecord  # noqa: E402
-from pytest_osprey.run_inputs import open_saved  # noqa: E402
+from pytest_osprey.run.inputs import open_saved  # noqa: E402
 from testkit.speed_sim import Noise, _stalls, low_load_models  # noqa: E402
 
 LEVEL = "low"

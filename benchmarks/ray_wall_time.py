@@ -25,7 +25,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit
 
 from pytest_osprey.pilot import load_pilot
-from pytest_osprey.ray_launcher import SHARD_RESOURCE, launch
+from pytest_osprey.shards.ray import SHARD_RESOURCE, launch
 from testkit.factories import pilot_variant
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.service.load import level_loads
-from pytest_osprey.run import PilotRun, RunOptions
+from pytest_osprey.run.pilot_run import PilotRun, RunOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Calibration of the speed gate on sharded pilots, by simulated campaigns.
 
 N machines each replay a disjoint share of one seeded plan's passes (pass p on machine
-p mod N, every condition on every machine: ``campaign/shards.py``); the merged records are
+p mod N, every condition on every machine: ``shards/plan.py``); the merged records are
 judged as one campaign. Each machine adds an offset to every condition alike (a slower or
 faster box) and an interaction with the drafter (its gain differs there), on top of the
 time-correlated noise of ``testkit/speed_sim.py``. The verdict names the machines that ran:

@@ -2,7 +2,7 @@
 
 The Python API (no pytest needed)::
 
-    from pytest_osprey import PilotRun, RunOptions
+    from . import PilotRun, RunOptions
 
     outcome = PilotRun("pilot.yaml", RunOptions(results="out")).run()
     print(outcome.exit_code, [v.line() for v in outcome.judgement.verdicts])
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .pilot import Pilot, load_pilot
-    from .rejudge import rejudge
-    from .run import PilotRun, RunOptions, RunOutcome, UsageError
+    from .run.pilot_run import PilotRun, RunOptions, RunOutcome, UsageError
+    from .run.rejudge import rejudge
     from .version import __version__
 
 _LAZY = {

@@ -86,11 +86,11 @@ def _styled(line: Line, color: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from .campaign import ProgressEvent
-    from .campaign.shards import ShardError, parse_shard
     from .engines.stopping import INTERRUPT_GRACE_S
     from .judgement import PREFLIGHT
     from .report.console import Line, closing_lines, dry_run_lines
-    from .run import PilotRun, RunOptions, UsageError, sigterm_interrupts, stop_servers
+    from .run.pilot_run import PilotRun, RunOptions, UsageError, sigterm_interrupts, stop_servers
+    from .shards.plan import ShardError, parse_shard
 
     last: list[tuple[str, str, str, int, str]] = []
 
@@ -169,8 +169,8 @@ def _run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     """Judge a saved campaign again into a new, marked ``rejudged-<time>/`` folder inside it
     (compared with an earlier campaign when given); the original reports stay as they are."""
-    from .rejudge import rejudge
-    from .run import UsageError
+    from .run.pilot_run import UsageError
+    from .run.rejudge import rejudge
 
     try:
         run = rejudge(Path(args.directory), Path(args.config) if args.config else None,
@@ -203,8 +203,8 @@ def _report(args: argparse.Namespace) -> int:
 def _merge(args: argparse.Namespace) -> int:
     """Pool shards into one judged folder: the run's exit status (0 no gating gate failed, 1
     one did, 2 a partial merge: no verdict), 4 refused."""
-    from .merge import MergeError, merge_shards
     from .report.headline import headline
+    from .shards.merge import MergeError, merge_shards
 
     try:
         merged = merge_shards(Path(args.out), [Path(d) for d in args.shards],
@@ -223,17 +223,17 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _ray(args: argparse.Namespace) -> int:
     """The shards as Ray tasks, then the merge: the merge's exit codes."""
-    from .merge import MergeError
-    from .ray_launcher import RayError, check_gpus, launch
     from .report.headline import headline
-    from .run import PilotRun, RunOptions, UsageError
-    from .run_folders import LOCK, FolderError, default_results
+    from .run.folders import LOCK, FolderError, default_results
+    from .run.pilot_run import PilotRun, RunOptions, UsageError
+    from .shards.merge import MergeError
+    from .shards.ray import RayError, check_gpus, launch
 
     if args.shards < 1:
         _say(f"error: --shards {args.shards}: needs at least 1", err=True)
         return EXIT_USAGE
     try:
-        from .campaign.shards import Shard
+        from .shards.plan import Shard
 
         check_gpus(args.gpus_per_shard)
         checked = PilotRun(args.pilot, RunOptions(dry_run=True, shard=Shard(1, args.shards)))
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                      "in campaign.json)")
     rep.add_argument("--compare", metavar="DIR",
                      help="An earlier campaign of the same trace to hold its kept drafters to")
-    from .launch.k8s import add_arguments as k8s_arguments
+    from .shards.k8s import add_arguments as k8s_arguments
 
     k8s_arguments(command("k8s", "Write Kubernetes manifests: an Indexed Job of shards, their "
                           "results store and a merge Job without a GPU"))
@@ -411,8 +411,8 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "run":
         return _run(args)
     if args.command == "k8s":
-        from .launch.k8s import command as k8s_command
         from .pilot.base import ConfigError
+        from .shards.k8s import command as k8s_command
 
         try:
             k8s_command(args)

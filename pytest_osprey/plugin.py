@@ -75,8 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("pytest-osprey runs one campaign per session and cannot be "
                                 "split over xdist workers: drop -n / --numprocesses")
     from . import pytest_adapter
-    from .campaign.shards import ShardError, parse_shard
-    from .run import PilotRun, RunOptions, UsageError, sigterm_interrupts
+    from .run.pilot_run import PilotRun, RunOptions, UsageError, sigterm_interrupts
+    from .shards.plan import ShardError, parse_shard
 
     spec = config.getoption("osprey_conditions")
     shard = config.getoption("osprey_shard")

@@ -19,19 +19,12 @@ import pytest
 from .campaign import ProgressEvent
 from .engines import BootSpec, Engine, EngineError, make_engine
 from .exit_codes import EXIT_OK, exit_code, gate_fails
-from .judgement import (
-    PREFLIGHT,
-    GateResult,
-    GateSpec,
-    Judgement,
-    design_sees,
-    sampling_budget_sees,
-)
+from .judgement import PREFLIGHT, GateResult, GateSpec, Judgement, design_sees, sampling_budget_sees
 from .pilot import Pilot
 from .report.console import Line, closing_lines, dry_run_lines
 from .results import Preflight, SavedCampaign
 from .results.redact import scrub
-from .run import CampaignError, PilotRun, stop_servers
+from .run.pilot_run import CampaignError, PilotRun, stop_servers
 
 RUN = pytest.StashKey[PilotRun]()
 

@@ -279,8 +279,8 @@ class PilotRun:
 def run_two_shards(root: Path, pilot: Path) -> None:
     """Shards 1 and 2 of ``pilot`` run in this process into ``root/s1`` and ``root/s2``; the
     fake servers marked with ``root`` are ended whatever happens."""
-    from pytest_osprey.campaign.shards import Shard
-    from pytest_osprey.run import PilotRun, RunOptions
+    from pytest_osprey.run.pilot_run import PilotRun, RunOptions
+    from pytest_osprey.shards.plan import Shard
 
     try:
         for k in (1, 2):

@@ -95,7 +95,7 @@ class Design:
     passes: int = 2
     boots: int = 1
     order: Order = "interleaved"
-    shards: int = 1  # machines: pass p runs on machine p mod shards (campaign/shards.py)
+    shards: int = 1  # machines: pass p runs on machine p mod shards (shards/plan.py)
 
     def level_names(self) -> list[str]:
         return [name for name, _ in self.levels]

@@ -33,7 +33,7 @@ from pytest_osprey.judgement.quality.distribution import (
 from pytest_osprey.judgement.quality.gates import sampling_budget_problem, sampling_budget_sees
 from pytest_osprey.judgement.stats.core import StatsError
 from pytest_osprey.results.records import RequestRecord
-from pytest_osprey.run import PilotRun, UsageError
+from pytest_osprey.run.pilot_run import PilotRun, UsageError
 from testkit.factories import dump_pilot, make_pilot, make_record, pilot_data
 from testkit.sim_lm import CHAT_LIKE, FLAT, MarkovLM
 

@@ -12,7 +12,7 @@ import pytest
 from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.service.load import STEADY_SHARE, level_loads
 from pytest_osprey.pilot.loading import load_pilot
-from pytest_osprey.run import PilotRun, RunOptions
+from pytest_osprey.run.pilot_run import PilotRun, RunOptions
 from testkit.factories import TINY_DRAFTER, TINY_TARGET, dump_pilot, pilot_data
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ import yaml
 
 from pytest_osprey.__main__ import main
 from pytest_osprey.exit_codes import EXIT_GATE_FAILED, EXIT_OK, exit_code
-from pytest_osprey.merge import Merged
-from pytest_osprey.run import PilotRun, RunOptions
+from pytest_osprey.run.pilot_run import PilotRun, RunOptions
+from pytest_osprey.shards.merge import Merged
 from testkit.recorded_campaign import judged_campaign
 
 ROOT = Path(__file__).resolve().parent.parent

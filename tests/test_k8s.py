@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from pytest_osprey.__main__ import EXIT_USAGE, main
-from pytest_osprey.launch.k8s import K8sOptions, manifests, merge_script, render, shard_script
 from pytest_osprey.pilot.base import ConfigError
+from pytest_osprey.shards.k8s import K8sOptions, manifests, merge_script, render, shard_script
 from testkit.k8s_models import ManifestError, validate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -50,11 +50,14 @@ FORBIDDEN: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pytest_osprey.report": (
         ("campaign", "engines", "preflight", "run", "pytest_adapter", "plugin"),
         ("pytest", "_pytest", "torch", "transformers")),
-    # Launchers write what other machinery runs: the pilot file is all they read.
-    "pytest_osprey.launch": (
+    # The Kubernetes launcher writes what other machinery runs: the pilot file is all it reads.
+    "pytest_osprey.shards.k8s": (
         ("results", "judgement", "campaign", "engines", "preflight", "report", "run",
          "pytest_adapter", "plugin"), ("pytest", "_pytest", "numpy", "torch", "kubernetes")),
-    "pytest_osprey.run": (("pytest_adapter", "plugin"), ("pytest", "_pytest")),
+    # A run may be one shard of a plan (shards.plan); merging and launching shards sit above it.
+    "pytest_osprey.run": (("shards.merge", "shards.ray", "shards.k8s", "pytest_adapter", "plugin"),
+                          ("pytest", "_pytest")),
+    "pytest_osprey.shards": (("pytest_adapter", "plugin"), ("pytest", "_pytest")),
     "pytest_osprey.__main__": (("pytest_adapter", "plugin"), ("pytest", "_pytest")),
 }
 
@@ -274,8 +277,8 @@ def test_layer_rules(layer: str) -> None:
     problems = []
     for member in members:
         for m in reach(member, edges):
-            rel = m.removeprefix("pytest_osprey.").split(".")[0]
-            if rel in banned_inside:
+            rel = m.removeprefix("pytest_osprey.")
+            if any(rel == b or rel.startswith(b + ".") for b in banned_inside):
                 problems.append(f"{member} reaches {m}")
             bad = imports_of(m)[1] & set(banned_outside)
             if bad:
@@ -340,7 +343,7 @@ EVALUATORS = frozenset({
     "per_position_acceptance", "speedup_cells", "with_speedups", "all_figures", "figures_for",
 })
 # Who may call judge() and evaluate() (a preflight gate before anything boots): the run.
-JUDGING = ("pytest_osprey.run", "pytest_osprey.judgement")
+JUDGING = ("pytest_osprey.run.pilot_run", "pytest_osprey.judgement")
 
 
 def _judgement_names(module: str) -> set[str]:

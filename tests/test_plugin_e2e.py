@@ -9,7 +9,7 @@ import pytest
 
 # Loaded here, once: an in-process pytester run drops the modules it imported when it ends, and
 # numpy's extension cannot be imported a second time in one process.
-import pytest_osprey.run  # noqa: F401
+import pytest_osprey.run.pilot_run  # noqa: F401
 from testkit.factories import pilot_data, pilot_text
 
 ROOT = Path(__file__).resolve().parent.parent

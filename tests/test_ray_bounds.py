@@ -91,7 +91,7 @@ def test_an_address_where_no_cluster_answers_fails_fast(
 
 _BOUND = """
 import json, psutil, ray
-from pytest_osprey.ray_launcher import RayError, _connect, _probe, _resources
+from pytest_osprey.shards.ray import RayError, _connect, _probe, _resources
 _connect(None)
 _probe(ray.get_runtime_context().gcs_address, "--address")  # a real cluster passes the probe
 me = psutil.Process()

@@ -22,7 +22,7 @@ from testkit.pilot_run import MARK, fake_sglang, kill_marked
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
-from pytest_osprey.ray_launcher import SHARD_RESOURCE, launch  # noqa: E402
+from pytest_osprey.shards.ray import SHARD_RESOURCE, launch  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_osprey.results import records as records_module
-from pytest_osprey.run_folders import default_results
+from pytest_osprey.run.folders import default_results
 from testkit import tinyfs
 from testkit.endpoint_pilot import run_cli, saved_results, sglang_routes, tree, write_endpoint_pilot
 from testkit.fake_server import ScriptedServer
@@ -306,7 +306,7 @@ def test_two_runs_racing_into_one_new_folder_one_proceeds(tmp_path: Path) -> Non
     exclusive claim lets exactly one through and refuses the others in one line."""
     import threading
 
-    from pytest_osprey.run_folders import LOCK, FolderError, fresh_results
+    from pytest_osprey.run.folders import LOCK, FolderError, fresh_results
 
     def race(folder: Path, runs: int) -> tuple[list[Path], list[str]]:
         start = threading.Barrier(runs)
@@ -336,7 +336,7 @@ def test_two_runs_racing_into_one_new_folder_one_proceeds(tmp_path: Path) -> Non
 
 
 def test_a_run_releases_only_its_own_lock(tmp_path: Path) -> None:
-    from pytest_osprey.run_folders import LOCK, fresh_results, release
+    from pytest_osprey.run.folders import LOCK, fresh_results, release
 
     mine = fresh_results(tmp_path / "mine", "--reuse")
     release(mine)

@@ -31,7 +31,7 @@ from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError, Pilot
 from pytest_osprey.pilot.selection import selected_trace
 from pytest_osprey.pilot.yaml_text import MAX_PILOT_BYTES
-from pytest_osprey.run_folders import default_results
+from pytest_osprey.run.folders import default_results
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE: dict[str, Any] = yaml.safe_load((ROOT / "pilot.yaml").read_text("utf-8"))

@@ -32,7 +32,7 @@ from pytest_osprey.report.summary import summary_dict
 from pytest_osprey.results import load_campaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.redact import MASK, register, reset, scrub, scrub_obj
-from pytest_osprey.run_inputs import bind_warning
+from pytest_osprey.run.inputs import bind_warning
 from testkit.endpoint_pilot import run_cli, saved_results, sglang_routes, tree, write_endpoint_pilot
 from testkit.factories import dump_pilot, make_pilot, pilot_data, write_trace
 from testkit.fake_server import Reply, ScriptedServer

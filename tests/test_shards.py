@@ -16,9 +16,9 @@ import yaml
 
 from pytest_osprey.__main__ import main
 from pytest_osprey.campaign.schedule import plan_replay
-from pytest_osprey.campaign.shards import Shard, ShardError, parse_shard, shard_plan
-from pytest_osprey.merge import MergeError, merge_shards
-from pytest_osprey.run import PilotRun, RunOptions, UsageError
+from pytest_osprey.run.pilot_run import PilotRun, RunOptions, UsageError
+from pytest_osprey.shards.merge import MergeError, merge_shards
+from pytest_osprey.shards.plan import Shard, ShardError, parse_shard, shard_plan
 from testkit.factories import write_pilot
 from testkit.pilot_run import MARK, fake_sglang, kill_marked, run_two_shards
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt
-from ..signals import interrupt_reason
+from .signals import interrupt_reason
 
 
 def poisson_arrivals(n: int, rate: float, seed: str) -> list[float]:

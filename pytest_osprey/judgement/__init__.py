@@ -7,13 +7,7 @@ the question each part answers: ``gates`` (what a gate is, the table of kinds), 
 verdicts, diagnosis), ``figures`` and ``history`` (a run against the previous one).
 """
 
-from .cost.pricing import (
-    BreakEven,
-    ConditionCost,
-    CostLimitsEntry,
-    CostSection,
-    cost_summary,
-)
+from .cost.pricing import BreakEven, ConditionCost, CostLimitsEntry, CostSection, cost_summary
 from .figures.analyses import DomainRow, all_domain_rows, held_out_overlaps
 from .figures.measured import Figures, all_figures
 from .figures.speedups import Cell, speedup_cells
@@ -22,14 +16,7 @@ from .gates.kinds import Family, GateKind
 from .gates.plan import plan_gates
 from .gates.result import Evidence, GateResult, Outcome, Verdict
 from .gates.spec import GateSpec
-from .history import (
-    Comparison,
-    Finding,
-    HistoryError,
-    Previous,
-    compare,
-    open_previous,
-)
+from .history import Comparison, Finding, HistoryError, Previous, compare, open_previous
 from .quality.acceptance import per_position_acceptance
 from .quality.distribution import END, records_to_samples
 from .quality.gates import sampling_budget_problem, sampling_budget_sees

@@ -13,14 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    WithJsonSchema,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 # Ceilings: generous for any real pilot, small enough that a slip of the keyboard is caught.
 MAX_COUNT = 1_000_000

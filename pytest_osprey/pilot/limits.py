@@ -5,21 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import (
-    Field,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
-from .base import (
-    MAX_COUNT,
-    MAX_ITEMS,
-    Fraction,
-    PositiveFloat,
-    Ratio,
-    Seconds,
-    Strict,
-    Text,
-)
+from .base import MAX_COUNT, MAX_ITEMS, Fraction, PositiveFloat, Ratio, Seconds, Strict, Text
 
 
 class LatencyLimit(Strict):

@@ -5,14 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Discriminator,
-    Field,
-    Tag,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from .base import MAX_COUNT, MAX_ITEMS, Seconds, Strict
 

@@ -6,12 +6,7 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import (
     MAX_COUNT,

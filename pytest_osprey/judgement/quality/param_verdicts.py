@@ -21,15 +21,7 @@ from ...pilot.schema import Pilot
 from ...results.folder import SavedCampaign
 from ...results.records import RequestRecord
 from ...results.scores import ScoreLine
-from .exact import (
-    ClassResult,
-    ExactResult,
-    ScoredSample,
-    ScoredToken,
-    Served,
-    describe,
-    exact_test,
-)
+from .exact import ClassResult, ExactResult, ScoredSample, ScoredToken, Served, describe, exact_test
 from .identity import first_divergence
 
 Status = Literal["honoured", "not_honoured", "refused", "not_tested"]

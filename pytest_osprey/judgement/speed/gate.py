@@ -124,7 +124,7 @@ def drift(pilot: Pilot, data: SavedCampaign, reference: str, candidate: str, lev
 
 def machines_of(data: SavedCampaign) -> IntArray | None:
     """A merged campaign's machine (shard, 0-based) per pass of its plan (pass p ran on
-    shard p mod N: campaign/shards.py); None for a one-machine campaign."""
+    shard p mod N: shards/plan.py); None for a one-machine campaign."""
     plan, shards = data.meta.plan, len(data.meta.merged)
     if plan is None or shards < 2:
         return None

@@ -40,13 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..stats.core import FloatArray, StatOutcome
-from .data import (
-    IntArray,
-    PairedLatencies,
-    Request,
-    SpeedError,
-    collect,
-)
+from .data import IntArray, PairedLatencies, Request, SpeedError, collect
 from .drift import Drift
 from .stalls import Stall, detect_stall
 from .variance import two_way

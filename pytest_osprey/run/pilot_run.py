@@ -4,7 +4,7 @@ reports.
 :class:`PilotRun` holds the whole run; each step runs once, on first use, and its result is
 kept. The pytest plugin and ``python -m pytest_osprey run`` are two thin adapters over it::
 
-    from pytest_osprey import PilotRun, RunOptions
+    from .. import PilotRun, RunOptions
 
     run = PilotRun("pilot.yaml", RunOptions(results="out"))
     outcome = run.run()          # everything; outcome.exit_code is 0, 1 (a gate failed)
@@ -26,12 +26,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .campaign import Campaign, ProgressEvent, StopLook, StopRule
-from .campaign.requests import stop_reason
-from .campaign.shards import Shard, ShardCampaign, ShardError
-from .campaign.size import CampaignSize, campaign_size, size_problem
-from .exit_codes import exit_code, gate_fails
-from .judgement import (
+from ..campaign import Campaign, ProgressEvent, StopLook, StopRule
+from ..campaign.requests import stop_reason
+from ..campaign.signals import sigterm_interrupts
+from ..campaign.size import CampaignSize, campaign_size, size_problem
+from ..exit_codes import exit_code, gate_fails
+from ..judgement import (
     PREFLIGHT,
     Comparison,
     GateResult,
@@ -48,13 +48,13 @@ from .judgement import (
     plan_gates,
     sampling_budget_problem,
 )
-from .pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
-from .pilot.draw import Draw
-from .pilot.selection import select_trace
-from .preflight import run_preflight
-from .report.summary import write_reports
-from .results import Preflight, SavedCampaign, load_campaign
-from .results.campaign_file import (
+from ..pilot import ConfigError, Pilot, Trace, TraceError, load_pilot
+from ..pilot.draw import Draw
+from ..pilot.selection import select_trace
+from ..preflight import run_preflight
+from ..report.summary import write_reports
+from ..results import Preflight, SavedCampaign, load_campaign
+from ..results.campaign_file import (
     CampaignFile,
     CampaignFileError,
     incomplete_note,
@@ -62,9 +62,10 @@ from .results.campaign_file import (
     stopped_conditions,
     stopped_note,
 )
-from .results.records import RequestRecord
-from .run_folders import FolderError, default_results, fresh_results, one_line, release, writable
-from .run_inputs import (
+from ..results.records import RequestRecord
+from ..shards.plan import Shard, ShardCampaign, ShardError
+from .folders import FolderError, default_results, fresh_results, one_line, release, writable
+from .inputs import (
     ReusedCampaign,
     UsageError,
     bind_warning,
@@ -72,7 +73,6 @@ from .run_inputs import (
     reuse_saved,
     select_conditions,
 )
-from .signals import sigterm_interrupts
 
 Progress = Callable[[ProgressEvent], None]
 
@@ -103,7 +103,7 @@ class RunOptions:
     """How the adapter's user re-judges a folder (named in the non-empty-folder error)."""
     shard: Shard | None = None
     """Replay only this shard of the plan (``--shard K/N``): a disjoint share of its passes,
-    every condition (campaign/shards.py); ``merge`` pools the shards' folders."""
+    every condition (shards/plan.py); ``merge`` pools the shards' folders."""
     stop_rule: StopRule | None = None
     """The early-stopping rule, when something outside this run supplies it (a driver that
     looks at every shard's records); default: the pilot's ``decision.early_stop`` on this
@@ -277,7 +277,7 @@ class PilotRun:
     def results_dir(self) -> Path:
         """Where this run writes (a re-judged copy's folder is made on first use)."""
         if self._results is None:
-            from .run_folders import rejudged_results
+            from .folders import rejudged_results
 
             self._results = (rejudged_results(self.reuse) if self.reuse is not None
                              else default_results(self.cwd, self.pilot.name))

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pilot import Pilot
-from .results import Preflight, SavedCampaign, load_campaign, read_preflight
-from .results.campaign_file import CampaignFileError, incomplete_note
-from .results.records import RecordsError
-from .results.redact import register
-from .run_folders import one_line
+from ..pilot import Pilot
+from ..results import Preflight, SavedCampaign, load_campaign, read_preflight
+from ..results.campaign_file import CampaignFileError, incomplete_note
+from ..results.records import RecordsError
+from ..results.redact import register
+from .folders import one_line
 
 
 class UsageError(ValueError):

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..campaign.runner import Campaign
+from ..campaign.schedule import ReplayPlan
 from ..results.campaign_file import CampaignFile, ShardFacts
-from .runner import Campaign
-from .schedule import ReplayPlan
 
 __all__ = ["Shard", "ShardCampaign", "ShardError", "parse_shard", "shard_plan"]
 

@@ -1,10 +1,10 @@
 """A pilot's shards as Ray tasks (``python -m pytest_osprey ray PILOT --shards N``).
 
-One task per shard (campaign/shards.py), each with the resources it needs (``num_gpus``: the
+One task per shard (shards/plan.py), each with the resources it needs (``num_gpus``: the
 shard's GPUs; one shard per node where the cluster offers the custom resource
 ``osprey_shard``). Each task returns its results folder as an archive, so nothing has to be
 shared between nodes but the pilot file and its models; the driver gathers them and merges
-them (merge.py). Ray being optional (``pip install pytest-osprey[ray]``), it is imported here
+them (shards/merge.py). Ray being optional (``pip install pytest-osprey[ray]``), it is imported here
 only.
 
 Because Ray has a driver, early stopping works across shards: after each of its passes a
@@ -43,14 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .campaign import StopLook
-from .campaign.shards import Shard
-from .judgement import look_at
-from .pilot import Pilot
-from .results import SavedCampaign
-from .results.campaign_file import CampaignFile, read_campaign_file
-from .results.records import RequestRecord
-from .run_folders import LOCK, FolderError, claim, one_line
+from ..campaign import StopLook
+from ..judgement import look_at
+from ..pilot import Pilot
+from ..results import SavedCampaign
+from ..results.campaign_file import CampaignFile, read_campaign_file
+from ..results.records import RequestRecord
+from ..run.folders import LOCK, FolderError, claim, one_line
+from .plan import Shard
 
 __all__ = ["LookBoard", "RayError", "RayLaunch", "check_gpus", "launch"]
 
@@ -130,7 +130,7 @@ def _shard_task(pilot_path: str, shard: Shard, board: Any, early_stop: bool) -> 
     """One shard, run where Ray placed it; its results folder as a gzipped tar."""
     import ray
 
-    from .run import PilotRun, RunOptions
+    from ..run.pilot_run import PilotRun, RunOptions
 
     work = Path(tempfile.mkdtemp(prefix=f"osprey-shard-{shard.index}-"))
     folder = work / f"shard-{shard.index}"

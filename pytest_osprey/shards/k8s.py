@@ -355,7 +355,7 @@ def command(args: argparse.Namespace) -> None:
     from ..pilot.loading import load_pilot
 
     pilot = load_pilot(args.pilot, check_paths=False)
-    if args.shards > pilot.load.passes:  # each shard takes whole passes (campaign/shards.py)
+    if args.shards > pilot.load.passes:  # each shard takes whole passes (shards/plan.py)
         raise ConfigError(f"--shards {args.shards}: the pilot has {pilot.load.passes} passes "
                           f"(load.passes), fewer than the shards; every pod would fail: raise "
                           "load.passes or run fewer shards")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .pilot import ConfigError, Pilot
-from .pilot.loading import load_pilot_text, load_pilot_unchecked
-from .results import Preflight, SavedCampaign, read_preflight
-from .results.campaign_file import text_sha256
-from .run import PilotRun
-from .run_folders import FolderError, writable
-from .run_inputs import ReusedCampaign, UsageError, open_saved
+from ..pilot import ConfigError, Pilot
+from ..pilot.loading import load_pilot_text, load_pilot_unchecked
+from ..results import Preflight, SavedCampaign, read_preflight
+from ..results.campaign_file import text_sha256
+from .folders import FolderError, writable
+from .inputs import ReusedCampaign, UsageError, open_saved
+from .pilot_run import PilotRun
 
 
 def _saved_pilot(directory: Path, data: SavedCampaign, config: Path | None) -> tuple[Pilot, str]:

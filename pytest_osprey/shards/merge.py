@@ -1,6 +1,6 @@
 """Pooling shards into one judged campaign (``python -m pytest_osprey merge OUT DIR...``).
 
-Shards of one plan (``--shard K/N``, campaign/shards.py) replayed disjoint passes of the same
+Shards of one plan (``--shard K/N``, shards/plan.py) replayed disjoint passes of the same
 seeded plan, every condition on every machine. Their records pool into one campaign without
 renumbering: a pass, and so every time unit (boot, pass, block) the speed test counts, is one
 machine's; pairs never cross machines, so a slow machine cannot fake a speedup. The merged
@@ -43,13 +43,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .campaign.shards import Shard, ShardError
-from .exit_codes import EXIT_INTERRUPTED
-from .judgement import Diagnosis
-from .pilot import ConfigError
-from .pilot.loading import load_pilot_text
-from .results import Preflight, SavedCampaign, read_preflight
-from .results.campaign_file import (
+from ..exit_codes import EXIT_INTERRUPTED
+from ..judgement import Diagnosis
+from ..pilot import ConfigError
+from ..pilot.loading import load_pilot_text
+from ..results import Preflight, SavedCampaign, read_preflight
+from ..results.campaign_file import (
     CampaignFile,
     ConditionRun,
     MergedShard,
@@ -57,11 +56,12 @@ from .results.campaign_file import (
     stopped_conditions,
     text_sha256,
 )
-from .results.records import RecordWriter
-from .results.scores import SCORES_FILE, ScoreWriter
-from .run import PilotRun
-from .run_folders import FolderError, claim, one_line
-from .run_inputs import ReusedCampaign, UsageError, open_saved
+from ..results.records import RecordWriter
+from ..results.scores import SCORES_FILE, ScoreWriter
+from ..run.folders import FolderError, claim, one_line
+from ..run.inputs import ReusedCampaign, UsageError, open_saved
+from ..run.pilot_run import PilotRun
+from .plan import Shard, ShardError
 
 __all__ = ["MergeError", "Merged", "merge_shards"]
 

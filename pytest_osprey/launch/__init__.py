@@ -1,1 +1,0 @@
-"""Launchers: thin adapters that run a pilot's shards on machinery that already exists."""

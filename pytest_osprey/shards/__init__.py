@@ -1,0 +1,2 @@
+"""Sharded campaigns: the plan of shards, merging their folders, and the Ray and Kubernetes
+launchers."""
