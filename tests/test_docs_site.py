@@ -20,7 +20,7 @@ DOCS = ROOT / "docs"
 PILOT_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 "
                  "-e '.[embedded]' && .venv/bin/pytest --osprey-config=pilot.yaml")
 TEST_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 "
-                "-e '.[embedded,test]' && .venv/bin/pytest")
+                "-e '.[embedded,test]' && .venv/bin/pytest -n 2 --dist loadfile")
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', re.M)

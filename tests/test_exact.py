@@ -276,3 +276,23 @@ def test_a_token_the_target_never_gives_is_decisive() -> None:
     assert res.outcome == "fail" and res.classes["drafted"].outside_by == {"probability 0": 1}
     assert res.summary.startswith("drafted positions: 1 of 1 draws outside the served "
                                   "distribution (the target gives them probability 0)")
+
+
+def test_a_class_no_temperature_fits_still_names_the_served_one_and_no_nan() -> None:
+    """Garbage parameters can leave nothing to fit (every draw at a point mass: no score
+    variance, no temperature): the summary says what failed and the served temperature, never
+    a 'nan'."""
+    import dataclasses
+
+    from pytest_osprey.judgement.quality.exact import describe
+
+    res = exact_test(scored_samples(Budget(8, 8, 24), PLAIN, "garbage", seed=2), PLAIN, 0.01)
+    drafted = res.classes["drafted"]
+    assert drafted.outcome == "fail"
+    nothing = dataclasses.replace(
+        drafted, score_z=math.nan, temperature=math.nan, temperature_ci=(math.nan, math.nan),
+        inverse_temperature=math.nan, inverse_temperature_ci=(math.nan, math.nan),
+        outside_support=0, decisive="score")
+    text = describe(nothing, PLAIN)
+    assert "nan" not in text.lower(), text
+    assert "not drawn from the served distribution" in text and "served 0.8" in text, text

@@ -389,15 +389,19 @@ def describe(c: ClassResult, served: Served) -> str:
             return f"{name} sampled at an effective temperature > {low} ({where})"
         return (f"{name} sampled at an effective temperature {_t(c.temperature)} ({ci}, "
                 f"{where})")
-    parts = [f"score z {c.score_z:+.1f}", f"PIT p {c.pit_p:.2g}",
-             f"top-1 drawn {c.top1_observed} times for {c.top1_expected:.1f} expected"]
+    # A score with no variance (every scored draw at a point mass of the target) has no z:
+    # the other figures speak for it.
+    parts = ([f"score z {c.score_z:+.1f}"] if math.isfinite(c.score_z) else []) + [
+        f"PIT p {c.pit_p:.2g}",
+        f"top-1 drawn {c.top1_observed} times for {c.top1_expected:.1f} expected"]
     if c.tail_p < 1:
         lo, hi = c.tail_expected
         parts.append(f"{c.tail_observed} draws beyond the top-K for {lo:.1f}-{hi:.1f} expected")
     # The fitted temperature covers the served one, yet the draws fail: no temperature change
     # explains them (a mixture, garbage at some positions), which is said, not a direction.
     consistent = (f"; not a temperature change (best fit {_t(c.temperature)}, {ci}, covers "
-                  f"the served {served.temperature:g})" if fitted else "")
+                  f"the served {served.temperature:g})" if fitted else
+                  f"; no temperature fits them ({where})")
     return f"{name} not drawn from the served distribution: {', '.join(parts)}{consistent}"
 
 
