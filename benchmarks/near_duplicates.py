@@ -1,9 +1,9 @@
 """Near-duplicate collapse: recall per Jaccard level, and time on templated traffic.
 
-1. Recall: ``--pairs`` planted pairs per level, each two texts of 100 distinct words with k
-   of them replaced (Jaccard (100 - k) / (100 + k) exactly), among unrelated texts; prints
-   per level the share of pairs collapsed at the default threshold (0.8), and that every
-   collapsed pair holds it.
+1. Recall: ``--pairs`` planted pairs per level, each two texts of n distinct words with k
+   of them replaced (Jaccard (n - k) / (n + k) exactly: 100-word texts, and the levels
+   0.95, 0.86, 0.82 and 0.78 exactly), among unrelated texts; prints per level the share of
+   pairs collapsed at the default threshold (0.8), and that every collapsed pair holds it.
 2. Templated traffic: ``--templated`` prompts sharing a 21-word instruction (as RAG and
    support logs look) with 12 to 20 words of their own, 1% of them planted near-duplicates;
    times ``near_duplicates`` on them, counting exact comparisons, then ``trace build`` on the
@@ -30,7 +30,10 @@ sys.path.insert(0, str(ROOT))
 from pytest_osprey.__main__ import main as cli  # noqa: E402
 from pytest_osprey.trace_build import dedupe  # noqa: E402
 
-LEVELS = (3, 5, 8, 10, 11, 12, 14, 18)  # words replaced of 100: J 0.942 ... 0.695
+#: (words in a text, words replaced): J 0.95 ... 0.695; (78, 2), (93, 7), (91, 9) and (89, 11)
+#: give 0.95, 0.86, 0.82 and 0.78 exactly.
+LEVELS = ((78, 2), (100, 3), (100, 5), (93, 7), (100, 8), (91, 9), (100, 10), (100, 11),
+          (89, 11), (100, 12), (100, 14), (100, 18))
 TEMPLATE = ("You are a support assistant for our company and you answer the customer's "
             "question below politely briefly and only from the documents provided")
 
@@ -43,12 +46,12 @@ def load() -> str:
 def recall(pairs: int) -> None:
     rng = random.Random(1)
     vocab = [f"w{i}" for i in range(200_000)]
-    print(f"recall at threshold 0.8 ({pairs} planted pairs per level, 100-word texts):")
-    for k in LEVELS:
+    print(f"recall at threshold 0.8 ({pairs} planted pairs per level):")
+    for n, k in LEVELS:
         texts: list[str] = []
         for _ in range(pairs):
-            words = rng.sample(vocab, 100 + k)
-            a, b = words[:100], words[:100 - k] + words[100:]
+            words = rng.sample(vocab, n + k)
+            a, b = words[:n], words[:n - k] + words[n:]
             rng.shuffle(b)
             texts += [" ".join(a), " ".join(b)]
         start = time.perf_counter()
@@ -57,10 +60,10 @@ def recall(pairs: int) -> None:
         caught = sum(1 for j in range(1, len(texts), 2) if found.get(j) == j - 1)
         sets = [set(t.split()) for t in texts]
         low = min((dedupe.jaccard(sets[j], sets[i]) for j, i in found.items()), default=1.0)
-        jac = (100 - k) / (100 + k)
-        print(f"  J {jac:.3f}: {caught}/{pairs} collapsed ({caught / pairs:.2%}), "
-              f"other collapses {len(found) - caught}, lowest J collapsed {low:.3f} "
-              f"({took:.1f} s)")
+        jac = (n - k) / (n + k)
+        print(f"  J {jac:.3f} ({n} words, {k} replaced): {caught}/{pairs} collapsed "
+              f"({caught / pairs:.2%}), other collapses {len(found) - caught}, "
+              f"lowest J collapsed {low:.3f} ({took:.1f} s)")
     print(f"  ({load()})")
 
 

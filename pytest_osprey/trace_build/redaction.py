@@ -35,6 +35,11 @@ def _national(match: re.Match[str]) -> bool:
     return 9 <= sum(ch.isdigit() for ch in match.group()) <= 12
 
 
+def _international_00(match: re.Match[str]) -> bool:
+    # "00", a country code and a national number: E.164's 15 digits at most, 9 at least.
+    return 11 <= sum(ch.isdigit() for ch in match.group()) <= 17
+
+
 def _aws_secret(match: re.Match[str]) -> bool:
     # 40 characters of base64 mixing cases and digits: not a hex digest, not a word.
     text = match.group()
@@ -59,8 +64,9 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str, Callable[[re.Match[str]], bool] 
     # Local part and domain in any script (an accented domain too).
     "email": (re.compile(r"(?<![\w.%+-])[\w.%+-]{1,64}@[^\W_](?:[\w-]{0,62}\.){1,8}"
                          r"[^\W\d_]{2,63}\b"), "<EMAIL>", None),
-    # Card numbers: 13 to 19 digits, spaces or dashes between, passing the Luhn check.
-    "card": (re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])"), "<CARD>", _card),
+    # Card numbers: 13 to 19 digits, spaces or dashes between, passing the Luhn check. Never
+    # after a "+": that is an international phone number (+4915112345678), left to "phone".
+    "card": (re.compile(r"(?<![\w+-])\d(?:[ -]?\d){12,18}(?![\w-])"), "<CARD>", _card),
     # International (+44 20 7946 0958), North American ((555) 123-4567, 555-123-4567),
     # national trunk-prefixed with separators (070-123 45 67, 020 7946 0958,
     # 06 12 34 56 78), and bare ten-digit numbers of those plans (0701234567, 5551234567):
@@ -69,13 +75,22 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str, Callable[[re.Match[str]], bool] 
         r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?!\w)"
         r"|(?<![\w-])\(?\d{3}\)?[ .-]\d{3}[ .-]\d{4}(?![\w-])"
         r"|(?<![\w.,-])(?:0\d{9}|[2-9]\d{9})(?![\w.,-])"), "<PHONE>", None),
+    # Trunk-prefixed national numbers: the rest in groups (070-123 45 67), or in one group of
+    # 5 to 8 digits, as German and British numbers are written (030 12345678,
+    # 0151 12345678, 07700 900123, 089/1234567).
     "national_phone": (re.compile(
-        r"(?<![\w+.,/:-])\(?0\d{1,4}\)?(?:[ .-]\d{2,4}){2,4}(?![\w.,/:-]|-\d)"), "<PHONE>",
-        _national),
+        r"(?<![\w+.,/:-])\(?0\d{1,4}\)?(?:(?:[ .-]\d{2,4}){2,4}|[ /-]\d{5,8})"
+        r"(?![\w.,/:-]|-\d)"), "<PHONE>", _national),
+    # International with the 00 dialling prefix in place of "+" (0044 20 7946 0958,
+    # 0044 (0)20 7946 0958, 0049 30 12345678): written with separators, the number after
+    # the country code not starting with 0 (an IBAN's digit groups do), 11 to 17 digits.
+    "intl_00_phone": (re.compile(
+        r"(?<![\w+.,/:-])00[1-9]\d{0,2}[ .-](?:\(0\)[ .-]?)?[1-9]\d{0,3}(?:[ .-]\d{1,8}){1,4}"
+        r"(?![\w.,/:-]|-\d)"), "<PHONE>", _international_00),
 }
 #: What ``--redact`` names: a name covers the patterns that start with it.
 GROUPS = {"api_key": ("api_key", "aws_secret"), "email": ("email",), "card": ("card",),
-          "phone": ("phone", "national_phone")}
+          "phone": ("phone", "national_phone", "intl_00_phone")}
 
 
 class RedactionError(ValueError):
