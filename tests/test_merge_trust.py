@@ -1,6 +1,7 @@
 """A merge trusts nothing in a shard's folder that it can check: each planted forgery, cut
 copy, relabelling, version mix or malformed file below is caught, in one line (exit 4), or
-judged partial; an output never lands on an input and a failed merge leaves no folder."""
+judged partial, and a trace changed since the run is said; an output never lands on an input
+and a failed merge leaves no folder."""
 
 from __future__ import annotations
 
@@ -175,6 +176,23 @@ def test_records_of_another_campaign_are_refused(shards: Path, tmp_path: Path,
     _edit(s2, records_sha256=None)
     code, err = _merge(tmp_path / "m", shards / "s1", s2, capsys=capsys)
     _refused(code, err, "prompt_id 'elsewhere'")
+
+
+def test_a_trace_changed_since_the_run_is_said(shards: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The trace lies outside the shards' folders: where the files campaign.json names no
+    longer give its trace_hash, the merge says each shard's trace is unverified."""
+    trace = tmp_path / "trace.jsonl"
+    text = (shards / "trace.jsonl").read_text()
+    trace.write_text(text.replace('"prompt": "', '"prompt": "Edited: ', 1))
+    copies = [_copy(shards, k, tmp_path / f"s{k}") for k in (1, 2)]
+    for s in copies:
+        _edit(s, trace_files=[str(trace)])
+    code, err = _merge(tmp_path / "m", *copies, capsys=capsys)
+    assert code in (0, 1), err
+    for k in (1, 2):
+        assert f"shard {k} unverified: its trace (the trace files here differ" in err
+        assert f"shard {k} unverified: its trace" in _meta(tmp_path / "m")["merge_note"]
 
 
 def test_tool_versions_must_agree_unless_allowed(shards: Path, tmp_path: Path,

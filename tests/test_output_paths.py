@@ -1,6 +1,7 @@
 """An output never replaces an input, and shard options are checked where it is cheap:
-`k8s --out` onto the pilot or an existing file, more shards than the pilot's passes, and an
-empty or malformed --shard (an unset $SHARD in CI) on the CLI and the pytest entry."""
+`k8s --out` onto the pilot, its trace, its adaptation data or an existing file, more shards
+than the pilot's passes, and an empty or malformed --shard (an unset $SHARD in CI) on the CLI
+and the pytest entry."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pytest_osprey.__main__ import EXIT_USAGE, main
 from testkit.factories import write_pilot
@@ -49,6 +51,33 @@ def test_k8s_never_writes_over_its_pilot(tmp_path: Path,
     link.symlink_to(pilot)
     assert main(_k8s(pilot, "--out", str(link), "--force")) == EXIT_USAGE
     assert pilot.read_bytes() == before
+
+
+def test_k8s_never_writes_over_what_the_pilot_reads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its trace (named relative to the pilot) and its adaptation data, a file in that folder
+    included, are inputs: --force replaces an earlier manifest, never one of them."""
+    pilot = _pilot(tmp_path, passes=2)
+    data = yaml.safe_load(pilot.read_text())
+    data["trace"]["files"] = ["trace.jsonl"]
+    data["conditions"]["cand"]["held_out"] = {"adaptation_data": "adapt"}
+    pilot.write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "adapt").mkdir()
+    kept = [tmp_path / "trace.jsonl", tmp_path / "adapt" / "a.jsonl"]
+    kept[1].write_text('{"text": "adaptation"}\n')
+    before = [p.read_bytes() for p in kept]
+    for out, what in ((kept[0], "it is the pilot's trace file"),
+                      (tmp_path / "." / "trace.jsonl", "it is the pilot's trace file"),
+                      (kept[1], "it lies inside condition cand's adaptation data"),
+                      (tmp_path / "adapt" / "new.yaml", "it lies inside condition cand's")):
+        capsys.readouterr()
+        assert main(_k8s(pilot, "--out", str(out), "--force")) == EXIT_USAGE
+        err = _err(capsys)
+        assert what in err and "an output never replaces an input" in err, err
+        assert len(err.splitlines()) == 1
+    assert [p.read_bytes() for p in kept] == before
+    assert sorted(os.listdir(tmp_path / "adapt")) == ["a.jsonl"]
+    assert main(_k8s(pilot, "--out", str(tmp_path / "osprey.yaml"))) == 0
 
 
 def test_k8s_replaces_an_existing_file_only_when_forced(
@@ -97,3 +126,4 @@ def test_an_empty_shard_on_the_pytest_entry_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
     assert "expected K/N" in done.stderr and "empty" in done.stderr
     assert not (tmp_path / "out").exists()  # nothing measured: not the whole campaign
+

@@ -73,6 +73,25 @@ def test_an_earlier_runs_shards_are_never_written_into(
     assert not ray.is_initialized()  # refused before Ray was started
 
 
+def test_results_here_puts_the_shards_beside_it(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--results .`: OUT-shards/ is named from the folder's own name, beside it (inside it,
+    the merge would refuse OUT only after every shard had run), so an earlier run's shards
+    there are found before anything starts."""
+    pilot = _pilot(tmp_path / "p")
+    (tmp_path / "out").mkdir()
+    earlier = tmp_path / "out-shards" / "shard-1"
+    earlier.mkdir(parents=True)
+    (earlier / "records.jsonl").write_text("earlier\n")
+    monkeypatch.chdir(tmp_path / "out")
+    code, err, _ = _ray(pilot, Path("."), capsys=capsys)
+    assert code == EXIT_USAGE and f"{tmp_path / 'out-shards'}: not empty" in err, err
+    assert not list((tmp_path / "out").iterdir())
+    assert (earlier / "records.jsonl").read_text() == "earlier\n"
+    assert not ray.is_initialized()
+
+
 @pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
 def test_an_address_where_no_cluster_answers_fails_fast(
         how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],

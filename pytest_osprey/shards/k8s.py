@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from ..pilot.base import ConfigError
+from ..pilot.schema import Pilot
 
 Manifest = dict[str, Any]
 
@@ -327,7 +328,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-wait", type=int, default=86_400, metavar="SECONDS",
                         help="How long the merge waits for the shards (default 86400)")
     parser.add_argument("--out", metavar="FILE", help="Write here (default: standard output; "
-                        "never the pilot, an existing file only with --force)")
+                        "never the pilot or its trace, an existing file only with --force)")
     parser.add_argument("--force", action="store_true", help="Replace an existing --out file")
 
 
@@ -361,7 +362,7 @@ def command(args: argparse.Namespace) -> None:
                           "load.passes or run fewer shards")
     out = Path(args.out) if args.out is not None else None
     if out is not None:
-        _check_out(out, Path(args.pilot), args.force)
+        _check_out(out, _inputs(Path(args.pilot), pilot), args.force)
     options = K8sOptions(
         pilot=args.pilot_in_image if args.pilot_in_image is not None
         else Path(args.pilot).as_posix(),
@@ -385,13 +386,30 @@ def command(args: argparse.Namespace) -> None:
     print(f"wrote {out}: kubectl apply -f {out}", file=sys.stderr)
 
 
-def _check_out(out: Path, pilot: Path, force: bool) -> None:
-    """An output never replaces an input (the pilot), nor an existing file unless forced."""
+def _inputs(path: Path, pilot: Pilot) -> list[tuple[str, Path]]:
+    """What the pilot at ``path`` reads, named, as this machine resolves it (relative paths
+    from the pilot's folder): the pilot, its trace files, the conditions' adaptation data."""
+    base = path.resolve().parent
+    named = [("the pilot's trace file", Path(f)) for f in pilot.trace.files]
+    named += [(f"condition {name}'s adaptation data", c.held_out.adaptation_data)
+              for name, c in pilot.conditions.items() if c.held_out is not None]
+    return [("the pilot file", path),
+            *((what, base / os.path.expanduser(p)) for what, p in named)]
+
+
+def _check_out(out: Path, inputs: list[tuple[str, Path]], force: bool) -> None:
+    """An output never replaces an input (the pilot, its trace, adaptation data or a file in
+    its folder), nor an existing file unless forced: --force replaces an earlier manifest,
+    never what the campaign reads."""
     if not out.parent.is_dir():
         raise ConfigError(f"--out: no such folder {out.parent}")
-    if os.path.realpath(out) == os.path.realpath(pilot):
-        raise ConfigError(f"--out {out}: the pilot file itself; an output never replaces an "
-                          "input")
+    target = Path(os.path.realpath(out))
+    for what, path in inputs:
+        source = Path(os.path.realpath(path))
+        if target == source or source in target.parents:
+            where = "is" if target == source else "lies inside"
+            raise ConfigError(f"--out {out}: it {where} {what} {path}; an output never "
+                              "replaces an input")
     if out.exists() and not out.is_file():
         raise ConfigError(f"--out {out}: not a regular file")
     if out.exists() and not force:

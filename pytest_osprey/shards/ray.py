@@ -191,7 +191,10 @@ def _claim_results(out: Path, pilot_path: Path) -> Path:
     """OUT-shards/ made (or an empty one taken) and claimed, after checking that OUT is new
     or empty and not the pilot: before any shard starts, so that an earlier run's results
     are never written over."""
-    gathered = out.parent / f"{out.name}-shards"
+    # Named from OUT's absolute path: "." would otherwise give "./-shards", inside OUT, and
+    # the merge would refuse OUT only after every shard had run.
+    absolute = Path(os.path.abspath(out))
+    gathered = absolute.parent / f"{absolute.name}-shards"
     try:
         if out.resolve() == pilot_path.resolve():
             raise RayError(f"--results {out}: the pilot file itself; an output never replaces "
