@@ -21,30 +21,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-
-def aa_pilot(engine: str, copies: int, prompts: int, samples: int, tokens: int) -> dict[str, Any]:
-    base = yaml.safe_load((ROOT / "examples" / f"pilot-{engine}-cpu.yaml").read_text("utf-8"))
-    base["name"] = f"{engine}-cpu-aa"
-    base["conditions"] = {"baseline": {"role": "baseline"},
-                          **{f"plain-{k + 2}": {"role": "candidate"} for k in range(copies)}}
-    base["load"] = {**base["load"], "levels": {"low": 1}, "passes": 1, "order": "sequential"}
-    base["decision"] = {"primary_load": "low", "inconclusive": "pass"}
-    base["sampling"] = {**base.get("sampling", {}),
-                        "sampled": {"prompts": prompts, "samples_per_prompt": samples,
-                                    "max_new_tokens": tokens},
-                        "params": {"enabled": False}}
-    base["report"] = {"html": False}
-    for key in ("model",):
-        base["target"][key] = str((ROOT / "examples" / base["target"][key]).resolve())
-    base["trace"]["files"] = [str((ROOT / "examples" / f).resolve())
-                              for f in base["trace"]["files"]]
-    return dict(base)
+from testkit.example_pilots import aa_example  # noqa: E402
 
 
 def main() -> int:
@@ -57,9 +38,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    pilot = args.out / "pilot.yaml"
-    pilot.write_text(yaml.safe_dump(aa_pilot(args.engine, args.copies, args.prompts,
-                                             args.samples, args.tokens), sort_keys=False))
+    pilot = aa_example(ROOT / "examples" / f"pilot-{args.engine}-cpu.yaml", args.out,
+                       copies=args.copies, prompts=args.prompts, samples=args.samples,
+                       tokens=args.tokens)
     results = args.out / "results"
     start, cpu = time.monotonic(), time.process_time()
     proc = subprocess.run([sys.executable, "-m", "pytest_osprey", "run", str(pilot),

@@ -39,3 +39,27 @@ def shrunk_example(example: Path, folder: Path, *, conditions: Collection[str] |
     out = folder / f"{example.stem}-shrunk.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
     return out
+
+
+def aa_example(example: Path, folder: Path, *, copies: int, prompts: int, samples: int,
+               tokens: int, ids: Sequence[str] | None = None) -> Path:
+    """An A/A pilot on ``example``'s engine: its target, engine arguments and environment,
+    with the conditions replaced by the baseline and ``copies`` plain boots of the same server
+    as candidates (nothing differs but the boot), one pass at x1 and a sampled pass of
+    ``prompts`` x ``samples`` x ``tokens``; written under ``folder``."""
+    shrunk = shrunk_example(example, folder, conditions=(), ids=ids,
+                            load={"levels": {"low": 1}, "passes": 1, "order": "sequential"})
+    data = yaml.safe_load(shrunk.read_text("utf-8"))
+    data["name"] = f"{data.get('name', example.stem)}-aa"
+    data["conditions"] = {"baseline": {"role": "baseline"},
+                          **{f"plain-{k + 2}": {"role": "candidate"} for k in range(copies)}}
+    data["decision"] = {"primary_load": "low", "inconclusive": "pass"}
+    data["sampling"] = {**data.get("sampling", {}),
+                        "sampled": {"prompts": prompts, "samples_per_prompt": samples,
+                                    "max_new_tokens": tokens},
+                        "params": {"enabled": False}}
+    data["report"] = {"html": False}
+    out = folder / f"{example.stem}-aa.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False), "utf-8")
+    shrunk.unlink()
+    return out

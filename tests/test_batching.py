@@ -113,7 +113,9 @@ def test_greedy_is_batch_1_greedy_at_x1_and_in_a_changing_batch(
     for i, (a, b) in enumerate(zip(one, many, strict=True)):
         assert a.ok and b.ok, (a.error, b.error)
         assert a.output_ids == b.output_ids == reference["plain"][i], i
-        assert b.finish_reason == "length" and len(b.itl_s) == len(b.output_ids) - 1
+        # A chat the target answers in fewer tokens ends at its end-of-text token.
+        ended = "length" if len(b.output_ids) == TOKENS[i] else "stop"
+        assert b.finish_reason == ended and len(b.itl_s) == len(b.output_ids) - 1
         assert b.top2_ids is not None and [t[0] for t in b.top2_ids] == b.output_ids
         if condition == "drafted":
             # The drafts accepted are assisted generation's: as many verify steps, alone or
@@ -121,9 +123,13 @@ def test_greedy_is_batch_1_greedy_at_x1_and_in_a_changing_batch(
             assert a.output_ids == reference["assisted"][i]
             assert a.spec_verify_ct == b.spec_verify_ct == reference["forwards"][i], i
             assert b.spec_accepted_per_position == a.spec_accepted_per_position
-            assert b.accept_length is not None and b.accept_length > 1.5
         else:
             assert b.spec_verify_ct == len(b.output_ids) and b.spec_drafts is None
+    if condition == "drafted":
+        # Drafts really accepted: tokens per verify step over the batch (a prompt of its own
+        # may accept little; the pooled figure is the drafter's).
+        steps = sum(b.spec_verify_ct for b in many)
+        assert sum(len(b.output_ids) for b in many) / steps > 1.5
 
 
 def test_sampling_parameters_stay_with_their_sequence(
@@ -237,13 +243,18 @@ def test_speculative_sampling_in_a_batch_keeps_the_targets_distribution(
     the prefill left undrafted, so that every second token comes from drafts made and verified
     over the batch: drawn from the target's distribution."""
     tok, target = reference["tok"], reference["target"]
-    prompt = PROMPTS[2]
-    first = reference["plain"][2][0]
-    with torch.inference_mode():
-        ids = tok(prompt, return_tensors="pt")["input_ids"]
-        logits = target(input_ids=torch.cat([ids, torch.tensor([[first]])], dim=1)).logits
-    probs = torch.softmax(logits[0, -1].float() / 0.8, dim=-1)
-    assert float(probs.max()) < 0.9  # a distribution worth testing, not one sure token
+
+    def second(i: int) -> tuple[str, int, Any]:
+        """PROMPTS[i], its greedy first token, the target's distribution after it."""
+        first = reference["plain"][i][0]
+        with torch.inference_mode():
+            ids = tok(PROMPTS[i], return_tensors="pt")["input_ids"]
+            logits = target(input_ids=torch.cat([ids, torch.tensor([[first]])], dim=1)).logits
+        return PROMPTS[i], first, torch.softmax(logits[0, -1].float() / 0.8, dim=-1)
+
+    # The first prompt whose second token is a distribution worth testing, not one sure token.
+    prompt, first, probs = next(c for c in map(second, range(len(PROMPTS)))
+                                if float(c[2].max()) < 0.9)
     engine = engines["drafted"]
 
     def first_forced(self: TransformersEngine, request: GenerationRequest,

@@ -37,7 +37,7 @@ if "task_tuning" not in _MANIFEST["figures"]["target"]:
     pytest.skip("the shipped tiny target has no task stage yet (fixtures/build_models.py "
                 "--tune-target fixtures/models)", allow_module_level=True)
 
-MIN_SHARE = 0.25  # the share of the shipped pilot's checks the shipped target must answer
+MIN_SHARE = 0.30  # the share of the shipped pilot's checks the shipped target must answer
 
 
 def _shipped() -> tuple[list[Prompt], int]:
