@@ -22,6 +22,7 @@ from .exit_codes import EXIT_OK, exit_code, gate_fails
 from .judgement import PREFLIGHT, GateResult, GateSpec, Judgement, design_sees, sampling_budget_sees
 from .pilot import Pilot
 from .report.console import Line, closing_lines, dry_run_lines
+from .report.sections import evidence_words
 from .results import Preflight, SavedCampaign
 from .results.redact import scrub
 from .run.pilot_run import CampaignError, PilotRun, stop_servers
@@ -117,7 +118,7 @@ def assert_gate(result: GateResult, pilot: Pilot) -> None:
         # Passed, but could hardly (or not at all) have failed: never a plain green pass.
         pytest.skip(skip_reason("could not have failed (not evaluable)", first)
                     if result.evidence == "not_evaluable" else skip_reason(
-                        f"passed without the evidence to fail ({result.evidence})", first))
+                        f"passed, {evidence_words(result.evidence)} ({result.evidence})", first))
 
 
 @pytest.fixture(scope="session")

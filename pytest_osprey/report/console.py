@@ -18,6 +18,7 @@ from ..results.folder import SavedCampaign
 from ..results.preflight_file import Preflight
 from ..results.spent import campaign_spent
 from .headline import bullet_lines, headline
+from .sections import evidence_words
 from .setup import memory_basis, short_setup
 from .terminal import Columns, results_line, terminal_legend, text_table
 
@@ -74,7 +75,7 @@ def unproven_lines(verdict: CandidateVerdict, baseline: str | None,
     """A bullet per gating gate of ``verdict`` that passed or was skipped without the
     evidence to have failed, but for the quality checks ``named`` (their gate kinds) as
     unchecked already."""
-    return [f"{indent}- could not have failed: "
+    return [f"{indent}- {evidence_words(g.evidence)}: "
             f"{gate_name(g, verdict.candidate, baseline or '')} "
             f"({g.outcome}, {g.evidence.replace('_', ' ')}): {short_text(g)}"
             for g in verdict.unproven if g.spec.kind not in named]

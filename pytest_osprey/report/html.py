@@ -26,7 +26,13 @@ from ..results.files import write_text_atomic
 from ..results.folder import SavedCampaign
 from ..results.records import RequestRecord
 from .exact_table import HEADER, exact_tables
-from .sections import Section, cost_section, goodput_section, stability_section
+from .sections import (
+    Section,
+    cost_section,
+    evidence_words,
+    goodput_section,
+    stability_section,
+)
 from .setup import level_order, memory_basis, shards_line
 from .terminal import (
     SERVING_HEADER,
@@ -241,8 +247,6 @@ def _header(summary: dict[str, Any], data: SavedCampaign, title: str) -> str:
     )
 
 
-EVIDENCE_WORDS = {"underpowered": "too few data to catch the effect it is sized for",
-                  "not_evaluable": "could not have failed"}
 
 
 def _where(g: dict[str, Any]) -> str:
@@ -293,7 +297,7 @@ def _checks(v: dict[str, Any], gates: list[dict[str, Any]]) -> list[str]:
         if (g.get("gating", True) and g.get("condition") == v.get("candidate")
                 and g.get("evidence") not in (None, "tested") and g.get("outcome") != "fail"
                 and g.get("kind") not in named):
-            words = EVIDENCE_WORDS.get(str(g.get("evidence")), str(g.get("evidence")))
+            words = evidence_words(str(g.get("evidence")))
             items.append(f'<li><b class="unchecked">{esc(words)}</b>: '
                          f'{esc(g.get("kind")).replace("_", " ")} {_where(g)} '
                          f'({esc(g.get("outcome"))})</li>')

@@ -27,7 +27,13 @@ from typing import Any
 from ..judgement import CostSection, Figures, GoodputSection, Stability
 from ..results.campaign_file import CampaignFile
 from .exact_table import HEADER, exact_tables
-from .sections import Section, cost_section, goodput_section, stability_section
+from .sections import (
+    Section,
+    cost_section,
+    evidence_words,
+    goodput_section,
+    stability_section,
+)
 from .setup import hardware, memory_basis, shards_line, short_setup, started
 from .terminal import Columns, figure_speedups, in_flight_text, speedup_text, table_rows
 
@@ -91,7 +97,8 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
         out += [f"- *note:* {esc(n)}" + (" (speedup against concurrency: plotted in "
                                           "report.html)" if n == plotted else "")
                 for n in v.get("notes", [])]
-        out += [f"- *could not have failed:* {esc(u)}" for u in v.get("unproven", [])]
+        out += [f"- *{evidence_words(u.rpartition(' ')[2])}:* {esc(u.rpartition(' ')[0])}"
+                for u in v.get("unproven", [])]
         out += [f"- *unchecked {esc(u.get('check'))}:* {esc(u.get('why'))}"
                 for u in v.get("unchecked", [])]
         if v.get("next_step"):

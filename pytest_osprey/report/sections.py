@@ -48,6 +48,17 @@ class Section:
     """Said first where the output shows them (report.md says them under the verdicts)."""
 
 
+# What a gate that passed without full evidence lacked, as every report words it: an
+# underpowered gate could have failed, on too few data to trust its pass.
+EVIDENCE_WORDS = {"underpowered": "too few data to trust its pass",
+                  "not_evaluable": "could not have failed"}
+
+
+def evidence_words(evidence: str) -> str:
+    """The words for a gate's ``evidence`` short of ``tested``."""
+    return EVIDENCE_WORDS.get(evidence, evidence.replace("_", " "))
+
+
 def num(value: object, fmt: str = "{:.4g}") -> str:
     if value is None:
         return "-"
