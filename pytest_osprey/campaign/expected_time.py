@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..engines.kinds import target_kind
 from ..pilot.probes import PROBES, SAMPLED_PROBES
 from ..pilot.schema import Pilot
 from ..pilot.selection import pass_draws
@@ -68,9 +69,10 @@ def default_model(pilot: Pilot) -> TimeModel | None:
     target = pilot.target
     if any(c.endpoint is not None for c in pilot.conditions.values()):
         return None
-    if target.engine == "transformers":
+    kind = target_kind(pilot)
+    if kind.in_process:
         return CPU_TINY if target.device == "cpu" else None
-    if target.engine in ("sglang", "vllm"):
+    if kind.server:
         return GPU_REFERENCE
     return None
 
