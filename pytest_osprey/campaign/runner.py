@@ -67,8 +67,7 @@ FILLER_CANCELLED = "cancelled: a filler no longer needed (the stretch's measured
 
 async def _spec_counters(engine: Engine) -> dict[str, float] | None:
     """The engine's speculation counter snapshot, where it has one (reconciled per stretch)."""
-    read = getattr(engine, "spec_counters", None)
-    return (await asyncio.to_thread(read) or None) if callable(read) else None
+    return await asyncio.to_thread(engine.spec_counters) or None
 
 
 @dataclass
@@ -444,8 +443,7 @@ class Campaign:
                 raise EngineError(f"warm-up {tripped}")
 
     def _text(self, prompt: Prompt, engine: Engine) -> str:
-        # Every engine that knows the target's chat template exposes its tokenizer.
-        return render_prompt(prompt, getattr(engine, "tokenizer", None))
+        return render_prompt(prompt, engine.tokenizer)
 
     async def _replay_stretch(self, s: Stretch) -> None:
         state = self.states[s.condition]
@@ -701,7 +699,7 @@ class Campaign:
     async def _server_exit(engine: Engine, wait_s: float, where: str = "") -> str | None:
         """"server exited with code N" if the engine's server process has ended (waiting up
         to ``wait_s`` for it to be reaped), else None; None for in-process engines."""
-        server = getattr(engine, "server", None)
+        server = engine.server
         if server is None:
             return None
         deadline = time.monotonic() + wait_s
