@@ -209,6 +209,6 @@ def _phases(pilot: Pilot, trace: Trace, conditions: int, model: TimeModel) -> Ex
         first = 2 / boots * sum(phases.get(k, 0.0) for k in ("timed", "boots", "warm-up",
                                                              "greedy")) + rest
     return ExpectedTime(model.source, phases, first, pilot.cost.devices_per_server,
-                        gpu=pilot.target.engine != "transformers" or pilot.target.device != "cpu",
+                        gpu=not target_kind(pilot).in_process or pilot.target.device != "cpu",
                         price=pilot.cost.device_hour_price, currency=pilot.cost.currency,
                         per_level=per_level)
