@@ -4,12 +4,16 @@ counters), reading None where it has none: the campaign calls them without askin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from pytest_osprey.engines import BootSpec, Engine, make_engine
+from pytest_osprey.engines.embedded import engine as embedded
 from pytest_osprey.engines.kinds import KINDS, serving_kind
+from pytest_osprey.engines.sglang import engine as sglang
+from pytest_osprey.engines.vllm import engine as vllm
+from pytest_osprey.pilot.schema import Engine as EngineName
 from testkit.factories import endpoint_conditions, make_pilot
 from testkit.serving_sim import TemperatureEngine
 
@@ -41,3 +45,21 @@ def test_the_simulated_engine_has_the_protocol_too() -> None:
     assert isinstance(sim, Engine)
     assert all(hasattr(sim, c) for c in CAPABILITIES)
     assert sim.server is None and sim.tokenizer is None and sim.spec_counters() is None
+
+
+def test_every_engine_a_pilot_names_has_a_kind() -> None:
+    assert set(KINDS) == set(get_args(EngineName))
+
+
+@pytest.mark.parametrize(("name", "valid"), [("transformers", embedded.ALGORITHMS),
+                                             ("sglang", sglang.ALGORITHMS),
+                                             ("vllm", vllm.METHODS)])
+def test_a_kinds_algorithms_are_those_its_engine_runs(name: str, valid: tuple[str, ...]) -> None:
+    kind = KINDS[name]
+    assert set(kind.algorithms) | kind.no_drafter == set(valid)
+    assert kind.default_algorithm in kind.algorithms
+    assert kind.plain_algorithm in kind.algorithms
+
+
+def test_sglangs_default_algorithm_is_the_kinds() -> None:
+    assert KINDS["sglang"].default_algorithm == sglang.DEFAULT_ALGORITHM

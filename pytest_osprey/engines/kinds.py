@@ -64,7 +64,7 @@ def _frozen(table: Mapping[str, frozenset[str]]) -> Mapping[str, frozenset[str]]
     return MappingProxyType(dict(table))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one object per kind: compared and hashed by identity
 class EngineKind:
     """One engine kind, as the layers above engines/ see it."""
 
