@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engines.kinds import kind_of
 from .engines.sglang.defaults import SGLangDefaults, sglang_defaults
 from .pilot.base import ConfigError
 from .pilot.schema import Pilot
@@ -25,10 +26,6 @@ from .pilot.writer import ENGINES, Answers, DrafterAnswer, pilot_text, write_pil
 from .preflight.artifact import EAGLE, EAGLE3, draft_layout, family
 
 Ask = Callable[[str], str]
-PYTHON_VARS = {"sglang": "OSPREY_SGLANG_PYTHON", "vllm": "OSPREY_VLLM_PYTHON"}
-ALGORITHMS = {"sglang": {EAGLE3: "EAGLE3", EAGLE: "EAGLE"}, "vllm": {EAGLE3: "eagle3",
-                                                                    EAGLE: "eagle"}}
-PLAIN_ALGORITHM = {"sglang": "STANDALONE", "vllm": "draft_model", "transformers": "assisted"}
 # Osprey drafts are evaluated at (steps, topk, draft tokens) = (5, 1, 6); its serving patch
 # is written against this SGLang.
 OSPREY_SPEC = {"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
@@ -189,14 +186,15 @@ def _config(folder: str) -> tuple[dict[str, Any] | None, str | None]:
 def drafter_answer(engine: str, name: str, source: str, role: str, folder: Path,
                    version: str | None = None) -> DrafterAnswer:
     """One drafter's condition, its speculation chosen from its architecture."""
-    if engine == "endpoint":
+    engine_kind = kind_of(engine)
+    if not engine_kind.launches:
         return DrafterAnswer(name, source, "current" if role == "current" else "candidate",
                              why=("Its server speculates as it was launched to; the campaign "
                                   "reads what it reports.",))
     config, unread = _config(source)
     kind = family(config) if config is not None else "causal-lm"
     layout = draft_layout(config) if config is not None else None
-    algorithm = ALGORITHMS.get(engine, {}).get(kind, PLAIN_ALGORITHM[engine])
+    algorithm = engine_kind.head_algorithms.get(kind, engine_kind.plain_algorithm)
     why: list[str] = [f"{unread}: taken for a plain causal-LM drafter; check the algorithm."
                       ] if unread else []
     spec: dict[str, Any] = {"algorithm": algorithm}
@@ -222,7 +220,7 @@ def drafter_answer(engine: str, name: str, source: str, role: str, folder: Path,
         spec["num_draft_tokens"] = 4
     else:
         spec["num_draft_tokens"] = 4
-    if engine in ("sglang", "vllm"):
+    if engine_kind.server:
         spec["adaptive"] = False
     return DrafterAnswer(name, _written_path(source, folder),
                          "current" if role == "current" else "candidate", spec,
@@ -256,7 +254,7 @@ def _engine(text: str | None) -> tuple[str, str | None]:
     given = (text or "").strip()
     if given.startswith(("http://", "https://")):
         return "endpoint", given
-    if given not in ENGINES or given == "endpoint":
+    if given not in ENGINES or not kind_of(given).launches:  # an endpoint is given by URL
         raise InitError(f"--engine {given!r}: sglang, vllm, transformers, or the baseline "
                         "server's URL (http://host:port) for an endpoint stack")
     return given, None
@@ -268,7 +266,7 @@ def _python(engine: str, given: str | None) -> tuple[str | None, str]:
         local = Path(os.path.expanduser(given))
         written = str(local.resolve()) if os.sep in given and local.exists() else given
         return written, os.path.expandvars(written)
-    var = PYTHON_VARS.get(engine)
+    var = kind_of(engine).python_variable
     if var and os.environ.get(var):
         return f"${{{var}}}", os.environ[var]
     return None, sys.executable
@@ -321,7 +319,7 @@ def _dtype(engine: str, target: str, given: str | None) -> str:
     found = (config or {}).get("torch_dtype") or (config or {}).get("dtype")
     if isinstance(found, str) and found in ("float32", "bfloat16", "float16"):
         return found
-    return "float32" if engine == "transformers" or config is not None else "bfloat16"
+    return "float32" if kind_of(engine).in_process or config is not None else "bfloat16"
 
 
 def _slug(text: str) -> str:
@@ -364,7 +362,7 @@ def init(args: argparse.Namespace, ask: Ask | None = None) -> Written:
             version = facts.version
             target_notes.append("Speculative settings left unset are SGLang's to pick: each "
                                 "drafter pins them below.")
-    elif engine == "endpoint":
+    elif not kind_of(engine).launches:  # an endpoint stack: its servers are asked
         for url in [baseline_url or "", *(source for _, source in names)]:
             lines.append(_probe(url, args.protocol))
         target_notes += [*lines, "The dry run contacts no endpoint; the campaign checks each "
@@ -373,8 +371,8 @@ def init(args: argparse.Namespace, ask: Ask | None = None) -> Written:
                      for (n, s), r in zip(names, roles, strict=True))
     trace, built = _trace(args, out, args.target)
     lines += built
-    written_target = args.target if engine == "endpoint" and not Path(args.target).is_dir() \
-        else _written_path(args.target, out.parent)
+    served_by_name = not kind_of(engine).launches and not Path(args.target).is_dir()
+    written_target = args.target if served_by_name else _written_path(args.target, out.parent)
     answers = Answers(
         engine=engine, target=written_target, drafters=drafters, trace=trace,
         temperature=args.temperature, top_p=top_p, concurrency=args.concurrency,

@@ -68,6 +68,18 @@ class TemperatureEngine:
     def memory_mb(self) -> float | None:
         return None
 
+    # What a real engine may have and this one does not (the Engine protocol reads None).
+    @property
+    def server(self) -> None:
+        return None
+
+    @property
+    def tokenizer(self) -> None:
+        return None
+
+    def spec_counters(self) -> None:
+        return None
+
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self.seen.append(request)
         n = request.max_new_tokens

@@ -378,3 +378,75 @@ def test_reports_import_no_judgement_evaluator() -> None:
     assert reports
     for module in reports:
         assert not _judgement_names(module) & EVALUATORS, module
+
+
+# What pilot files name in target.engine (pilot/schema.py), and what engines/ calls its kinds.
+ENGINE_NAMES = frozenset({"transformers", "sglang", "vllm", "endpoint", "embedded"})
+# Modules that may still compare engine names, each with its reason. A layer engines/ sits
+# above cannot ask a kind (engines/kinds.py): it reads the pilot's own field.
+ENGINE_NAME_BRANCHES: dict[str, str] = {
+    "pytest_osprey.init_pilot": "init's advice for a server's drafters is worded per engine "
+                                "(SGLang's defaults asked, its chain and Osprey pins, vLLM's "
+                                "fixed K)",
+}
+
+
+def _below_engines(module: str) -> bool:
+    rel = module.removeprefix("pytest_osprey.")
+    return any((rel == layer.removeprefix("pytest_osprey.")
+                or rel.startswith(layer.removeprefix("pytest_osprey.") + "."))
+               and "engines" in banned for layer, (banned, _) in FORBIDDEN.items())
+
+
+def _engine_names(node: ast.expr) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value} & ENGINE_NAMES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return {n for e in node.elts for n in _engine_names(e)}
+    return set()
+
+
+def _names_an_engine(node: ast.expr) -> bool:
+    """An expression reading an engine field (``target.engine``, ``engine``, ``["engine"]``)."""
+    return any((isinstance(n, ast.Name) and "engine" in n.id.lower())
+               or (isinstance(n, ast.Attribute) and "engine" in n.attr.lower())
+               or (isinstance(n, ast.Constant) and n.value == "engine") for n in ast.walk(node))
+
+
+def _branches(tree: ast.AST) -> Iterator[ast.Compare]:
+    """``engine == "sglang"`` and the like (==, !=, in, not in)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare) or not any(
+                isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
+            continue
+        sides = [node.left, *node.comparators]
+        if any(_engine_names(s) for s in sides) and any(
+                _names_an_engine(s) for s in sides if not _engine_names(s)):
+            yield node
+
+
+def engine_name_branches(module: str) -> list[str]:
+    tree = ast.parse(MODULES[module].read_text("utf-8"))
+    return [f"{MODULES[module].relative_to(ROOT)}:{n.lineno}: {ast.unparse(n)}"
+            for n in _branches(tree)]
+
+
+def test_engine_names_are_branched_on_only_inside_engines() -> None:
+    """What an engine kind can do is asked of its kind (engines/kinds.py); a branch on the
+    name elsewhere is engine knowledge that left engines/."""
+    problems = [line for m in MODULES
+                if not m.startswith("pytest_osprey.engines") and not _below_engines(m)
+                and m not in ENGINE_NAME_BRANCHES for line in engine_name_branches(m)]
+    assert not problems, "ask the engine kind instead:\n" + "\n".join(problems)
+
+
+def test_engine_name_allowances_are_still_needed() -> None:
+    stale = [m for m in ENGINE_NAME_BRANCHES if m not in MODULES or not engine_name_branches(m)]
+    assert not stale, f"no engine-name branch left (or gone): {stale}"
+
+
+def test_the_engine_name_rule_sees_a_branch() -> None:
+    tree = ast.parse('if pilot.target.engine == "sglang" or engine in ("vllm", "x"): pass\n'
+                     'if cond.endpoint.protocol == "sglang": pass')
+    assert sorted(ast.unparse(n) for n in _branches(tree)) == [
+        "engine in ('vllm', 'x')", "pilot.target.engine == 'sglang'"]

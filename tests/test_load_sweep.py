@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_osprey.pilot.load import Load, Sweep
+from pytest_osprey.pilot.levels import Load, Sweep
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.schema import ConfigError
 from testkit.factories import ROOT, pilot_layout

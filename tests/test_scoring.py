@@ -249,6 +249,12 @@ class _Engine:
 
     def stop(self) -> None: ...
 
+    server = None
+    tokenizer = None
+
+    def spec_counters(self) -> None:
+        return None
+
 
 class _Scoring(_Engine):
     vocab_size = 50

@@ -3,6 +3,7 @@ handed (the campaign measures; judging is not its business)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,34 @@ def campaign_eta(pass_s: Sequence[float], this_pass_left_s: float | None,
     if mean is None or this_pass_left_s is None:
         return None
     return this_pass_left_s + passes_left * mean + untimed_s
+
+
+@dataclass
+class ProgressClock:
+    """Where the pass being run stands: how many of its requests have ended, and since when
+    it is clocked (a timed pass from its start, another from its first request's end); and
+    each finished timed pass's seconds, which the campaign's ETA reads."""
+
+    begun: dict[tuple[int, int], float] = field(default_factory=dict)  # timed pass -> start
+    pass_s: dict[tuple[int, int], float] = field(default_factory=dict)  # finished -> seconds
+    _key: tuple[str, int, int] | None = None
+    _done: int = 0
+    _t0: float = 0.0
+
+    def begin(self, boot: int, pass_index: int) -> None:
+        """A timed pass starts."""
+        self.begun[(boot, pass_index)] = time.perf_counter()
+
+    def tick(self, key: tuple[str, int, int]) -> int:
+        """One more request of the pass ``key`` names has ended: how many have."""
+        if key != self._key:
+            self._key, self._done, self._t0 = key, 0, time.perf_counter()
+        self._done += 1
+        return self._done
+
+    def elapsed(self, boot: int, pass_index: int, timed: bool) -> float:
+        start = self.begun.get((boot, pass_index)) if timed else None
+        return time.perf_counter() - (self._t0 if start is None else start)
 
 
 def duration_text(seconds: float) -> str:

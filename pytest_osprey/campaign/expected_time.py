@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..engines.kinds import target_kind
 from ..pilot.probes import PROBES, SAMPLED_PROBES
 from ..pilot.schema import Pilot
 from ..pilot.selection import pass_draws
@@ -68,9 +69,10 @@ def default_model(pilot: Pilot) -> TimeModel | None:
     target = pilot.target
     if any(c.endpoint is not None for c in pilot.conditions.values()):
         return None
-    if target.engine == "transformers":
+    kind = target_kind(pilot)
+    if kind.in_process:
         return CPU_TINY if target.device == "cpu" else None
-    if target.engine in ("sglang", "vllm"):
+    if kind.server:
         return GPU_REFERENCE
     return None
 
@@ -207,6 +209,6 @@ def _phases(pilot: Pilot, trace: Trace, conditions: int, model: TimeModel) -> Ex
         first = 2 / boots * sum(phases.get(k, 0.0) for k in ("timed", "boots", "warm-up",
                                                              "greedy")) + rest
     return ExpectedTime(model.source, phases, first, pilot.cost.devices_per_server,
-                        gpu=pilot.target.engine != "transformers" or pilot.target.device != "cpu",
+                        gpu=not target_kind(pilot).in_process or pilot.target.device != "cpu",
                         price=pilot.cost.device_hour_price, currency=pilot.cost.currency,
                         per_level=per_level)

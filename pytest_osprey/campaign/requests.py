@@ -8,10 +8,13 @@ import hashlib
 import os
 import platform
 import random
+from collections.abc import Sequence
 from typing import Any
 
+from ..engines.base import GenerationRequest
 from ..pilot.schema import Pilot
 from ..pilot.trace import Prompt
+from ..results.records import Mode
 from .signals import interrupt_reason
 
 
@@ -45,6 +48,59 @@ def max_new_tokens(pilot: Pilot, prompt: Prompt, override: int | None = None) ->
     if pilot.max_new_tokens_cap is not None:
         n = min(n, pilot.max_new_tokens_cap)
     return n
+
+
+def replay_request(pilot: Pilot, mode: Mode, condition: str, prompt: Prompt, text: str,
+                   index: int, *, want_margins: bool, boot: int, pass_index: int,
+                   copy: int = 0) -> GenerationRequest:
+    """The request replaying ``prompt`` (rendered as ``text``) in a ``mode`` pass: its
+    sampling, seed and output budget; ``index`` is the sample's, ``copy`` the occurrence of
+    the prompt in its stretch (a cycled trace)."""
+    if mode == "serving":
+        serving = pilot.sampling.serving
+        return GenerationRequest(
+            prompt_id=prompt.id,
+            prompt=text,
+            max_new_tokens=max_new_tokens(pilot, prompt),
+            temperature=serving.temperature,
+            top_p=serving.top_p,
+            top_k=serving.top_k,
+            min_p=serving.min_p,
+            # Every condition runs each prompt to the same length (like with like).
+            ignore_eos=serving.fixed_length,
+            # The same seed for every condition: the same draw where outputs agree.
+            seed=serving_seed(pilot.sampling.seed, prompt.id, boot, pass_index, copy),
+            want_margins=False,
+            timeout_s=pilot.load.request_timeout_s,
+        )
+    greedy = mode == "greedy"
+    sampled = pilot.sampling.sampled
+    return GenerationRequest(
+        prompt_id=prompt.id,
+        prompt=text,
+        max_new_tokens=max_new_tokens(pilot, prompt, None if greedy else sampled.max_new_tokens),
+        temperature=0.0 if greedy else sampled.temperature,
+        top_p=1.0 if greedy else sampled.top_p,
+        top_k=None if greedy else sampled.top_k,
+        min_p=0.0 if greedy else sampled.min_p,
+        seed=None if greedy else sample_seed(pilot.sampling.seed, condition, prompt.id, index),
+        # Logprobs only where a gate reads them: greedy identity takes the margins of each
+        # prompt's first greedy record (first boot, first pass). Everywhere else they would
+        # only add client work per token, and more per decoding step to a condition whose
+        # steps carry several tokens.
+        want_margins=want_margins,
+        timeout_s=pilot.load.request_timeout_s,
+    )
+
+
+def occurrences(jobs: Sequence[tuple[Prompt, int]]) -> list[int]:
+    """Per job, how many times its (prompt, sample) came earlier in the stretch."""
+    seen: dict[tuple[str, int], int] = {}
+    copies = []
+    for p, i in jobs:
+        copies.append(seen.get((p.id, i), 0))
+        seen[(p.id, i)] = copies[-1] + 1
+    return copies
 
 
 def host_load() -> list[float] | None:

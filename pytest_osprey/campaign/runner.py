@@ -43,15 +43,16 @@ from ..results.pins import recheck_pins
 from ..results.records import Measurement, Mode, RecordWriter, RequestRecord
 from ..results.scores import SCORES_FILE, ScoreLine, ScoreWriter, classes_of
 from ..version import __version__
-from .events import Progress, ProgressEvent, StopRule, campaign_eta, pass_eta
+from .events import Progress, ProgressClock, ProgressEvent, StopRule, campaign_eta, pass_eta
 from .probing import run_probes, run_sampled_probes
 from .requests import (
     TimeoutBreaker,
     host_facts,
     host_load,
     max_new_tokens,
+    occurrences,
     poisson_arrivals,
-    sample_seed,
+    replay_request,
     serving_seed,
     stop_reason,
 )
@@ -67,8 +68,7 @@ FILLER_CANCELLED = "cancelled: a filler no longer needed (the stretch's measured
 
 async def _spec_counters(engine: Engine) -> dict[str, float] | None:
     """The engine's speculation counter snapshot, where it has one (reconciled per stretch)."""
-    read = getattr(engine, "spec_counters", None)
-    return (await asyncio.to_thread(read) or None) if callable(read) else None
+    return await asyncio.to_thread(engine.spec_counters) or None
 
 
 @dataclass
@@ -128,11 +128,7 @@ class Campaign:
         self.stopped_after_block: int | None = None
         self.plan = self._make_plan()
         self._look: int | None = None
-        self._progress_key: tuple[str, int, int] | None = None
-        self._progress_done = 0
-        self._progress_t0 = 0.0
-        self._pass_s: dict[tuple[int, int], float] = {}  # finished timed pass -> its seconds
-        self._passes_run: dict[tuple[int, int], float] = {}  # timed pass begun -> its start
+        self._clock = ProgressClock()
         # condition -> (seconds, requests) of its timed requests at the lightest level: what
         # one request of its untimed passes (run there, one at a time) is expected to take
         self._request_s: dict[str, tuple[float, int]] = {}
@@ -329,7 +325,7 @@ class Campaign:
                 self._look = s.look
                 if (s.boot, s.pass_index) not in passes:
                     passes.add((s.boot, s.pass_index))
-                    self._passes_run[(s.boot, s.pass_index)] = time.perf_counter()
+                    self._clock.begin(s.boot, s.pass_index)
                     self._end_pass()
                     gc.enable()
                     gc.collect()
@@ -360,7 +356,7 @@ class Campaign:
             self.stopped_after_block = self._look
             decisions = {c: str(f.get("decision")) for c, f in look.looks.items()}
             self.progress(ProgressEvent("all", "done", message=stop_text(
-                len(self._passes_run), self._planned_passes, decisions,
+                len(self._clock.begun), self._planned_passes, decisions,
                 greedy_runs(self._records))))
         self._save_meta()
         return look.decided
@@ -444,8 +440,7 @@ class Campaign:
                 raise EngineError(f"warm-up {tripped}")
 
     def _text(self, prompt: Prompt, engine: Engine) -> str:
-        # Every engine that knows the target's chat template exposes its tokenizer.
-        return render_prompt(prompt, getattr(engine, "tokenizer", None))
+        return render_prompt(prompt, engine.tokenizer)
 
     async def _replay_stretch(self, s: Stretch) -> None:
         state = self.states[s.condition]
@@ -544,8 +539,6 @@ class Campaign:
         engine = state.engine
         assert engine is not None and self._writer is not None
         writer = self._writer
-        sampled = self.pilot.sampling.sampled
-        serving = self.pilot.sampling.serving
         concurrency = self.pilot.load.concurrency(level)
         rate = self.pilot.load.rate(level)
         # Closed loop: a fixed number in flight. Open loop: only the optional cap.
@@ -562,51 +555,13 @@ class Campaign:
 
         margins = mode == "greedy" and state.boot == 0 and pass_index == 0
         failures: list[str] = []
-        seen: dict[tuple[str, int], int] = {}
-        copies = []  # the occurrence of each job's prompt in the stretch (a cycled trace)
-        for p, i in jobs:
-            copies.append(seen.get((p.id, i), 0))
-            seen[(p.id, i)] = copies[-1] + 1
+        copies = occurrences(jobs)
 
         def request_for(prompt: Prompt, index: int, want_margins: bool,
                         copy: int = 0) -> GenerationRequest:
-            if mode == "serving":
-                return GenerationRequest(
-                    prompt_id=prompt.id,
-                    prompt=self._text(prompt, engine),
-                    max_new_tokens=max_new_tokens(self.pilot, prompt),
-                    temperature=serving.temperature,
-                    top_p=serving.top_p,
-                    top_k=serving.top_k,
-                    min_p=serving.min_p,
-                    # Every condition runs each prompt to the same length (like with like).
-                    ignore_eos=serving.fixed_length,
-                    # The same seed for every condition: the same draw where outputs agree.
-                    seed=serving_seed(self.pilot.sampling.seed, prompt.id, state.boot,
-                                      pass_index, copy),
-                    want_margins=False,
-                    timeout_s=self.pilot.load.request_timeout_s,
-                )
-            greedy = mode == "greedy"
-            return GenerationRequest(
-                prompt_id=prompt.id,
-                prompt=self._text(prompt, engine),
-                max_new_tokens=max_new_tokens(
-                    self.pilot, prompt, None if greedy else sampled.max_new_tokens
-                ),
-                temperature=0.0 if greedy else sampled.temperature,
-                top_p=1.0 if greedy else sampled.top_p,
-                top_k=None if greedy else sampled.top_k,
-                min_p=0.0 if greedy else sampled.min_p,
-                seed=None if greedy else sample_seed(self.pilot.sampling.seed, name, prompt.id,
-                                                      index),
-                # Logprobs only where a gate reads them: greedy identity takes the margins of
-                # each prompt's first greedy record (first boot, first pass). Everywhere else
-                # they would only add client work per token, and more per decoding step to a
-                # condition whose steps carry several tokens.
-                want_margins=want_margins,
-                timeout_s=self.pilot.load.request_timeout_s,
-            )
+            return replay_request(self.pilot, mode, name, prompt, self._text(prompt, engine),
+                                  index, want_margins=want_margins, boot=state.boot,
+                                  pass_index=pass_index, copy=copy)
 
         def keep(result: Any, prompt: Prompt, index: int, started: float,
                  request: GenerationRequest, *, copy: int = 0, lag: float | None = None,
@@ -681,6 +636,12 @@ class Campaign:
             await hold_load(concurrency, len(jobs), one, filler)
         else:
             await dispatch(len(jobs), concurrency, arrivals, one)
+        await self._end_stretch(name, state, engine, entry, failed=bool(failures))
+
+    async def _end_stretch(self, name: str, state: _ConditionState, engine: Engine,
+                           entry: ScheduleEntry, failed: bool) -> None:
+        """After a stretch: its schedule entry closed (memory, host load, counters), and the
+        condition stopped if its breaker tripped or its server died."""
         self._note_memory(state)
         entry.ended = time.time()
         entry.loadavg_end = host_load()
@@ -691,9 +652,9 @@ class Campaign:
             return
         # A dying server refuses connections before the kernel reports its exit: after failed
         # requests, give it a moment, so the condition's error names the exit, not a symptom.
-        died = await self._server_exit(engine, wait_s=_EXIT_WAIT_S if failures else 0.0,
-                                       where=f" during pass {pass_index + 1} ({mode}, load "
-                                             f"{level})")
+        died = await self._server_exit(engine, wait_s=_EXIT_WAIT_S if failed else 0.0,
+                                       where=f" during pass {entry.pass_index + 1} "
+                                             f"({entry.mode}, load {entry.load})")
         if died:
             self._fail(name, state, died)
 
@@ -701,7 +662,7 @@ class Campaign:
     async def _server_exit(engine: Engine, wait_s: float, where: str = "") -> str | None:
         """"server exited with code N" if the engine's server process has ended (waiting up
         to ``wait_s`` for it to be reaped), else None; None for in-process engines."""
-        server = getattr(engine, "server", None)
+        server = engine.server
         if server is None:
             return None
         deadline = time.monotonic() + wait_s
@@ -741,9 +702,7 @@ class Campaign:
         state_boot = self.states[name].boot
         timed = mode == self.timed_mode
         key = (mode if timed else f"{mode}:{name}", state_boot, pass_index)
-        if key != self._progress_key:
-            self._progress_key, self._progress_done, self._progress_t0 = key, 0, time.perf_counter()
-        self._progress_done += 1
+        ended = self._clock.tick(key)
         if timed:
             total = sum(len(s.prompt_ids) for s in self.plan.stretches
                         if s.boot == state_boot and s.pass_index == pass_index)
@@ -757,10 +716,8 @@ class Campaign:
             sampled = self.pilot.sampling.sampled
             total = len(self.draws["sampled"].prompts) * sampled.samples_per_prompt
             who = name
-        done = min(self._progress_done, total)
-        # A timed pass is clocked from its start; other passes from their first request's end.
-        start = self._passes_run.get((state_boot, pass_index)) if timed else None
-        elapsed = time.perf_counter() - (self._progress_t0 if start is None else start)
+        done = min(ended, total)
+        elapsed = self._clock.elapsed(state_boot, pass_index, timed)
         phase = "greedy (untimed)" if mode == "greedy" and not timed else mode
         eta = pass_eta(elapsed, done, total)
         whole = None
@@ -768,9 +725,9 @@ class Campaign:
         if timed:
             ordinal = state_boot * self.plan.passes + pass_index
             if done == total:
-                self._pass_s[(state_boot, pass_index)] = elapsed
+                self._clock.pass_s[(state_boot, pass_index)] = elapsed
             whole = campaign_eta(
-                list(self._pass_s.values()), 0.0 if done == total else eta,
+                list(self._clock.pass_s.values()), 0.0 if done == total else eta,
                 None if eta is None else elapsed + eta, self._planned_passes - ordinal - 1,
                 self._untimed_left_s(state_boot))
         self.progress(ProgressEvent(

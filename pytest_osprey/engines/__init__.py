@@ -6,6 +6,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from .base import BootSpec, Engine, EngineError, GenerationRequest, GenerationResult
+from .kinds import serving_kind
 
 if TYPE_CHECKING:
     from pytest_osprey.pilot.schema import Pilot
@@ -19,19 +20,9 @@ __all__ = [
     "make_engine",
 ]
 
-# engine name -> "module:Class"; imported lazily so torch loads only when it is used.
-_ENGINES = {
-    "transformers": "pytest_osprey.engines.embedded.engine:TransformersEngine",
-    "sglang": "pytest_osprey.engines.sglang.engine:SGLangEngine",
-    "vllm": "pytest_osprey.engines.vllm.engine:VLLMEngine",
-    "endpoint": "pytest_osprey.engines.endpoint.engine:EndpointEngine",
-}
-
-
 def make_engine(pilot: Pilot, condition: str, boot: BootSpec) -> Engine:
     """The engine serving ``condition``: an endpoint if it names one, else the target's engine."""
-    cond = pilot.conditions[condition]
-    kind = "endpoint" if cond.endpoint is not None else pilot.target.engine
-    module, cls = _ENGINES[kind].split(":")
+    # imported only now, so that torch loads only when the embedded engine is used
+    module, cls = serving_kind(pilot, condition).engine_class.split(":")
     engine: Engine = getattr(import_module(module), cls)(pilot, condition, boot)
     return engine

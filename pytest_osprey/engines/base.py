@@ -97,11 +97,41 @@ class BootSpec:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+class ServerHandle(Protocol):
+    """The process a booted engine serves from (engines/process.py's ServerProcess)."""
+
+    log_path: Path
+    grace_s: float  # SIGTERM-to-SIGKILL grace at stop
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process has ended, else None."""
+        ...
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """One condition's engine. ``start`` boots/loads once; ``stop`` must always be safe."""
+    """One condition's engine. ``start`` boots/loads once; ``stop`` must always be safe.
+    A capability an engine lacks reads None (no server process, no tokenizer, no counters)."""
 
     condition: str
+
+    @property
+    def server(self) -> ServerHandle | None:
+        """The server process this run booted for the condition (None: in process, or an
+        endpoint this run did not start)."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer, when it has a chat template (prompts are rendered with
+        it); None until started or without one."""
+        ...
+
+    def spec_counters(self) -> dict[str, float] | None:
+        """A snapshot of the server's cumulative speculation counters (reconciled per
+        stretch); None where the engine keeps none."""
+        ...
 
     def start(self) -> None: ...
 
@@ -120,6 +150,16 @@ class Engine(Protocol):
         ...
 
     def stop(self) -> None: ...
+
+
+class InProcess:
+    """What an engine serving in this process has of the protocol's server capabilities:
+    no server process to watch, no server counters (acceptance is read per request)."""
+
+    server = None
+
+    def spec_counters(self) -> None:
+        return None
 
 
 @runtime_checkable

@@ -90,6 +90,10 @@ class BootedServer(ABC, Generic[ClientT]):
         """What the engine adds to the fingerprint (its resolved settings)."""
         return {}
 
+    def spec_counters(self) -> dict[str, float] | None:
+        """The server's speculation counters; None for a server that exposes none."""
+        return None
+
     # ------------------------------------------------------------------ the engine
 
     def start(self) -> None:

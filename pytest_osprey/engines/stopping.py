@@ -22,7 +22,7 @@ def stop_engines(engines: Sequence[Engine], grace_s: float | None = None) -> Non
     """Stop every engine, in parallel; ``grace_s`` caps a server's SIGTERM grace. Never
     raises (a stop that fails is the backstop's to retry)."""
     for engine in engines:
-        server = getattr(engine, "server", None)
+        server = engine.server
         if grace_s is not None and server is not None:
             server.grace_s = min(server.grace_s, grace_s)
 

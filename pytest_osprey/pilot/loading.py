@@ -13,7 +13,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from .load import FORMER_ORDERS, UNION_TAGS
+from .levels import FORMER_ORDERS, UNION_TAGS
 from .schema import ConfigError, Pilot, cross_field_problems
 from .yaml_text import Lines, parse, read_pilot_text
 

