@@ -397,3 +397,24 @@ def test_every_verdict_ends_with_a_next_step_from_its_diagnosis() -> None:
                    *checked("cand")], 2.8)
     assert keep.verdict == "KEEP" and keep.next_step.startswith("ship it")
     assert bullet_lines(keep)[-1] == f"  - next: {keep.next_step}"
+
+
+@pytest.mark.parametrize(("lost", "outcome"), [(0, "pass"), (2, "fail")])
+def test_correctness_in_a_few_words_reads_the_loss_rule(lost: int, outcome: str) -> None:
+    """The loss rule's own figures (losses of those at risk, its critical count, its
+    Clopper-Pearson bound on the loss rate), not a difference of rates it never estimated."""
+    from scipy.stats import beta
+
+    from pytest_osprey.judgement.stats.losses import loss_test
+    from pytest_osprey.judgement.verdict.diagnosis import short_text
+
+    test = loss_test(6, lost, 0.0, 0.01)
+    g = GateResult(GateSpec("correctness", "c", reference="baseline"), outcome, "",
+                   estimate=lost, ci_low=0.0, ci_high=test.upper, threshold=test.critical,
+                   details={"n_pairs": 17, "reference_rate": 6 / 17,
+                            "candidate_rate": (6 - lost) / 17, "at_risk": 6})
+    assert test.outcome == outcome
+    bound = beta.ppf(0.99, lost + 1, 6 - lost)
+    assert short_text(g) == (
+        f"{lost} of 6 answers the reference got right now wrong (fails above 0), loss rate "
+        f"<= {bound:.0%}; pass rate {(6 - lost) / 17:.0%} vs 35% over 17 prompts")

@@ -206,10 +206,12 @@ def short_text(g: GateResult) -> str:
         if genuine and isinstance(genuine[0], Mapping):
             text += f", first at {genuine[0].get('prompt_id')} token {genuine[0].get('position')}"
         return text
-    if g.spec.kind == K.CORRECTNESS and "candidate_rate" in d and g.ci_low is not None:
-        return (f"pass rate {d['candidate_rate']:.0%} vs {d['reference_rate']:.0%} over "
-                f"{d.get('n_pairs')} prompts; could be {abs(g.ci_low) * 100:.0f} points worse, "
-                f"{abs(g.threshold or 0) * 100:.0f} allowed")
+    if g.spec.kind == K.CORRECTNESS and "at_risk" in d and g.ci_high is not None:
+        # The loss rule's own figures: answers lost of those at risk, its bound on the rate.
+        return (f"{g.estimate or 0:.0f} of {d['at_risk']} answers the reference got right now "
+                f"wrong (fails above {g.threshold or 0:.0f}), loss rate <= {g.ci_high:.0%}; "
+                f"pass rate {d['candidate_rate']:.0%} vs {d['reference_rate']:.0%} over "
+                f"{d.get('n_pairs')} prompts")
     if g.spec.kind == K.DISTRIBUTION and d.get("method") == "exact":
         return _exact_text(d)
     if g.spec.kind == K.DISTRIBUTION and "prompts" in d and g.estimate is not None:
