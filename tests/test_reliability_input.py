@@ -43,16 +43,17 @@ FUZZ = settings(deadline=None, database=None, max_examples=60,
 
 @pytest.fixture(scope="module")
 def proj(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The repo pilot's layout with fake models and a 3-prompt trace: BASE loads here."""
+    """The repo pilot's layout with fake models and 3 prompts a trace file: BASE loads here."""
     folder = tmp_path_factory.mktemp("proj")
     drafters = [c["drafter"] for c in BASE["conditions"].values() if c.get("drafter")]
     for model in (BASE["target"]["model"], *drafters):
         (folder / model).mkdir(parents=True, exist_ok=True)
         (folder / model / "config.json").write_text("{}", "utf-8")
-    for name in BASE["trace"]["files"]:
+    for k, name in enumerate(BASE["trace"]["files"]):  # ids unique across the files
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text("".join(
-            json.dumps({"id": f"q{i}", "domain": "chat", "prompt": "hi", "slice": s}) + "\n"
+            json.dumps({"id": f"q{i}" if k == 0 else f"f{k}-q{i}", "domain": "chat",
+                        "prompt": "hi", "slice": s}) + "\n"
             for i, s in enumerate(("core", "core", "unusual"))), "utf-8")
     yield folder
 
@@ -88,6 +89,7 @@ def _mappings(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]
 MAPPINGS = sorted(p for p in _mappings(BASE) if p)  # every nested mapping of the pilot
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @FUZZ
 @given(where=st.sampled_from([(), *MAPPINGS]), data=st.data())
 def test_a_repeated_key_anywhere_is_refused_naming_both_lines(
@@ -219,6 +221,7 @@ def _set(data: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, A
     return out
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @FUZZ
 @given(field=st.sampled_from(SCALARS), data=st.data())
 def test_no_look_alike_passes_for_a_number_or_a_flag(
