@@ -12,6 +12,7 @@ from pytest_osprey.campaign.requests import TimeoutBreaker
 from testkit.hostile_server import hostile_server, run_campaign, strict_json
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_hanging_candidate_is_stopped_by_the_breaker(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     timeout = 0.5
@@ -55,6 +56,7 @@ def test_the_breaker_counts_timeouts_in_a_row_only() -> None:
     assert wide.note(False, 2.0, 1.0, in_flight=8) is not None  # all 8 in flight timed out
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_candidate_hanging_from_its_warm_up_is_stopped_before_any_timed_request(
         tmp_path: Path) -> None:
     with hostile_server("hang") as bad, hostile_server("impossible") as good:

@@ -49,6 +49,7 @@ def test_a_budget_no_run_can_hold_is_refused_naming_the_keys(tmp_path: Path) -> 
     assert "load.passes" in why and "\n" not in why
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("samples", [10_000])
 def test_the_cli_refuses_it_with_exit_4(tmp_path: Path, samples: int) -> None:
     from testkit.endpoint_pilot import run_cli, write_endpoint_pilot

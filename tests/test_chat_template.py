@@ -72,6 +72,7 @@ def sent(records: Any) -> None:
     assert fp["chat_template"].startswith("sha256:"), fp
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_booted_servers_are_sent_the_chat_template(
         engine: str, chat_model: Path, tmp_path: Path) -> None:  # fmt: skip

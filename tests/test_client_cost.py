@@ -111,6 +111,7 @@ def cost_ratio(first: Config, second: Config) -> tuple[float, float, float]:
         gc.enable()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_baseline_and_a_drafter_stream_cost_the_client_alike(
     stubs: dict[tuple[int, bool], Stub],
 ) -> None:
@@ -124,6 +125,7 @@ def test_a_baseline_and_a_drafter_stream_cost_the_client_alike(
     assert 1 / 1.25 <= per_step <= 1.25
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("margins", [False, True])
 def test_the_client_cost_per_token_does_not_grow_with_the_output(
     stubs: dict[tuple[int, bool], Stub], margins: bool
@@ -139,6 +141,7 @@ def test_the_client_cost_per_token_does_not_grow_with_the_output(
         assert growth <= 1.10
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_cumulative_chunks_with_logprobs_grow_and_the_check_sees_it(
     stubs: dict[tuple[int, bool], Stub],
 ) -> None:

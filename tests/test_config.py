@@ -638,6 +638,7 @@ def test_nul_in_pilot_path(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the schema
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_schema_command_prints_json_schema() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pytest_osprey", "schema"],

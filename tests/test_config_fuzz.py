@@ -180,6 +180,7 @@ def test_the_unmutated_pilot_is_valid(workspace: Path) -> None:
     assert check(path) is not None
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @settings(FUZZ, max_examples=250)
 @given(data=st.data())
 def test_structural_mutations(workspace: Path, data: st.DataObject) -> None:
@@ -209,6 +210,7 @@ RAW_VALUES = [
 ]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @settings(FUZZ, max_examples=150)
 @given(data=st.data())
 def test_text_mutations(workspace: Path, data: st.DataObject) -> None:

@@ -296,6 +296,7 @@ def test_critical_count_is_the_exact_binomial_tail(rate: float, at_risk: int) ->
     assert c == 0 or tail[c - 1] > alpha
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_loss_rule_size_and_power_by_simulation() -> None:
     """Drafters as Bernoulli losses on the prompts at risk, including losses that come in
     clusters (a slice of related prompts broken together): size <= alpha at the tolerated

@@ -77,6 +77,7 @@ def _near_nominal(coverage: float, n: int) -> None:
 N = 1500
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("shared", "kind"), [(0.0, "factor"), (0.6, "factor"),
                                                 (0.9, "factor"), (0.7, "ar")])
 def test_interval_covers_known_crossing(shared: float, kind: str) -> None:
@@ -87,16 +88,19 @@ def test_interval_covers_known_crossing(shared: float, kind: str) -> None:
     assert 10 < float(np.median(points)) < 14.5  # the estimate centres on the truth
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_curved_truth_and_estimated_errors() -> None:
     # Speedup falling faster at high concurrency; each level's SE estimated on 9 df.
     results = _campaigns(N, 24.0, seed=12, curve=-0.03, df=9.0, shared=0.5)
     _near_nominal(_coverage(results, 24.0), N)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_crossing_at_a_tested_level_and_steep_fall() -> None:
     _near_nominal(_coverage(_campaigns(N, 8.0, seed=13, slope=-0.3, shared=0.3), 8.0), N)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_ignoring_the_shared_share_misstates_the_interval() -> None:
     # The covariance matters: with levels sharing 90% of their error, an interval that
     # treats them as independent is too narrow between levels (the check has teeth).
@@ -173,6 +177,7 @@ def test_levels_from_gates_reads_the_gate_results() -> None:
     assert crossover(levels, THRESHOLD).status == "crosses"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("noise", "boots"), [("ar0.3+shock5%", 1), ("inflight@4", 1),
                                               ("drift", 1), ("boot5%", 2)])
 def test_campaigns_with_noise_shared_in_time_cover_the_crossing(noise: str, boots: int) -> None:

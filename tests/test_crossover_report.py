@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from pytest_osprey.judgement import GateKind, judge, plan_gates
 from pytest_osprey.judgement.verdict.diagnosis import diagnose_all
@@ -120,6 +121,7 @@ def test_plot_draws_open_intervals_and_several_candidates() -> None:
     assert png is not None and png.startswith(b"\x89PNG")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_sweep_campaign_end_to_end(tmp_path: Path) -> None:
     """A whole run (`python -m pytest_osprey run`) of a pilot with `load.sweep` against two
     scripted servers, the candidate's twice as fast at every level: levels c1, c2, c4 run,

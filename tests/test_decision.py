@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pytest_osprey.judgement import judge
 from pytest_osprey.judgement.gates import plan_gates
 from pytest_osprey.judgement.speed.gate import look_at
@@ -144,6 +146,7 @@ def test_gates_are_not_adjusted_against_each_other() -> None:
     assert not any("p_holm" in g.details for g in judged.results.values())
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_memory_gate_limits() -> None:
     pilot = decision_pilot(limits={"memory": {"max_peak_mb": 100, "max_increase_pct": 20}})
     data = campaign(1.5)

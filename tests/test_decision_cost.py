@@ -137,6 +137,7 @@ def test_what_the_campaign_cost_is_stated_from_its_start_and_end() -> None:
     assert campaign_spent(running, pilot) is None
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_summary_json_and_the_terminal_say_what_the_campaign_cost(tmp_path: Path) -> None:
     from pytest_osprey.judgement import judge, plan_gates
     from pytest_osprey.pilot.loading import load_pilot
@@ -163,6 +164,7 @@ def test_summary_json_and_the_terminal_say_what_the_campaign_cost(tmp_path: Path
     assert any(t.startswith(f"cost: {spent['device_hours']:,.2f} ") for t in lines)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_cost_table_plans_hold_false_keep_and_gain_power_against_the_planted_truth() -> None:
     """Simulated campaigns (reference noise: AR(1) within a stretch, stretch shocks, slowed
     requests, a 5% boot offset) against a planted speedup; wall time from the twin's schedule.
@@ -183,6 +185,7 @@ def test_the_cost_table_plans_hold_false_keep_and_gain_power_against_the_planted
     assert strong[2].gpu_hours < strong[2].worst_gpu_hours
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_campaign_with_level_passes_runs_and_is_judged_with_that_level_on_fewer_passes(
         tmp_path: Path) -> None:  # fmt: skip
     """Through the runner, the client and the judge: x1 measured on its first pass only,

@@ -208,6 +208,7 @@ def _crossover_rate(truth_low: float, truth_high: float, n: int, seed: int) -> f
     return fired / n
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_crossover_call_holds_its_level_and_sees_a_real_one_by_simulation() -> None:
     """No crossover (the same true speedup at both levels, at or a little below 1): called in
     at most 2.5% of campaigns (3 s.e. of slack); the cold-read pattern (1.06x at x1, 0.75x

@@ -219,6 +219,7 @@ def test_sample_seeds_differ_per_condition_prompt_and_sample() -> None:
 # --------------------------------------------------------------------------- calibration
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("regime", "exponents"), [("chat-like", CHAT_LIKE), ("flat", FLAT)])
 def test_false_alarm_rate_at_most_alpha(regime: str, exponents: tuple[float, float]) -> None:
     """Self vs self with unequal sample counts (failed requests) and prompts that differ in
@@ -244,6 +245,7 @@ def test_false_alarm_rate_at_most_alpha(regime: str, exponents: tuple[float, flo
 # --------------------------------------------------------------------------- power
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_power_against_temperature_on_chat_like_chains() -> None:
     """8 prompts x 16 samples x 32 tokens, temperature 1.0 vs 0.8 (measured 1.0 over 40)."""
     lm = MarkovLM(CHAT_LIKE, seed=21)
@@ -294,6 +296,7 @@ def test_the_diagnosis_sizes_a_difference_and_claims_no_direction() -> None:
             assert wrong not in res.summary
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_sampled_pass_that_cannot_see_greedy_verification_is_refused() -> None:
     """The MMD budget rule passes 2 prompts x 5 samples, but one token each is too few for
     the exact test to see drafts verified greedily: refused before anything boots, naming

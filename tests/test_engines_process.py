@@ -61,6 +61,7 @@ def make(tracked: list[proc.ServerProcess], tmp_path: Path) -> Callable[..., pro
     return build
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_slow_boot_then_ready_then_nothing_left(make: Callable[..., Any]) -> None:
     server = make("--ready-after", "1.0", "--spawn-child")
     server.start()
@@ -87,6 +88,7 @@ def test_crash_during_boot_reports_exit_code_and_log_tail(make: Callable[..., An
     assert server not in proc.live_servers()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_boot_timeout_reports_and_kills(make: Callable[..., Any]) -> None:
     server = make("--never-ready", "--spawn-child", "--ignore-sigterm", timeout=1.5)
     t0 = time.monotonic()
@@ -100,6 +102,7 @@ def test_boot_timeout_reports_and_kills(make: Callable[..., Any]) -> None:
     assert gone(child) and gone(server.pid)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_sigterm_ignored_tree_and_escaped_child_are_killed(make: Callable[..., Any]) -> None:
     server = make("--ignore-sigterm", "--spawn-child", "--child-setsid")
     server.start()

@@ -60,6 +60,7 @@ def replicates(budget: Budget, served: Served, fault: str | None, n: int, seed: 
 # --------------------------------------------------------------------------- calibration
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("served", "family", "logprobs"), [
     (PLAIN, "tiny", 20), (TRUNCATED, "tiny", 20), (PLAIN, "chat", VOCAB),
     (Served(1.3, top_p=0.9), "chat", 10)])
@@ -108,6 +109,7 @@ CAUGHT = {"hotter": ("effective temperature", "served 0.8"),
           "penalties_dropped": ("penalties ignored?",)}
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_planted_fault_is_caught_and_named(fault: str) -> None:
     """At 8 prompts x 8 samples x 24 tokens (top-20 logprobs; temperature shifts of 0.2):
@@ -146,6 +148,7 @@ def test_a_shipped_size_budget_sees_greedy_verification() -> None:
 # --------------------------------------------------------------------------- temperature
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("fault", "truth"), [(None, 0.8), ("hotter", 0.9)])
 def test_temperature_interval_covers_the_truth(fault: str | None, truth: float) -> None:
     """The drafted positions' effective temperature: its 95% profile interval covers the
@@ -217,6 +220,7 @@ def test_bad_input_raises_naming_the_field(samples: list[ScoredSample], served: 
         exact_test(samples, served, 0.01)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_large_campaigns_are_judged_in_seconds() -> None:
     """About 10^5 scored tokens with top-20 logprobs, temperature fit included."""
     draws = simulate(Budget(48, 48, 48), PLAIN, seed=1)
@@ -231,6 +235,7 @@ def test_large_campaigns_are_judged_in_seconds() -> None:
 # --------------------------------------------------------------------------- preflight API
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_detectable_shift_shrinks_with_the_budget_and_is_not_overstated() -> None:
     small, large = Budget(4, 8, 24), Budget(16, 8, 24)
     d_small = detectable_temperature_shift(small, PLAIN)

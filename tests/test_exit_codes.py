@@ -49,6 +49,7 @@ def _pilot(folder: Path, name: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_entry_point_gives_a_judged_folder_one_exit_code(folder: Path, name: str,
                                                                tmp_path: Path) -> None:
@@ -66,6 +67,7 @@ def test_every_entry_point_gives_a_judged_folder_one_exit_code(folder: Path, nam
     assert main(["report", str(folder), "--config", str(pilot)]) == expected
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("name", ["inconclusive-pass", "inconclusive-fail"])
 def test_a_pytest_session_over_the_folder_exits_as_report_does(folder: Path, name: str,
                                                                tmp_path: Path) -> None:

@@ -221,6 +221,7 @@ def _ended_cleanly(out: Outcome) -> None:
 # --------------------------------------------------------------------------- SIGINT
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_sigint_during_boot_stops_the_booting_server(sigint_boot: Outcome) -> None:
     out = sigint_boot
     assert out.rc == INTERRUPTED, out.output[-3000:]
@@ -305,6 +306,7 @@ def test_server_crash_fails_its_condition_and_the_campaign_goes_on(crash: Outcom
     assert [v["verdict"] for v in crash.summary["verdicts"]] == ["INCONCLUSIVE"]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_server_crash_in_the_last_block_is_named(tmp_path: Path) -> None:
     # In process (no pytest around it): the Campaign itself, booting the fake SGLang servers.
     mark = str(tmp_path)
@@ -380,6 +382,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_write_json_atomic_killed_mid_write_leaves_a_whole_file(tmp_path: Path) -> None:
     """A writer SIGKILLed at any moment: the file is the old or the new document, whole."""
     path = tmp_path / "summary.json"
@@ -422,6 +425,7 @@ def test_atomic_writes_that_fail_keep_the_old_file(
     assert report.read_text() == "# old\n"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_write_json_atomic_two_writers(tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
     docs = [{"who": w, "pad": "x" * 300_000} for w in range(2)]
@@ -480,6 +484,7 @@ def _generate(_body: Any) -> Reply:
     return Reply(events=[(0, {"text": "ab", "output_ids": [5, 6], "meta_info": meta})])
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_rerun_into_the_same_folder_is_judged_on_its_own_records(tmp_path: Path) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", 3)
     trace = load_trace([trace_path])

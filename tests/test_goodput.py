@@ -164,6 +164,7 @@ def _simulated(rng: np.random.Generator, loss: float, n: int = 50) -> list[Reque
     return out
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_simulated_false_pass_and_power() -> None:
     """A candidate worse by exactly the margin (the null's boundary, where a false pass is
     likeliest) passes at most alpha (2.5%) of the time, plus Monte Carlo error; an unchanged

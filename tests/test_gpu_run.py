@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = yaml.safe_load((ROOT / "pilot.yaml").read_text("utf-8"))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_the_plan_runs_the_gpu_check_and_the_pilot_on_the_device_within_ten_minutes(
         tmp_path: Path, device: str) -> None:  # fmt: skip

@@ -181,6 +181,7 @@ def test_pilot_resolves_the_path(tmp_path: Path, planted: dict[str, Any]) -> Non
     assert check is not None and check.overlapping == ["p03", "p07", "p12"]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_summary_rows_carry_the_saved_check() -> None:
     """From preflight.json's check to summary.json's per-domain rows, as a judge writes them."""
     data, pilot = make_data(), report_pilot()

@@ -69,6 +69,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_first_campaign_keeps_the_candidate(runs: dict[str, Any]) -> None:
     first = runs["first"]
     assert first.returncode == 0, first.stdout + first.stderr
@@ -126,6 +127,7 @@ def test_compare_refuses_an_interrupted_campaign(runs: dict[str, Any], tmp_path:
         open_previous(copy, str(load_campaign(copy).meta.trace_hash))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_compare_refusal_is_a_usage_error(runs: dict[str, Any]) -> None:
     import subprocess
     import sys

@@ -272,6 +272,7 @@ def test_an_event_over_the_cap_fails_the_request(monkeypatch: pytest.MonkeyPatch
 # --------------------------------------------------------------------------- whole campaigns
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_an_impossible_accept_length_is_a_failed_request_not_a_crash(tmp_path: Path) -> None:
     with hostile_server("impossible", meta={"spec_accept_length": 1e9}) as bad, \
             hostile_server("impossible") as good:
@@ -288,6 +289,7 @@ def test_an_impossible_accept_length_is_a_failed_request_not_a_crash(tmp_path: P
     assert gate["outcome"] == "fail" and gate["details"]["ok"] == 0
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_nan_never_reaches_a_json_file(tmp_path: Path) -> None:
     with hostile_server("nan") as bad, hostile_server("impossible") as good:
         code, res = run_campaign(tmp_path, bad.url, good.url, prompts=3)
@@ -298,6 +300,7 @@ def test_nan_never_reaches_a_json_file(tmp_path: Path) -> None:
     assert {r["error"] for r in cand} == {f"{IMPOSSIBLE}: accept_length=nan (not a finite number)"}
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_50_mb_version_string_leaves_small_results(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     with hostile_server("huge_string", size=50 << 20) as bad, \

@@ -55,6 +55,7 @@ def run_init(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int
     return code, out, err
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_sglang_stack_from_flags_loads_and_its_dry_run_passes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], no_terminal: None) -> None:
     python = wrapper(tmp_path, FAKEPKGS)  # the fake SGLang: its parser checks the lines
@@ -139,6 +140,7 @@ def test_sglang_is_asked_its_version_and_defaults(
     assert not bare.asked and "not importable" in bare.line()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_endpoint_stack_reports_an_unreachable_server_and_its_dry_run_passes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], no_terminal: None) -> None:
     models = Reply(json_body={"object": "list", "data": [{"id": "tiny-served"}]})

@@ -151,6 +151,7 @@ def _log(env: dict[str, str]) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("variant", ["claim-made", "object-store"])
 def test_each_index_runs_its_shard_and_the_merge_takes_them_all(variant: str,
                                                                 pod: dict[str, str]) -> None:
@@ -187,6 +188,7 @@ def test_a_shard_that_did_not_measure_fails_its_pod_and_leaves_no_marker(
     assert [p.name.split("-")[1] for p in base.glob("shard-1.failed-*")] == ["1.failed"]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_merge_gives_up_on_a_shard_that_never_finishes(pod: dict[str, str]) -> None:
     o = K8sOptions(**{**BASE.__dict__, "merge_wait_s": 1})
     _sh(shard_script(o), pod, JOB_COMPLETION_INDEX="0")

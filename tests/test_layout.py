@@ -194,6 +194,7 @@ def test_no_import_cycles() -> None:
     assert not _cycles(graph()), f"import cycles: {_cycles(graph())}"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_no_type_only_import_cycles() -> None:
     """A cycle hidden under ``if TYPE_CHECKING`` is still two modules that need each other."""
     cycles = _cycles(graph(type_only=True))
@@ -246,6 +247,7 @@ def _local_modules(folder: Path) -> set[str]:
         p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_test_support_package_sits_below_tests_and_benchmarks() -> None:
     """tests/ and benchmarks/ share testkit/ and never import each other; testkit imports
     neither."""
@@ -268,6 +270,7 @@ def test_the_test_support_package_sits_below_tests_and_benchmarks() -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_rules(layer: str) -> None:
     banned_inside, banned_outside = FORBIDDEN[layer]
@@ -286,6 +289,7 @@ def test_layer_rules(layer: str) -> None:
     assert not problems, "\n".join(sorted(set(problems)))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_only_the_adapters_import_pytest() -> None:
     users = {m for m in MODULES if imports_of(m)[1] & {"pytest", "_pytest"}}
     assert users <= {"pytest_osprey.plugin", "pytest_osprey.pytest_adapter"}, users

@@ -29,6 +29,7 @@ def refused(*args: str, also: str = "") -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=240, check=False)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_every_module_but_the_sglang_kernel_imports_without_torch() -> None:
     code = ("import importlib, pkgutil, pytest_osprey\n"
             "bad = []\n"
@@ -61,6 +62,7 @@ def test_an_endpoint_pilot_runs_start_to_finish_without_torch(tmp_path: Path) ->
     assert (tmp_path / "results" / "report.md").is_file()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_embedded_engine_without_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     proc = refused("run", str(ROOT / "pilot.yaml"), "--results", str(tmp_path / "res"))
     assert proc.returncode == 4, proc.stderr
@@ -71,6 +73,7 @@ def test_the_embedded_engine_without_torch_is_one_line_naming_the_extra(tmp_path
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_reports_without_matplotlib_are_written_without_plots_and_say_so(
         tmp_path: Path) -> None:
     from testkit.endpoint_pilot import sglang_routes, write_endpoint_pilot

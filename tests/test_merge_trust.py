@@ -62,6 +62,7 @@ def _no_folder_left(out: Path) -> None:
     assert not list(out.parent.glob(f".{out.name}.merging-*"))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_each_run_writes_the_hash_of_its_records(shards: Path) -> None:
     import hashlib
 

@@ -96,6 +96,7 @@ def _pilot(trace: Path, urls: dict[str, str], level: dict[str, Any]) -> Pilot:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_open_loop_sends_on_schedule_and_pairs_conditions(tmp_path: Path) -> None:
     n, rate = 12, 25.0
     trace_path = write_trace(tmp_path / "t.jsonl", n)
@@ -123,6 +124,7 @@ def test_open_loop_sends_on_schedule_and_pairs_conditions(tmp_path: Path) -> Non
     assert all(f.dispatch_lag_p99_s is not None and f.dispatch_lag_p99_s < 0.5 for f in figs)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_open_loop_cap_holds_requests_back_and_says_how_long(tmp_path: Path) -> None:
     n = 6
     trace_path = write_trace(tmp_path / "t.jsonl", n)

@@ -284,6 +284,7 @@ def serving(report: ArtifactReport) -> tuple[bool, str]:
     return found.ok, found.detail
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_an_engine_that_runs_one_layer_with_the_targets_embedding_fails_the_gate(
         tmp_path: Path) -> None:  # fmt: skip
     engine = plant(tmp_path / "engine", "0.5.9", {"llama_eagle3": SINGLE_LAYER})
@@ -302,6 +303,7 @@ def test_an_engine_that_runs_one_layer_with_the_targets_embedding_fails_the_gate
         f"SGLang at {sys.executable} or serve it with an SGLang it was applied to"), said
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_patched_module_in_the_conditions_own_environment_passes(tmp_path: Path) -> None:
     """The condition's env (here its PYTHONPATH) decides which SGLang is asked, as at boot."""
     stock = plant(tmp_path / "stock", "0.5.23", {"llama_eagle3": SINGLE_LAYER})
@@ -324,6 +326,7 @@ def test_the_patched_module_in_the_conditions_own_environment_passes(tmp_path: P
         "installed), builds every layer, keeps the draft's embedding, honours swap_h_and_emb")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_patch_on_another_sglang_than_it_was_written_for_is_said(tmp_path: Path) -> None:
     patched = plant(tmp_path / "patched", "0.5.23", {"qwen3_eagle3": PATCHED})
     drafter = draft(tmp_path / "d", layers=2, arch=QWEN3)
@@ -333,6 +336,7 @@ def test_a_patch_on_another_sglang_than_it_was_written_for_is_said(tmp_path: Pat
                                 "compare the accept length with the release's"), said
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_set_embed_the_probe_cannot_drive_is_said_not_checked(tmp_path: Path) -> None:
     """A patched class whose set_embed needs more of the model than the stand-in has: the
     embedding is not judged either way (the accept length will tell), the rest is."""

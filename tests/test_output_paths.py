@@ -116,6 +116,7 @@ def test_an_empty_or_malformed_shard_is_a_usage_error(
         assert "empty" in err
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_an_empty_shard_on_the_pytest_entry_is_refused(tmp_path: Path) -> None:
     pilot = _pilot(tmp_path, passes=2)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -7,6 +7,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pytest_osprey.campaign.runner import Campaign
 from pytest_osprey.judgement import judge, plan_gates
 from pytest_osprey.pilot.trace import load_trace
@@ -50,6 +52,7 @@ def _run(tmp_path: Path, swap_when: str) -> tuple[Any, Any]:
     return data, results
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_file_swapped_before_its_boot_is_not_served(tmp_path: Path) -> None:
     data, judged = _run(tmp_path, "before boot")
     info = data.meta.conditions["cand"]
@@ -60,6 +63,7 @@ def test_a_file_swapped_before_its_boot_is_not_served(tmp_path: Path) -> None:
     assert judged.verdicts[0].verdict == "DROP"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_file_swapped_during_the_campaign_fails_the_artifact_gate(tmp_path: Path) -> None:
     data, judged = _run(tmp_path, "during")
     checks = data.meta.conditions["cand"].pins
@@ -70,6 +74,7 @@ def test_a_file_swapped_during_the_campaign_fails_the_artifact_gate(tmp_path: Pa
     assert judged.verdicts[0].verdict == "DROP"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_unchanged_pins_keep_the_gate_as_preflight_judged(tmp_path: Path) -> None:
     data, judged = _run(tmp_path, "never")
     assert all(c.ok for c in data.meta.conditions["cand"].pins)

@@ -95,6 +95,7 @@ def _log_lr(counts: np.ndarray, p: np.ndarray, other: np.ndarray) -> float:
 SMALL = 12_000
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_verification_without_a_fault_samples_the_served_distribution() -> None:
     drafted, _ = _emitted(None, draws=SMALL)
     served = _served(SERVED)
@@ -107,6 +108,7 @@ def test_verification_without_a_fault_samples_the_served_distribution() -> None:
 ONE = {"top_p": 1.0, "top_k": None, "min_p": 0.0}
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("fault", "base", "as_served"), [
     (PlantedFault("temperature", 0.1), {}, {"temperature": 0.9}),
     (PlantedFault("temperature", -0.1), {}, {"temperature": 0.7}),
@@ -130,12 +132,14 @@ def test_a_fault_samples_drafted_positions_as_the_parameter_it_names(
         assert drafted[served == 0].sum() > 0
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_greedy_verification_emits_the_argmax_at_every_drafted_position() -> None:
     drafted, _ = _emitted(PlantedFault("greedy_verification"))
     # the most likely token of the target as served (its penalties included)
     assert drafted[int(np.argmax(_served(SERVED)))] == DRAWS
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_garbage_parameters_are_far_from_served_but_the_bonus_token_is_exact() -> None:
     drafted, _ = _emitted(PlantedFault("garbage_params"))
     served = _served(SERVED)
@@ -145,6 +149,7 @@ def test_garbage_parameters_are_far_from_served_but_the_bonus_token_is_exact() -
     assert drafted[int(np.argmax(served))] > 1.2 * served.max() * DRAWS
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("fault", [PlantedFault("top_p_ignored"),
                                    PlantedFault("garbage_params")])
 def test_the_token_after_accepted_drafts_stays_exact_under_a_fault(

@@ -251,6 +251,7 @@ def test_protocol_openai_only_a_successful_reset_counts_as_a_flush(
                 engine.flush()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_protocol_openai_a_reset_that_never_succeeds_gives_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -206,6 +206,7 @@ def test_protocol_sglang_connection_refused_is_a_failed_result() -> None:
 # --------------------------------------------------------------------------- control
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_protocol_sglang_flush_retries_while_busy() -> None:
     with ScriptedServer() as srv:
         srv.routes[("POST", "/flush_cache")] = [Reply(400, text="busy"), Reply(400), Reply(200)]
@@ -213,6 +214,7 @@ def test_protocol_sglang_flush_retries_while_busy() -> None:
     assert len(srv.bodies("/flush_cache")) == 3
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_protocol_sglang_flush_gives_up_when_always_busy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -127,6 +127,7 @@ print(json.dumps({"listening": listening, "refused": refused}))
 """
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_cluster_it_starts_listens_on_loopback_and_refuses_what_no_node_offers(
         tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -145,6 +146,7 @@ def test_a_cluster_it_starts_listens_on_loopback_and_refuses_what_no_node_offers
     assert "GPU 1" in got["refused"] and "GPU 0" in got["refused"]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("server", ["silent", "http"])
 def test_an_address_where_something_else_listens_fails_fast(
         server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,6 +52,7 @@ def _summary(out: Path) -> dict[str, Any]:
     return json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_shards_run_as_tasks_and_stop_together(cluster: Any, tmp_path: Path) -> None:
     # The baseline answers 0.3 s slower: a clear speedup, decided at the first look.
     pilot = _pilot(tmp_path, early_stop=True, delay_s="0.3")
@@ -81,6 +82,7 @@ def _embedded(folder: Path) -> Path:
     return dump_pilot(folder / "pilot.yaml", data)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("engine", [
     "fake-sglang", pytest.param("embedded", marks=pytest.mark.slow)])  # it boots the tiny models
 def test_a_node_killed_mid_run_is_named_and_no_verdict_claimed(cluster: Any, tmp_path: Path,

@@ -97,6 +97,7 @@ def _plain(data: SavedCampaign) -> SavedCampaign:
     return replace(data, records=unpacked(data.records), fillers=unpacked(data.fillers))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_campaign_judged_packed_is_judged_as_from_plain_lists(tmp_path: Path) -> None:
     project = write_project(tmp_path)
     results = tmp_path / "results"

@@ -62,6 +62,7 @@ def _one_error(err: str) -> str:
 # --------------------------------------------------------------------------- never reused
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_run_into_a_non_empty_folder_is_refused_and_touches_nothing(
     copy: Path, tmp_path: Path, server: ScriptedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -181,6 +182,7 @@ CAMPAIGN_KEYS = ["schema", "run_id", "status", "conditions", "prompt_ids", "load
                  "blocks", "pilot_text", "writer_pid", "host", "schedule", "trace_files"]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @FUZZ
 @given(garbage=st.one_of(
     st.binary(max_size=200),
@@ -211,6 +213,7 @@ def test_a_garbage_results_folder_is_one_line_never_a_traceback(
 # --------------------------------------------------------------------------- filesystem faults
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_missing_step_summary_folder_is_a_warning_not_a_failure(
     tmp_path: Path, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -234,6 +237,7 @@ def test_a_missing_step_summary_folder_is_a_warning_not_a_failure(
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_full_disk_mid_campaign_is_one_line_and_reports_what_was_measured(
     tmp_path: Path, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -266,6 +270,7 @@ def _pythonpath() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @TINYFS
 def test_a_really_full_disk_is_one_line_for_run_and_report(
     saved: Path, tmp_path: Path, server: ScriptedServer
@@ -284,6 +289,7 @@ def test_a_really_full_disk_is_one_line_for_run_and_report(
     assert _one_error(rep.stderr).startswith("error: reports not written: No space left")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @TINYFS
 def test_a_read_only_file_system_is_one_line_for_run_and_report(
     saved: Path, tmp_path: Path, server: ScriptedServer
@@ -349,6 +355,7 @@ def test_a_run_releases_only_its_own_lock(tmp_path: Path) -> None:
     release(tmp_path / "never-claimed")  # nothing there: nothing to do
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("entry", ["cli", "pytest"])
 @pytest.mark.parametrize("stdout", ["closed", "reader gone"])
 def test_a_closed_or_broken_stdout_keeps_the_measurement(tmp_path: Path, stdout: str,
@@ -396,6 +403,7 @@ def one_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return saved_results(tmp_path_factory.mktemp("saved"))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("fault", ["missing", "empty", "folder", "fifo", "edited pilot",
                                    "unrelated pilot", "duplicated"])
 def test_a_folder_that_is_not_what_it_claims(tmp_path: Path, fault: str,

@@ -60,6 +60,7 @@ def _left_running(saved: Path, folder: Path, *, pid: int, node: str | None = Non
 # --------------------------------------------------------------------------- the status
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_running_with_the_writer_gone_reads_killed(saved: Path, tmp_path: Path) -> None:
     meta = CampaignFile.model_validate(json.loads((saved / "campaign.json").read_text()))
     assert live_status(meta) == "complete" and incomplete_note(meta, 6) is None
@@ -117,6 +118,7 @@ def test_reuse_of_a_partial_folder_says_so_first(
     assert "KEEP" not in out.out and "DROP" not in out.out
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_pytest_reuse_of_a_partial_folder_warns_in_the_header_and_fails(
     saved: Path, tmp_path: Path
 ) -> None:
@@ -180,6 +182,7 @@ def test_a_stopped_campaign_reports_what_it_measured_with_no_verdict(
     assert f"INTERRUPTED: {summary['partial']}" in out.err
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_condition_that_stopped_mid_campaign_withholds_only_what_involves_it(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:

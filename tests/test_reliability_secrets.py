@@ -92,6 +92,7 @@ def echoing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[P
         yield tmp_path / "res", key
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_an_echoed_key_reaches_no_file_and_no_output(
     echoing: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,6 +124,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Pilot]:
     return judge(pilot, plan_gates(pilot, list(pilot.conditions)), data, Preflight()), data, pilot
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @FUZZ
 @given(title=st.text(max_size=60), said=st.text(max_size=80),
        partial=st.none() | st.text(max_size=40))

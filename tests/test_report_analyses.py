@@ -157,6 +157,7 @@ def test_the_batching_embedded_engine_is_not_said_to_queue() -> None:
     assert "batches them together" in text and "one request at a time" not in text
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_domain_interval_from_few_prompts_covers_the_true_speedup() -> None:
     """Per-domain intervals from 3 to 6 prompts, by simulation against a known speedup
     (1.3x): the t interval stays near its 95% where a percentile bootstrap of the same

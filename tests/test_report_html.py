@@ -33,6 +33,7 @@ def page(data: SavedCampaign, plots: dict[str, bytes]) -> str:
     return render_html(make_summary(data), data, plots, title="Pilot <report>")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_plots_are_png(plots: dict[str, bytes]) -> None:
     assert set(plots) == {
         "latency_cdf", "ttft_throughput", "accept_length", "speedup_cand_vs_baseline",
@@ -44,6 +45,7 @@ def test_plots_are_png(plots: dict[str, bytes]) -> None:
         assert len(png) > 5000, key
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_plots_survive_a_single_prompt_and_repetition() -> None:
     data = make_data(prompts=[("p1", "core")], blocks=1)
     data.meta.candidates = ["cand"]
@@ -199,6 +201,7 @@ def test_verdict_headline_and_bullets(data: SavedCampaign) -> None:
     assert "broken-vs-baseline-busy" not in box + why
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_accept_length_axis_spans_its_range() -> None:
     # A drafter at the floor (accept length 1.0-1.05) is drawn on 1..k+1, not zoomed in.
     from pytest_osprey.report.plotkit import accept_axis_top, draft_tokens

@@ -22,6 +22,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], An
     return summary, load_campaign(results).meta, (results / "report.md").read_text("utf-8")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_what_decides_comes_first(judged: tuple[dict[str, Any], Any, str]) -> None:
     _, _, text = judged
     lines = text.splitlines()
@@ -115,6 +116,7 @@ def _huge(summary: dict[str, Any], gates: int) -> dict[str, Any]:
     return big
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("gates", "kib"), [(2000, 64), (20_000, 1000), (200, 4)])
 def test_never_over_the_cap(judged: tuple[dict[str, Any], Any, str], gates: int,
                             kib: int) -> None:

@@ -67,6 +67,7 @@ def test_ttft_has_one_axis_per_load_level() -> None:
     assert "ms" in low.get_ylabel() and "ms" in busy.get_ylabel()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_ttft_of_the_recorded_campaign(run: Run) -> None:
     fig = ttft_throughput_figure(run.data)
     levels = list(run.data.meta.load_levels)
@@ -146,6 +147,7 @@ def page(run: Run) -> str:
     return render_html(run.summary, run.data, all_plots(run.data, 1.1, 0, run.summary))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_captions_are_words_not_ids(page: str) -> None:
     captions = re.findall(r"<figcaption>(.*?)</figcaption>", page)
     assert len(captions) >= 8
@@ -198,6 +200,7 @@ def test_first_screen_names_the_deciding_speedup(page: str, run: Run) -> None:
     assert page.index('id="setup"') > page.index('id="key"')
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_page_without_sampled_or_per_position_data(tmp_path: Path) -> None:
     records = [make_record(c, "p1", load="low", concurrency=1) for c in ("baseline", "cand")]
     data = saved_campaign(records, baseline="baseline", candidates=["cand"])
@@ -224,6 +227,7 @@ def test_titles_say_what_was_timed() -> None:
     assert "timed greedy requests" in timed_greedy.get_suptitle()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_speedup_plot_of_many_prompts_stays_a_readable_size() -> None:
     """A row per prompt up to NAMED_ROWS; past it the prompts are ranked, unnamed, in a
     figure of NAMED_ROWS rows (a row each for 600 prompts would be over 14,000 pixels)."""

@@ -125,6 +125,7 @@ def test_any_sglang_stream_gives_a_sound_or_a_failed_record(
     _sound_or_failed(checked(res, ASKED, ACCEPT_MOST))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @FUZZ
 @given(chunks=st.lists(openai_chunk, min_size=1, max_size=3), done=st.booleans())
 def test_any_openai_stream_gives_a_sound_or_a_failed_record(

@@ -160,6 +160,7 @@ def _gate(summary: dict[str, Any], kind: str, gid: str) -> dict[str, Any]:
     return next(g for g in summary["gates"] if g["kind"] == kind and g["id"] == gid)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_penalties_ignored_only_when_speculating_fail_the_gate(fake_run: dict[str, Any]) -> None:
     bad = _gate(fake_run["summary"], "sampling_params", "bad-vs-baseline")
     assert bad["outcome"] == "fail", bad["summary"]

@@ -271,6 +271,7 @@ class _Refusing(_Engine):
         raise EngineError(f"{self.condition}: scoring at /generate: no input_token_logprobs")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("kind", ["scores", "refuses", "cannot"])
 def test_interleaved_the_baseline_scores_every_conditions_samples_while_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:

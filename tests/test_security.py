@@ -70,6 +70,7 @@ def test_server_command_lines_bind_loopback_unless_the_pilot_says_otherwise() ->
             assert _host(argv_of(wide, cond, 30000)) == "0.0.0.0"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("engine_cls", [SGLangEngine, VLLMEngine])
 def test_booted_server_listens_on_loopback_only(engine_cls: Any, tmp_path: Path) -> None:
     mark = str(tmp_path)
@@ -196,6 +197,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRun]:
     yield SecureRun(run, rc, keys, before, _snapshot(root, skip), root)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_run_used_the_keys(secure: SecureRun) -> None:
     """Every server required its key (the fake answers 401 without it): all requests ok."""
     records = secure.run.records()

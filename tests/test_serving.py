@@ -79,6 +79,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_trace(tmp_path_factory.mktemp("trace") / "t.jsonl", PROMPTS, NEW_TOKENS)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_timed_at_serving_temperature_the_planted_drafter_is_dropped(
         trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pilot = _pilot(trace, 0.8)
@@ -118,6 +119,7 @@ def test_timed_at_serving_temperature_the_planted_drafter_is_dropped(
                            for r in sampled)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_timed_greedy_the_same_drafter_is_kept(
         trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The control: at serving temperature 0 (today's behaviour) the 1.4x edge is KEEP, and
@@ -131,6 +133,7 @@ def test_timed_greedy_the_same_drafter_is_kept(
     assert data.timed_mode == "greedy"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_without_fixed_length_the_edge_is_judged_per_output_token(
         trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Outputs end where sampling ends them: lengths differ between prompts' draws, the

@@ -101,6 +101,7 @@ async def _drive(url: str, concurrency: int, requests: int, tokens: int
     return counts, time.perf_counter() - t
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_twin_streams_thousands_of_tokens_per_second_at_its_model_rate() -> None:
     """x32 on the plain profile (one token per chunk: the most chunks per token): over
     2,000 streamed tokens/s, and at least 60% of the model's own rate for the work served
@@ -160,6 +161,7 @@ def test_openai_streaming_and_a_cancel_that_leaves_the_batch() -> None:
 PROMPTS, TOKENS, PASSES, SCALE = 12, 32, 3, 1.5
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_campaign_against_two_twins_covers_their_true_speedup(tmp_path: Path) -> None:
     """A whole endpoint campaign (the CLI's run), plain baseline against the eagle3-like
     twin at x1 and x32: each level's speedup interval covers the twin's true speedup there

@@ -117,6 +117,7 @@ def test_shim_install_replaces_its_own_copy_but_not_a_native_build(tmp_path: Pat
         build_env.install_shim(tmp_path)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_installed_shim_imports_as_top_level_sgl_kernel(tmp_path: Path) -> None:
     build_env.install_shim(tmp_path)
     code = (

@@ -40,6 +40,7 @@ def keep_rate(c: Campaigns, drift: bool = True) -> float:
     return float(np.mean(fixed_outcomes(c, 1.0, drift=drift) == KEEP))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("shards", [2, 4, 8])
 def test_false_keep_with_machine_offsets_and_interactions(shards: int) -> None:
     n = 400

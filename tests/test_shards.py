@@ -82,6 +82,7 @@ def _records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_each_shard_is_an_ordinary_folder_naming_its_share(shards: Path) -> None:
     for k, passes in ((1, [0, 2]), (2, [1, 3])):
         meta = json.loads((shards / f"s{k}" / "campaign.json").read_text())
@@ -200,6 +201,7 @@ def test_a_partial_merge_exits_as_its_report_does(shards: Path, tmp_path: Path) 
     assert main(["report", str(tmp_path / "m")]) == 2
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("policy", ["pass", "fail"])
 def test_every_reader_gives_one_folder_one_exit_code(shards: Path, tmp_path: Path,
                                                      policy: str) -> None:
@@ -246,6 +248,7 @@ def test_the_ray_command_refuses_bad_usage_in_a_line(tmp_path: Path,
     assert len(err) == 2 and "--shards 0" in err[0] and "fewer than the 3 shards" in err[1]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_pytest_option_runs_a_shard(tmp_path: Path) -> None:
     import os
     import subprocess

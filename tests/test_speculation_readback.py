@@ -266,6 +266,7 @@ class CountingSGLang:
         return Reply(text=text, content_type="text/plain; version=0.0.4")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("extra", [0, 1])
 def test_a_campaign_stores_counters_per_stretch_and_flags_a_mismatch(
         tmp_path: Path, extra: int) -> None:

@@ -125,6 +125,7 @@ def test_total_time_gate_catches_a_drafter_that_raises_gpu_time() -> None:
     assert total.total_time.estimate < 1.0 and total.outcome != "pass"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("seed", [3, 5, 8])
 def test_variance_is_statsmodels_two_way_cluster_robust_covariance(
     seed: int, monkeypatch: pytest.MonkeyPatch

@@ -50,6 +50,7 @@ def assert_rate_at_least(hits: int, n: int, rate: float, what: str) -> None:
     assert p > SIG, f"{what}: {hits}/{n} = {hits / n:.4f} is significantly below {rate}"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("model", "design"), [
     ("stalls5%", X1), ("stalls10%", X1), ("mixture", X1), ("stalls5%", X4), ("stalls10%", X4),
 ])
@@ -146,6 +147,7 @@ def test_collect_numbers_time_units_in_the_order_they_ran() -> None:
     assert units[1].tolist() == [2, 3]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_stall_across_passes_does_not_fire_the_drift_rule_on_shared_drift() -> None:
     """Drift shared by both conditions: the drift check fires, yet no pass changed the
     comparison, so the keep stands with the paired comparison shown."""

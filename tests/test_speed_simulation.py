@@ -48,6 +48,7 @@ def assert_rate_at_least(hits: int, n: int, rate: float, what: str) -> None:
     assert p > SIG, f"{what}: {hits}/{n} = {hits / n:.4f} is significantly below {rate}"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("model", "metric", "prompts"), [
     ("ar0.3+shock5%", "per_prompt", 21), ("burst4", "per_prompt", 21),
     ("inflight@4", "per_prompt", 21), ("long-memory", "per_prompt", 50),
@@ -64,6 +65,7 @@ def test_false_keep_at_the_threshold_under_time_correlated_noise(
     assert_rate_at_most(keeps, n, ALPHA, f"{model}/{metric}/{prompts}")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_boot_offsets_need_two_boots() -> None:
     """One boot: a boot offset is indistinguishable from the drafter (flagged, and false keep
     runs far above alpha). Two boots: the between-boot component holds the level."""
@@ -80,6 +82,7 @@ def test_shipped_design_power_at_1_5x() -> None:
     assert_rate_at_least(int(np.sum(fixed_outcomes(c, 1.0) == KEEP)), n, 0.8, "power at 1.5x")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_early_stopping_keeps_alpha_and_saves_requests_at_1_2x() -> None:
     n = 600
     null = simulate(SHIPPED, REFERENCE_NOISE, 1.0, n, seed=41)
@@ -106,6 +109,7 @@ def test_drift_check_rarely_fires_on_stable_noise(model: str) -> None:
 HIGH = Design(prompts=50, levels=(("low", 1), ("high", 32)), primary="high", passes=4)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("model", ["independent", "ar0.3+shock5%", "burst4", "inflight@4",
                                    "reference"])
 def test_drift_check_rarely_fires_on_stable_noise_at_x32(model: str) -> None:
@@ -129,6 +133,7 @@ def test_drift_check_catches_a_pass_slowed_30_to_70_percent(model: str) -> None:
     assert_rate_at_least(int(np.sum(unstable(c))), n, 0.95, f"drift caught on {model}")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("model", "passes"), [
     ("independent", 2), ("independent", 4), ("reference", 4), ("mixed", 4),
 ])
@@ -161,6 +166,7 @@ def test_a_pass_slowed_for_everyone_does_not_cost_a_clear_keep(model: str) -> No
     assert_rate_at_least(keeps, n, 0.9, f"clear keep under a common slow pass, {model}")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_advice_is_right_on_average_at_1_2x() -> None:
     """True need: the fewest prompts giving the fixed design >= 80% power (simulated). The
     median central advice over inconclusive campaigns must be within 2x of it."""
@@ -186,6 +192,7 @@ def test_advice_is_right_on_average_at_1_2x() -> None:
     assert need / 2 <= median <= 2 * need, f"median advice {median} vs need {need}"
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("prompts", "runs"), [(21, 4), (50, 4), (50, 2)])
 def test_percentile_bound_covers_with_prompt_effects(prompts: int, runs: int) -> None:
     n = 400
@@ -230,6 +237,7 @@ def mc_se(rate: float, n: int) -> float:
     return math.sqrt(rate * (1 - rate) / n)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("c", [1, 8, 32, 128])
 @pytest.mark.parametrize("model", ["ar0.3+shock5%", "inflight@4", "heavy-t3", "mixed"])
 def test_false_keep_at_any_concurrency(c: int, model: str) -> None:
@@ -256,6 +264,7 @@ def test_power_at_1_3x_on_50_prompts_at_x32() -> None:
     assert float(np.mean(sequential_outcomes(camp, 1.0)[0] == KEEP)) >= limit
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_power_at_1_3x_under_mixed_noise_at_x32_with_early_stopping() -> None:
     """Mixed noise (AR, shocks, bursts, stalls in flight, slow requests, drift), 50 prompts,
     4 passes at x32: early looks have 1, 3 and 5 df. Futility judged on a trend read from z
@@ -291,6 +300,7 @@ def test_evidence_grows_with_passes_at_x32() -> None:
     assert widths[1] < math.log(1.2)  # a usable interval: half-width under 20% at 4 passes
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_percentile_bound_counts_stalls_shared_in_time_at_x32() -> None:
     """Blocks re-drawn every pass at x32: a stretch shock (sd 0.6) hits 32 prompts at once.
     Clustered by prompt alone the p90 bound undercovers; two-way by prompt and time unit it

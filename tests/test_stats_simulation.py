@@ -104,6 +104,7 @@ def _run_fixed(
 # --------------------------------------------------------------------------- paired speedup
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_paired_speedup_false_pass_at_threshold_heavy_tails() -> None:
     """True speedup == threshold (1.1), 20 prompts x 2 reps, Student-t noise + Pareto stalls."""
     n_sims, alpha = 2000, (1 - 0.95) / 2
@@ -112,6 +113,7 @@ def test_paired_speedup_false_pass_at_threshold_heavy_tails() -> None:
     assert_rate_at_most(counts["fail"], n_sims, alpha, "false fail")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_paired_speedup_power_at_declared_effect() -> None:
     """Speedup 1.3 vs threshold 1.0, 20 prompts x 2 reps, lognormal noise (log-SD 0.35).
 
@@ -143,6 +145,7 @@ def _fixed_t_passes(d: FloatArray) -> int:
 # --------------------------------------------------------------------------- other tests
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize(("p_loss", "n"), [(0.1, 80), (0.05, 100)])
 def test_mcnemar_size_at_the_margin(p_loss: float, n: int) -> None:
     """p_cand - p_ref == -margin exactly: declaring non-inferiority happens <= alpha.

@@ -245,6 +245,7 @@ def _answer(body: Any) -> Reply:
     return Reply(events=[(0.015, e) for e in events])
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_closed_loop_run_holds_x4_and_records_its_fillers(tmp_path: Path) -> None:
     with ScriptedServer(routes=sglang_routes(_answer)) as srv:
         pilot = _long_enough(write_endpoint_pilot(tmp_path, srv.url, prompts=8, extra={
@@ -313,6 +314,7 @@ def test_vllm_running_cap_from_its_resolved_config_or_its_command_line() -> None
     assert max_num_seqs_of(None, ["--model", "m"]) is None
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_cycled_stretch_sends_every_copy_and_records_which(tmp_path: Path) -> None:
     """A stretch may repeat a prompt (the trace cycled to reach the level's concurrency):
     one measured request per entry, each recorded with its occurrence."""

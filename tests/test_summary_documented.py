@@ -127,6 +127,7 @@ def _unit_of(key: str, meaning: str) -> str | None:
     return None
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_every_documented_field_is_written_and_means_what_it_says(
         summary: dict[str, Any]) -> None:
     found: dict[str, list[dict[str, Any]]] = {}

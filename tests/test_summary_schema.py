@@ -61,6 +61,7 @@ def _gate(summary: dict[str, Any], kind: str, id_: str) -> dict[str, Any]:
     return found[0]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_campaign_exercises_every_gate_kind_and_verdict(run: Run) -> None:
     # Guards the fixture: the other tests mean something only if these all occur.
     s = run.summary
@@ -83,6 +84,7 @@ def test_campaign_exercises_every_gate_kind_and_verdict(run: Run) -> None:
     assert _gate(s, "acceptance", "cand-vs-current")["gating"] is False
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_summary_validates_against_the_json_schema(run: Run) -> None:
     schema = json_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -116,6 +118,7 @@ def test_an_unbounded_interval_round_trips(run: Run) -> None:
     jsonschema.validate(json.loads(json.dumps(sheet)), json_schema())
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_schema_rejects_a_broken_sheet(run: Run) -> None:
     bad = json.loads(run.text)
     bad["gates"][0]["outcome"] = "maybe"
@@ -209,6 +212,7 @@ def test_figures_cover_each_condition_and_level(run: Run) -> None:
     assert (current["ok"], current["total"]) == (2 * len(PROMPTS) - 1, 2 * len(PROMPTS))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_rejudging_reproduces_the_summary(
     run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

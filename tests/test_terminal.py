@@ -69,6 +69,7 @@ def _closing(text: str) -> list[str]:
     return lines[start:]
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_quiet_terminal_without_benchmark_output(outputs: dict[str, Any]) -> None:
     res = outputs["plain"]
     out = res.stdout
@@ -154,6 +155,7 @@ def test_dry_run_lists_its_checks_and_leaves_no_folder(outputs: dict[str, Any],
     assert not (outputs["dir"] / "osprey-results").exists()
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_help_describes_the_tool() -> None:
     res = subprocess.run([sys.executable, "-m", "pytest_osprey", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)

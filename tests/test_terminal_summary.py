@@ -226,6 +226,7 @@ def test_no_eta_before_three_requests_then_the_whole_campaign() -> None:
     assert later.line(finished=True).endswith("42/84 requests, campaign ETA 4m 20s")
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_a_campaigns_progress_events_carry_both_etas(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Recorded from a real campaign (simulated engines that take their time): no pass ETA

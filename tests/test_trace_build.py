@@ -317,6 +317,7 @@ def test_ids_unique_across_slices(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert Counter(p.slice for p in trace.prompts) == {"core": 4, "unusual": 2}
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_the_built_trace_is_interleaved_not_grouped_by_domain(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Anything that reads the head of a built trace sees every domain, in every seed: its
@@ -506,6 +507,7 @@ def test_near_duplicate_recall_and_no_collapse_below() -> None:
     assert all(jaccard(sets[j], sets[k]) >= 0.82 for j, k in found.items())
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_default_threshold_recall_at_082_none_at_078() -> None:
     """At the default threshold (0.8): pairs at J 0.82 exactly (91 words, 9 replaced) are
     candidates at least 99.5% of the time by the band layout, and nearly all collapse here;
@@ -568,6 +570,7 @@ def test_chains_do_not_collapse_transitively() -> None:
     assert all(found[j] in kept and found[j] < j for j in found)
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_templated_traffic_is_not_compared_pairwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """3,000 prompts sharing a 21-word instruction (J about 0.45 to each other): exact
     comparisons stay near the number of prompts, not its square, and none collapses."""
@@ -754,6 +757,7 @@ def test_compressed_sources_read_by_content(tmp_path: Path,
     assert len(load_trace([out]).prompts) == 8
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 def test_catastrophic_rule_is_stopped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = jsonl(tmp_path / "p.jsonl", [{"prompt": "a" * 40 + "!"}])
     code, _, err = build(capsys, src, "--out", tmp_path / "t.jsonl",

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,7 @@ def _check(tmp: Path, text: str) -> None:
     assert trace.prompts and len(trace.sha256) == 64
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @FUZZ
 @given(st.lists(st.dictionaries(st.sampled_from(KEYS), values, max_size=7), max_size=4),
        st.data())
@@ -55,6 +57,7 @@ def test_random_lines(tmp_path_factory: Any, objects: list[dict[str, Any]], data
     _check(tmp, "\n".join(json.dumps(o) for o in objects))
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @FUZZ
 @given(st.integers(min_value=0, max_value=len(SHIPPED) - 1), st.sampled_from(KEYS), values)
 def test_mutated_shipped_prompt(tmp_path_factory: Any, index: int, key: str, value: Any) -> None:
