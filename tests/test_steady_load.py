@@ -275,7 +275,10 @@ def test_a_closed_loop_run_holds_x4_and_records_its_fillers(tmp_path: Path) -> N
     assert fair["outcome"] == "pass"
     assert {f["condition"]: round(f["in_flight_mean"], 2) for f in summary["figures"]} == {
         lv.condition: round(lv.mean or 0.0, 2) for lv in loads}
-    assert any(r["what"] == "measured load" and r["value"].startswith("x4 3.9")
+    # The set-up row states the same range as the records, to two decimals.
+    lo, hi = (min(lv.mean or 0.0 for lv in loads), max(lv.mean or 0.0 for lv in loads))
+    stated = f"x4 {lo:.2f}" + (f"-{hi:.2f}" if hi - lo >= 0.005 else "")
+    assert any(r["what"] == "measured load" and r["value"].startswith(stated + " ")
                for r in summary["setup"])
     # Judged again from the folder alone: the same in-flight figures.
     assert run_cli(["report", str(tmp_path / "res")]) in (0, 1)
