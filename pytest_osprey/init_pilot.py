@@ -19,18 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from .engines.kinds import kind_of
-from .engines.sglang.defaults import SGLangDefaults, sglang_defaults
 from .pilot.base import ConfigError
 from .pilot.schema import Pilot
 from .pilot.writer import ENGINES, Answers, DrafterAnswer, pilot_text, write_pilot
-from .preflight.artifact import EAGLE, EAGLE3, draft_layout, family
+from .preflight.artifact import draft_layout, family
 
 Ask = Callable[[str], str]
-# Osprey drafts are evaluated at (steps, topk, draft tokens) = (5, 1, 6); its serving patch
-# is written against this SGLang.
-OSPREY_SPEC = {"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}
-CHAIN_SPEC = {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
-KINDS = {EAGLE3: "EAGLE-3 head", EAGLE: "EAGLE head", "causal-lm": "plain causal-LM drafter"}
 
 
 class InitError(ConfigError):
@@ -194,32 +188,13 @@ def drafter_answer(engine: str, name: str, source: str, role: str, folder: Path,
     config, unread = _config(source)
     kind = family(config) if config is not None else "causal-lm"
     layout = draft_layout(config) if config is not None else None
-    algorithm = engine_kind.head_algorithms.get(kind, engine_kind.plain_algorithm)
-    why: list[str] = [f"{unread}: taken for a plain causal-LM drafter; check the algorithm."
-                      ] if unread else []
-    spec: dict[str, Any] = {"algorithm": algorithm}
-    osprey = layout is not None and layout.swap_h_and_emb
-    if engine == "sglang":
-        if osprey and layout is not None:
-            why += [f"A {layout.describe()}: stock SGLang serves it wrong (the draft's own",
-                    "embedding, swap_h_and_emb); serve it from an SGLang with the Osprey",
-                    "release's patch (written against 0.5.9): the artifact check asks it.",
-                    "Pinned at (steps, topk, draft tokens) = (5, 1, 6), where Osprey is "
-                    "evaluated."]
-            spec |= OSPREY_SPEC
-        else:
-            what = layout.describe() if layout else KINDS.get(kind, kind)
-            why += [f"A {what}: a chain of 3 drafts (topk 1: SGLang verifies num_steps + 1",
-                    "= 4 tokens per step), pinned in full: SGLang picks what is left unset and",
-                    "fairness fails a server that adapts its depth."]
-            spec |= CHAIN_SPEC
-    elif engine == "vllm":
-        what = layout.describe() if layout else KINDS.get(kind, kind)
-        why += [f"A {what}: K fixed at 4 (num_speculative_tokens, never varied by batch",
-                "size); fairness compares it with the server's resolved speculative_config."]
-        spec["num_draft_tokens"] = 4
-    else:
-        spec["num_draft_tokens"] = 4
+    advice = engine_kind.draft_advice(layout, kind)
+    why = [f"{unread}: taken for a plain causal-LM drafter; check the algorithm.",
+           ] if unread else []
+    why += advice.why
+    spec: dict[str, Any] = {
+        "algorithm": engine_kind.head_algorithms.get(kind, engine_kind.plain_algorithm),
+        **advice.spec}
     if engine_kind.server:
         spec["adaptive"] = False
     return DrafterAnswer(name, _written_path(source, folder),
@@ -354,15 +329,16 @@ def init(args: argparse.Namespace, ask: Ask | None = None) -> Written:
     python, asked_with = _python(engine, args.python)
     target_notes: list[str] = []
     version = None
-    if engine == "sglang":
-        facts: SGLangDefaults = sglang_defaults(asked_with)
+    engine_kind = kind_of(engine)
+    if engine_kind.facts is not None:
+        facts = engine_kind.facts(asked_with)
         lines.append(facts.line())
         target_notes.append(facts.line())
         if facts.asked:
             version = facts.version
-            target_notes.append("Speculative settings left unset are SGLang's to pick: each "
-                                "drafter pins them below.")
-    elif not kind_of(engine).launches:  # an endpoint stack: its servers are asked
+            if engine_kind.facts_note:
+                target_notes.append(engine_kind.facts_note)
+    elif not engine_kind.launches:  # an endpoint stack: its servers are asked
         for url in [baseline_url or "", *(source for _, source in names)]:
             lines.append(_probe(url, args.protocol))
         target_notes += [*lines, "The dry run contacts no endpoint; the campaign checks each "

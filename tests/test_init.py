@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.__main__ import main
+from pytest_osprey.engines.kinds import CHAIN_SPEC, OSPREY_SPEC
 from pytest_osprey.engines.sglang.defaults import sglang_defaults
-from pytest_osprey.init_pilot import CHAIN_SPEC, OSPREY_SPEC, drafter_answer
+from pytest_osprey.init_pilot import drafter_answer
 from pytest_osprey.pilot import load_pilot
 from pytest_osprey.pilot.writer import Answers, pilot_text, write_pilot
 from testkit.fake_server import Reply, ScriptedServer

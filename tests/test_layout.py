@@ -388,11 +388,7 @@ def test_reports_import_no_judgement_evaluator() -> None:
 ENGINE_NAMES = frozenset({"transformers", "sglang", "vllm", "endpoint", "embedded"})
 # Modules that may still compare engine names, each with its reason. A layer engines/ sits
 # above cannot ask a kind (engines/kinds.py): it reads the pilot's own field.
-ENGINE_NAME_BRANCHES: dict[str, str] = {
-    "pytest_osprey.init_pilot": "init's advice for a server's drafters is worded per engine "
-                                "(SGLang's defaults asked, its chain and Osprey pins, vLLM's "
-                                "fixed K)",
-}
+ENGINE_NAME_BRANCHES: dict[str, str] = {}
 
 
 def _below_engines(module: str) -> bool:

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .sglang.drafts import PATCHED_EAGLE3, DraftLayout
 
@@ -59,6 +59,73 @@ class ServingVerdict:
 # raises EngineError for a setting the engine cannot honour.
 CommandLineHook = Callable[["Pilot", str, Mapping[str, DryRunVerdict]], CommandLine]
 
+# Drafter family -> how `init` names it where the draft's layout was not read.
+FAMILY_NAMES: Mapping[str, str] = MappingProxyType({
+    EAGLE3: "EAGLE-3 head", EAGLE: "EAGLE head", PLAIN: "plain causal-LM drafter"})
+# Osprey drafts are evaluated at (steps, topk, draft tokens) = (5, 1, 6); its serving patch is
+# written against SGLang 0.5.9.
+OSPREY_SPEC: Mapping[str, int] = MappingProxyType(
+    {"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6})
+CHAIN_SPEC: Mapping[str, int] = MappingProxyType(
+    {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4})
+
+
+@dataclass(frozen=True)
+class DraftAdvice:
+    """The speculation `init` writes for one drafter, and why in sentences."""
+
+    spec: Mapping[str, object]
+    why: tuple[str, ...] = ()
+
+
+# (the draft's layout where its config was read, its family) -> what `init` writes.
+DraftAdviceHook = Callable[[DraftLayout | None, str], DraftAdvice]
+
+
+class EngineFacts(Protocol):
+    """What an engine's own Python answered `init` (its version, its defaults), or why not."""
+
+    @property
+    def asked(self) -> bool: ...
+
+    @property
+    def version(self) -> str | None: ...
+
+    def line(self) -> str: ...
+
+
+def _fixed_k(layout: DraftLayout | None, family: str) -> DraftAdvice:
+    return DraftAdvice({"num_draft_tokens": 4})
+
+
+def _what(layout: DraftLayout | None, family: str) -> str:
+    return layout.describe() if layout else FAMILY_NAMES.get(family, family)
+
+
+def _sglang_draft_advice(layout: DraftLayout | None, family: str) -> DraftAdvice:
+    if layout is not None and layout.swap_h_and_emb:
+        return DraftAdvice(OSPREY_SPEC, (
+            f"A {layout.describe()}: stock SGLang serves it wrong (the draft's own",
+            "embedding, swap_h_and_emb); serve it from an SGLang with the Osprey",
+            "release's patch (written against 0.5.9): the artifact check asks it.",
+            "Pinned at (steps, topk, draft tokens) = (5, 1, 6), where Osprey is evaluated."))
+    return DraftAdvice(CHAIN_SPEC, (
+        f"A {_what(layout, family)}: a chain of 3 drafts (topk 1: SGLang verifies num_steps + 1",
+        "= 4 tokens per step), pinned in full: SGLang picks what is left unset and",
+        "fairness fails a server that adapts its depth."))
+
+
+def _vllm_draft_advice(layout: DraftLayout | None, family: str) -> DraftAdvice:
+    return DraftAdvice({"num_draft_tokens": 4}, (
+        f"A {_what(layout, family)}: K fixed at 4 (num_speculative_tokens, never varied by batch",
+        "size); fairness compares it with the server's resolved speculative_config."))
+
+
+def _sglang_facts(python: str) -> EngineFacts:
+    from .sglang.defaults import sglang_defaults
+
+    return sglang_defaults(python)
+
 
 def _frozen(table: Mapping[str, frozenset[str]]) -> Mapping[str, frozenset[str]]:
     return MappingProxyType(dict(table))
@@ -101,6 +168,12 @@ class EngineKind:
     # The kind's own check of every condition's command line, run once per dry run.
     dry_run: Callable[[Pilot], Mapping[str, DryRunVerdict]] | None = None
     serving: Callable[[Pilot, str, DraftLayout], ServingVerdict] | None = None
+    # `init`: the speculation a drafter is written with, from its layout and family.
+    draft_advice: DraftAdviceHook = _fixed_k
+    # `init`: ask the engine's own Python for its version and defaults (None: nothing to ask).
+    facts: Callable[[str], EngineFacts] | None = None
+    # `init`: said in the pilot once the facts were asked.
+    facts_note: str = ""
 
     def accepts(self, algorithm: str) -> frozenset[str] | None:
         """The drafter families ``algorithm`` accepts, or None if the kind has no such
@@ -192,6 +265,10 @@ SGLANG = EngineKind(
     patched_algorithm="EAGLE3",
     dry_run=_sglang_dry_run,
     serving=_sglang_serving,
+    draft_advice=_sglang_draft_advice,
+    facts=_sglang_facts,
+    facts_note="Speculative settings left unset are SGLang's to pick: each drafter pins them "
+    "below.",
 )
 VLLM = EngineKind(
     name="vllm",
@@ -210,6 +287,7 @@ VLLM = EngineKind(
     # draft class for the method (EAGLE-3 checkpoints are commonly published so); SGLang
     # does not.
     renamed_heads=MappingProxyType({"eagle": EAGLE, "eagle3": EAGLE3}),
+    draft_advice=_vllm_draft_advice,
 )
 ENDPOINT = EngineKind(
     name="endpoint",
