@@ -319,3 +319,22 @@ def test_the_fairness_reason_is_whole_in_the_gate_table(
     for part in ("differ beyond the drafter", "dtype: baseline='float16', cand='bfloat16'",
                  "context_length: baseline=4096, cand=2048", "not shown: quantization (cand)"):
         assert part in row, row
+
+
+@pytest.mark.slow  # over a second on 2 busy cores
+@pytest.mark.parametrize(("evidence", "words"), [
+    ("underpowered", "too few data to trust its pass"),
+    ("not_evaluable", "could not have failed"),
+])
+def test_a_gate_without_the_evidence_to_fail_is_a_bullet_from_its_fields(
+        judged: tuple[dict[str, Any], Any, str], evidence: str, words: str) -> None:
+    """summary.json's `unproven` entries are data (gate, kind, evidence): the bullet reads
+    the evidence field, never words parsed back out of a string."""
+    summary, meta, _ = judged
+    changed = copy.deepcopy(summary)
+    v = changed["verdicts"][0]
+    v["unproven"] = [{"gate": "correctness[cand-vs-base]", "kind": "correctness",
+                      "evidence": evidence}]
+    text = markdown(changed, meta, "t", "results")
+    assert f"- *{words}:* correctness\\[cand-vs-base\\]" in text \
+        or f"- *{words}:* correctness[cand-vs-base]" in text

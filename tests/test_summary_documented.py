@@ -33,6 +33,7 @@ NOT_IN_THIS_RUN = {
     "Finding": "part of a comparison",
     "ShardEntry": "a merged campaign's",
     "UncheckedEntry": "every quality check ran",
+    "UnprovenEntry": "every gating gate had the evidence to fail",
     "BlockLoad": "the recorded schedule logs no stretches",
 }
 

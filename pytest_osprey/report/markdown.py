@@ -97,7 +97,7 @@ def _verdicts(summary: Mapping[str, Any]) -> list[str]:
         out += [f"- *note:* {esc(n)}" + (" (speedup against concurrency: plotted in "
                                           "report.html)" if n == plotted else "")
                 for n in v.get("notes", [])]
-        out += [f"- *{evidence_words(u.rpartition(' ')[2])}:* {esc(u.rpartition(' ')[0])}"
+        out += [f"- *{evidence_words(u['evidence'])}:* {esc(u['gate'])}"
                 for u in v.get("unproven", [])]
         out += [f"- *unchecked {esc(u.get('check'))}:* {esc(u.get('why'))}"
                 for u in v.get("unchecked", [])]

@@ -57,7 +57,8 @@ def summary_dict(judgement: Judgement, data: SavedCampaign, pilot: Pilot,
              "notes": d.notes, "unchecked": [u.as_dict() for u in d.unchecked],
              "next_step": d.next_step,
              "crossover": d.crossover.as_dict() if d.crossover is not None else None,
-             "unproven": [f"{g.spec.kind}[{g.spec.id}] {g.evidence}" for g in v.unproven]}
+             "unproven": [{"gate": f"{g.spec.kind}[{g.spec.id}]", "kind": g.spec.kind,
+                           "evidence": g.evidence} for g in v.unproven]}
             for v, d in zip(judgement.verdicts, judgement.diagnoses, strict=True)
         ],
         "gates": [g.as_dict() for g in judgement.results.values()],

@@ -33,7 +33,7 @@ from ..judgement import (
 )
 from .summary_spent import SpentEntry
 
-SUMMARY_SCHEMA: Final = 1
+SUMMARY_SCHEMA: Final = 2
 """Version of the summary.json format (the ``schema`` key)."""
 
 
@@ -42,6 +42,17 @@ class _Sheet(BaseModel):
     # cost table still reaches summary.json (tests flag it as undocumented).
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True,
                               populate_by_name=True)
+
+
+class UnprovenEntry(_Sheet):
+    """A gating gate that passed or was skipped unable to fail (`verdicts[].unproven[]`)."""
+
+    gate: str
+    """`kind[id]`, as pytest names its test (`correctness[tiny-drafter-vs-baseline]`)."""
+    kind: str
+    """The gate kind (`gates[].kind`)."""
+    evidence: Literal["underpowered", "not_evaluable"]
+    """Its `gates[].evidence`: too few data to have failed, or nothing it could judge."""
 
 
 class UncheckedEntry(_Sheet):
@@ -145,10 +156,10 @@ class VerdictEntry(_Sheet):
     pattern is a known one."""
     notes: list[str] = Field(default_factory=list)
     """Diagnoses tied to no failed gate (e.g. a domain gap on a reported-only slice)."""
-    unproven: list[str] = []
+    unproven: list[UnprovenEntry] = Field(default_factory=list)
     """Gating gates that passed or were skipped without the evidence to have failed
-    (`evidence` not `tested`): `kind[id] evidence`. A KEEP with entries here rests on gates
-    that could hardly, or not at all, have said no."""
+    (`evidence` not `tested`). A KEEP with entries here rests on gates that could hardly, or
+    not at all, have said no."""
     unchecked: list[UncheckedEntry] = Field(default_factory=list)
     """The quality checks that did not run for this candidate (a gate absent, skipped or
     unable to fail); the headline says `greedy output identical; unchecked: ...` rather than
@@ -415,7 +426,7 @@ class Summary(_Sheet):
     of its own (`rejudged-<UTC time>/`)."""
 
     # "schema" would shadow BaseModel.schema: the key is an alias.
-    schema_: Literal[1] = Field(SUMMARY_SCHEMA, alias="schema")
+    schema_: Literal[2] = Field(SUMMARY_SCHEMA, alias="schema")
     """Version of this format."""
     run_id: str | None
     """The campaign's run id (UTC start time and a random suffix)."""
