@@ -262,7 +262,8 @@ def test_missing_top_level_sections(tmp_path: Path) -> None:
         ("passes", "two", "load.passes", "expected an integer, got the string 'two'"),
         ("greedy", "maybe", "sampling.greedy", "expected true or false"),
         ("files", "prompts/pilot.jsonl", "trace.files", "valid list"),
-        (LEVELS[0], "one", f"load.levels.{LEVELS[0]}", "expected an integer"),
+        # The last level: the first is named again under load.level_passes.
+        (LEVELS[-1], "one", f"load.levels.{LEVELS[-1]}", "expected an integer"),
         ("order", "random", "load.order", "'interleaved' or 'sequential'"),
         ("engine", "tensorrt", "target.engine", "'transformers'"),
         ("speedup_min", "[1.1]", "limits.speedup_min", "expected a number, got a list"),
@@ -306,7 +307,7 @@ def test_list_given_as_a_string(tmp_path: Path) -> None:
         ("speedup_min", ".nan", "limits.speedup_min", "finite"),
         ("max_new_tokens_cap", "-5", "max_new_tokens_cap", "greater than or equal to 1"),
         (LEVELS[-1], "1000000", f"load.levels.{LEVELS[-1]}", "less than or equal to 100000"),
-        (LEVELS[0], "0", f"load.levels.{LEVELS[0]}", "greater than or equal to 1"),
+        (LEVELS[-1], "0", f"load.levels.{LEVELS[-1]}", "greater than or equal to 1"),
         ("num_draft_tokens", "1000", f"conditions.{CAND}.speculation.num_draft_tokens",
          "less than or equal to 64"),
         ("warmup_requests", "-1", "load.warmup_requests", "greater than or equal to 0"),
@@ -654,8 +655,8 @@ def test_schema_command_prints_json_schema() -> None:
 
 def test_blocks_is_the_former_name_of_passes(tmp_path: Path) -> None:
     old = load_pilot(project(tmp_path, rename_key("passes", "blocks")))
-    assert old.load.passes == 4
-    both = PILOT_TEXT.replace("  passes: 4", "  passes: 4\n  blocks: 2")
+    assert old.load.passes == REPO["load"]["passes"]
+    both = rename_key("passes", "passes: 2\n  blocks")
     with pytest.raises(ConfigError, match="passes or its former name blocks"):
         load_pilot(project(tmp_path, both))
 

@@ -60,11 +60,12 @@ class LevelSees:
     speedup_min: float
     power: float
 
-    def phrase(self) -> str:
+    def phrase(self, with_passes: bool = False) -> str:
         load = f"x{self.concurrency}" if self.concurrency else self.level
         keeps = (f"{self.detectable:.2f}x" if math.isfinite(self.detectable)
                  else "no speedup")
-        return f"at {load} ({self.time_units} time units, df {self.df:.0f}) {keeps}"
+        passes = f"{self.passes} pass{'es' if self.passes != 1 else ''}, " if with_passes else ""
+        return f"at {load} ({passes}{self.time_units} time units, df {self.df:.0f}) {keeps}"
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,14 @@ class SpeedSees:
         if not self.levels:
             return ""
         first = self.levels[0]
-        design = (f"{first.prompts} prompts, {first.passes} passes"
+        # Levels may take fewer passes (load.level_passes): then each level says its own.
+        same = len({s.passes for s in self.levels}) == 1
+        design = (f"{first.prompts} prompts"
+                  + (f", {first.passes} passes" if same else "")
                   + (f", {first.boots} boots" if first.boots > 1 else ""))
         return (f"this design ({design}) keeps a true speedup against speedup_min "
                 f"{first.speedup_min:g}x with {first.power:.0%} power from: "
-                + "; ".join(s.phrase() for s in self.levels)
+                + "; ".join(s.phrase(with_passes=not same) for s in self.levels)
                 + " (reference noise, fixed design)")
 
 
