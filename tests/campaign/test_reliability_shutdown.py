@@ -27,10 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
-from testkit.factories import dump_pilot, pilot_data, write_trace
+from testkit.factories import ROOT, dump_pilot, pilot_data, write_trace
 from testkit.pilot_run import PilotRun, fake_sglang, gone, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "fixtures" / "models"
 BUDGET_S = 5.0
 MEASURED: dict[str, float] = {}  # run -> seconds from the signal to the exit (printed below)

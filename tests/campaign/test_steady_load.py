@@ -27,11 +27,11 @@ from pytest_osprey.report.terminal import in_flight_text
 from pytest_osprey.results.folder import iter_pairs, load_campaign
 from pytest_osprey.results.records import RequestRecord
 from testkit.endpoint_pilot import run_cli, sglang_routes, write_endpoint_pilot
-from testkit.factories import make_record, saved_campaign
+from testkit.factories import ROOT, make_record, saved_campaign
 from testkit.fake_engine import sglang_events
 from testkit.fake_server import Reply, ScriptedServer
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang-0.5.23-cpu"
+FIXTURES = ROOT / "tests" / "fixtures" / "sglang-0.5.23-cpu"
 
 
 def rec(cond: str, pid: str, start: float, e2e: float, ttft: float = 0.0, *,

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from testkit.factories import ROOT
+
 TEMPLATES = ROOT / "ci-templates"
 PILOT_WF = TEMPLATES / "github" / "osprey-pilot.yml"
 REJUDGE_WF = TEMPLATES / "github" / "osprey-rejudge.yml"

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from testkit.factories import ROOT
+
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 

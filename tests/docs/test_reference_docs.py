@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pytest_osprey.pilot.reference import render
 from pytest_osprey.pilot.schema import Pilot
+from testkit.factories import ROOT
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "pilot-reference.md"
+DOC = ROOT / "docs" / "pilot-reference.md"
 
 
 def test_reference_doc_is_current() -> None:

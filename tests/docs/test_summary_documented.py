@@ -21,10 +21,10 @@ from pytest_osprey.judgement.figures.measured import figures_for, memory_kind
 from pytest_osprey.report.setup import models, setup_facts
 from pytest_osprey.report.summary_schema import SetupFacts, Summary
 from pytest_osprey.results.folder import load_campaign
-from testkit.factories import make_record, saved_campaign
+from testkit.factories import ROOT, make_record, saved_campaign
 from testkit.recorded_campaign import judge_as_the_plugin_does, record_campaign, write_project
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "summary-json.md"
+DOC = ROOT / "docs" / "summary-json.md"
 
 # Sections this run has no instance of: each says why.
 NOT_IN_THIS_RUN = {

@@ -32,14 +32,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pytest_osprey.engines.base import GenerationRequest
 from pytest_osprey.engines.sglang.engine import SGLangClient
+from testkit.factories import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SHORT, LONG = 48, 384
 PAIRS = 21
 REQUESTS = 3  # per round on each side: about 30 ms of client CPU

@@ -13,9 +13,8 @@ from pytest_osprey.judgement.gates.kinds import GateKind
 from pytest_osprey.judgement.service.load import STEADY_SHARE, level_loads
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.run.pilot_run import PilotRun, RunOptions
-from testkit.factories import TINY_DRAFTER, TINY_TARGET, dump_pilot, pilot_data
+from testkit.factories import ROOT, TINY_DRAFTER, TINY_TARGET, dump_pilot, pilot_data
 
-ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "prompts" / "pilot.jsonl"
 SWEEP = ROOT / "examples" / "pilot-sweep.yaml"
 

@@ -11,9 +11,9 @@ import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.embedded.engine import TransformersEngine
-from testkit.factories import make_pilot
+from testkit.factories import ROOT, make_pilot
 
-MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+MODELS = ROOT / "fixtures" / "models"
 pytestmark = pytest.mark.slow  # boots the tiny target
 
 

@@ -19,11 +19,11 @@ from pytest_osprey.engines.http.stream import STRING_MOST, bounded, cap_text
 from pytest_osprey.engines.sglang.engine import SGLangClient
 from pytest_osprey.engines.speculation import accept_length_most
 from pytest_osprey.results.records import IMPOSSIBLE, Measurement, checked, impossible_value
-from testkit.factories import make_pilot
+from testkit.factories import ROOT, make_pilot
 from testkit.fake_server import ScriptedServer
 from testkit.hostile_server import HTML, hostile_server, run_campaign, strict_json
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def sound(**kw: Any) -> Measurement:

@@ -14,11 +14,11 @@ from pytest_osprey.engines.base import EngineError, GenerationRequest
 from pytest_osprey.engines.endpoint.engine import EndpointEngine
 from pytest_osprey.engines.sglang import engine as sg
 from pytest_osprey.pilot.schema import Pilot
-from testkit.factories import make_pilot
+from testkit.factories import ROOT, make_pilot
 from testkit.fake_engine import sglang_events
 from testkit.fake_server import Reply, ScriptedServer
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang-0.5.23-cpu"
+FIXTURES = ROOT / "tests" / "fixtures" / "sglang-0.5.23-cpu"
 
 
 def pilot(**conditions: Any) -> Pilot:

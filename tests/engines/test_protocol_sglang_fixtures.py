@@ -14,11 +14,12 @@ import pytest
 
 from pytest_osprey.engines.base import GenerationRequest
 from pytest_osprey.engines.sglang import engine as sg
+from testkit.factories import ROOT
 from testkit.fake_engine import sglang_events
 from testkit.fake_server import Reply, ScriptedServer
 from testkit.timed_stream import Payloads
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang-0.5.23-cpu"
+FIXTURES = ROOT / "tests" / "fixtures" / "sglang-0.5.23-cpu"
 
 # What the client reads from a chunk: these must be where the real server puts them.
 READ = ("text", "output_ids", "meta_info")

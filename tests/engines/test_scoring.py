@@ -25,6 +25,7 @@ from pytest_osprey.results.scores import (
     position_classes,
     read_scores,
 )
+from testkit.factories import ROOT
 from testkit.fake_server import Reply, ScriptedServer, sglang_routes
 
 # ------------------------------------------------------------------- position classes
@@ -309,7 +310,7 @@ def test_sglang_scores_a_recorded_real_answer() -> None:
     the request starts one before the output and every output position is scored."""
     from pytest_osprey.engines.scoring import sglang_scores
 
-    recorded = json.loads((Path(__file__).parent / "fixtures" / "sglang-0.5.23-cpu"
+    recorded = json.loads((ROOT / "tests" / "fixtures" / "sglang-0.5.23-cpu"
                            / "score_input_logprobs.json").read_text())
     request, answer = recorded["request"], recorded["answer"]
     own = answer["meta_info"]["input_token_logprobs"]

@@ -3,7 +3,7 @@
 One plain server (speculation off) is booted for the whole module, streaming cumulatively as
 SGLang does by default (the engine boots its servers with --incremental-streaming-output; an
 endpoint may not have it): the client must read both. The speculative servers
-(tests/test_sglang_cpu_spec.py) stream incrementally. Needs ``OSPREY_SGLANG_PYTHON`` (see
+(tests/engines/test_sglang_cpu_spec.py) stream incrementally. Needs ``OSPREY_SGLANG_PYTHON`` (see
 testkit/sglang_cpu.py).
 """
 

@@ -15,10 +15,9 @@ import pytest
 from pytest_osprey.engines.sglang.check import SEED_NOTE, dry_run_check
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.preflight.command_lines import check_command_lines
-from testkit.factories import make_pilot
+from testkit.factories import ROOT, make_pilot
 from testkit.pilot_run import FAKEPKGS
 
-ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")
 REAL = os.environ.get("OSPREY_SGLANG_PYTHON")
 REJECTION = ["--speculative-use-rejection-sampling"]

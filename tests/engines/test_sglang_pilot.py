@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from testkit.example_pilots import shrunk_example
+from testkit.factories import ROOT
 from testkit.pilot_run import servers_left
 from testkit.sglang_cpu import NEEDS_SGLANG
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU_PILOT = ROOT / "examples" / "pilot-sglang-cpu.yaml"
 GPU_PILOT = ROOT / "examples" / "pilot-sglang-eagle3.yaml"
 

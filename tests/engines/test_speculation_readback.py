@@ -40,11 +40,11 @@ from pytest_osprey.pilot.trace import load_trace
 from pytest_osprey.results.campaign_file import ScheduleEntry
 from pytest_osprey.results.records import RequestRecord
 from testkit.endpoint_pilot import sglang_routes, write_endpoint_pilot
-from testkit.factories import make_pilot, make_record, saved_campaign
+from testkit.factories import ROOT, make_pilot, make_record, saved_campaign
 from testkit.fake_engine import sglang_events
 from testkit.fake_server import Reply, ScriptedServer
 
-FIX = Path(__file__).parent / "fixtures" / "speculation"
+FIX = ROOT / "tests" / "fixtures" / "speculation"
 RECORDED = FIX / "sglang-0.5.23-cpu-standalone"
 NEWER = FIX / "sglang-newer-handwritten"
 VLLM = FIX / "vllm-handwritten"

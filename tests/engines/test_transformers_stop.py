@@ -11,11 +11,12 @@ import pytest
 
 from pytest_osprey.engines.base import BootSpec, GenerationRequest
 from pytest_osprey.engines.embedded.engine import TransformersEngine
+from testkit.factories import ROOT
 from testkit.tiny_models import drafted_pilot
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+MODELS = ROOT / "fixtures" / "models"
 pytestmark = [
     pytest.mark.slow,  # boots the tiny models
     pytest.mark.skipif(not (MODELS / "tiny-drafter").is_dir(), reason="no tiny models"),

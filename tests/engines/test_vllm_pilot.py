@@ -11,7 +11,7 @@ the pilot asked for and its acceptance counts agree with vLLM's counters; and th
 drafter's accept length under vLLM agrees with the embedded engine's on the same prompts
 within 10%. Speed verdicts are not asserted here (real timings on a shared machine): the
 example's full design (the weak drafter, two levels, two passes) is what users run; its fault
-is also kept as a recorded case (testkit/recorded/, tests/test_vllm_recorded.py).
+is also kept as a recorded case (testkit/recorded/, tests/judgement/test_vllm_recorded.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pytest_osprey.judgement.service.speculation import speculation_differences
 from pytest_osprey.pilot.loading import load_pilot
 from pytest_osprey.pilot.trace import load_trace, render_prompt
 from testkit.example_pilots import shrunk_example
+from testkit.factories import ROOT
 from testkit.pilot_run import servers_left
 
-ROOT = Path(__file__).resolve().parents[1]
 PILOT = ROOT / "examples" / "pilot-vllm-cpu.yaml"
 PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from testkit.example_pilots import aa_example
+from testkit.factories import ROOT
 from testkit.pilot_run import servers_left
 
-ROOT = Path(__file__).resolve().parents[1]
 PYTHON = os.environ.get("OSPREY_VLLM_PYTHON")
 # Four prompts of four domains: the sampled pass draws from these (stratified), the speed pass
 # (one pass at x1) asserts nothing here.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,10 +34,10 @@ from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.campaign_file import ScheduleEntry
 from pytest_osprey.results.records import RequestRecord
 from testkit.endpoint_pilot import sglang_routes
-from testkit.factories import make_pilot, make_record, saved_campaign
+from testkit.factories import ROOT, make_pilot, make_record, saved_campaign
 from testkit.fake_server import Reply, ScriptedServer
 
-FIX = Path(__file__).parent / "fixtures" / "speculation"
+FIX = ROOT / "tests" / "fixtures" / "speculation"
 SGLANG = FIX / "sglang-0.5.23-cpu-standalone"
 OLDER = FIX / "sglang-newer-handwritten" / "meta_info_older_names.json"
 VLLM = FIX / "vllm-0.32-cpu-draft-model"

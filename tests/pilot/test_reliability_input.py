@@ -32,8 +32,8 @@ from pytest_osprey.pilot.schema import ConfigError, Pilot
 from pytest_osprey.pilot.selection import selected_trace
 from pytest_osprey.pilot.yaml_text import MAX_PILOT_BYTES
 from pytest_osprey.run.folders import default_results
+from testkit.factories import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE: dict[str, Any] = yaml.safe_load((ROOT / "pilot.yaml").read_text("utf-8"))
 CAND = next(n for n, c in BASE["conditions"].items() if c["role"] == "candidate")
 FUZZ = settings(deadline=None, database=None, max_examples=60,

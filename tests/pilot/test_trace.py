@@ -18,8 +18,8 @@ from pytest_osprey.pilot.trace import (
     render_prompt,
     trace_hash,
 )
+from testkit.factories import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PILOT = ROOT / "prompts" / "pilot.jsonl"
 README = ROOT / "prompts" / "README.md"
 CORE_DOMAINS = ("chat", "code", "commonsense", "finance", "math")

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_osprey.pilot.trace import TraceError, load_trace
+from testkit.factories import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [json.loads(line) for line in (ROOT / "prompts" / "pilot.jsonl").read_text().splitlines()
            if line.strip()]
 FUZZ = settings(max_examples=300, deadline=None, database=None,

@@ -24,7 +24,7 @@ from pytest_osprey.preflight.artifact import (
     family,
     safetensors_header,
 )
-from testkit.factories import make_pilot
+from testkit.factories import ROOT, make_pilot
 
 VOCAB = {"<s>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4, "d": 5, "e": 6, "f": 7}
 
@@ -424,7 +424,7 @@ def test_eagle3_vocabulary_maps_of_the_wrong_size_fail(
     assert failed(report) == {"vocabulary maps": says}
 
 
-MODELS = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+MODELS = ROOT / "fixtures" / "models"
 
 
 def test_shipped_tiny_eagle3_fits_the_tiny_target_for_sglang(tmp_path: Path) -> None:
@@ -636,7 +636,7 @@ def test_endpoint_condition_returns_no_checks(tmp_path: Path) -> None:
 
 
 def test_via_load_pilot_with_the_repo_pilot_layout(tmp_path: Path) -> None:
-    text = (Path(__file__).resolve().parent.parent / "pilot.yaml").read_text("utf-8")
+    text = (ROOT / "pilot.yaml").read_text("utf-8")
     data = yaml.safe_load(text)
     proj = tmp_path / "proj"
     fake_model(proj / data["target"]["model"])

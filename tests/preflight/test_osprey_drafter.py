@@ -32,9 +32,8 @@ from pytest_osprey.preflight.artifact import (
     draft_layout,
     sglang_draft,
 )
-from testkit.factories import make_pilot
+from testkit.factories import ROOT, make_pilot
 
-ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("OSPREY_TINY_MODELS") or ROOT / "fixtures" / "models")
 TARGET = MODELS / "tiny-target"
 EXAMPLE = ROOT / "examples" / "pilot-osprey-vs-eagle3.yaml"

@@ -23,6 +23,7 @@ from pytest_osprey.judgement.figures.measured import Figures
 from pytest_osprey.judgement.gates import evaluate as decision
 from pytest_osprey.report.summary_reference import GATE_KINDS, render_reference
 from pytest_osprey.report.summary_schema import SUMMARY_SCHEMA, GateEntry, Summary, json_schema
+from testkit.factories import ROOT
 from testkit.recorded_campaign import (
     CONDITIONS,
     LEVELS,
@@ -32,7 +33,7 @@ from testkit.recorded_campaign import (
     write_project,
 )
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "summary-json.md"
+DOC = ROOT / "docs" / "summary-json.md"
 
 
 @dataclass(frozen=True)

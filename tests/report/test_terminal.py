@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 
-from testkit.factories import dump_pilot, endpoint_conditions, pilot_data, write_trace
+from testkit.factories import ROOT, dump_pilot, endpoint_conditions, pilot_data, write_trace
 from testkit.fake_server import Reply, ScriptedServer
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _routes(delay: float) -> dict[tuple[str, str], Any]:

@@ -24,10 +24,9 @@ import pytest
 from pytest_osprey.campaign import runner as runner_module
 from pytest_osprey.results.campaign_file import CampaignFile, incomplete_note, live_status
 from testkit.endpoint_pilot import run_cli, saved_results, sglang_routes, write_endpoint_pilot
+from testkit.factories import ROOT
 from testkit.fake_server import ScriptedServer
 from testkit.pilot_run import QUIET
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from pytest_osprey.results import records as records_module
 from pytest_osprey.run.folders import default_results
 from testkit import tinyfs
 from testkit.endpoint_pilot import run_cli, saved_results, sglang_routes, tree, write_endpoint_pilot
+from testkit.factories import ROOT
 from testkit.fake_server import ScriptedServer
 
 FUZZ = settings(deadline=None, database=None, max_examples=40,
@@ -266,7 +267,7 @@ def test_a_full_disk_mid_campaign_is_one_line_and_reports_what_was_measured(
 
 
 def _pythonpath() -> dict[str, str]:
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     return {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
 
 
@@ -375,7 +376,7 @@ def test_a_closed_or_broken_stdout_keeps_the_measurement(tmp_path: Path, stdout:
                  str(tmp_path / "res")] if entry == "cli" else
                 [sys.executable, "-m", "pytest", *QUIET, f"--osprey-config={pilot}",
                  "--osprey-results", str(tmp_path / "res")])
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if stdout == "closed":
             proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   env=env, timeout=240, close_fds=True, cwd=tmp_path,
@@ -442,7 +443,7 @@ def test_a_folder_that_is_not_what_it_claims(tmp_path: Path, fault: str,
     proc = subprocess.run(
         [sys.executable, "-m", "pytest_osprey", "report", str(res), *config],
         capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
     if fault == "duplicated":
         assert proc.returncode in (0, 1), proc.stderr
         assert "duplicated record line(s) collapsed" in proc.stderr

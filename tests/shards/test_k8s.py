@@ -19,9 +19,9 @@ import yaml
 from pytest_osprey.__main__ import EXIT_USAGE, main
 from pytest_osprey.pilot.base import ConfigError
 from pytest_osprey.shards.k8s import K8sOptions, manifests, merge_script, render, shard_script
+from testkit.factories import ROOT
 from testkit.k8s_models import ManifestError, validate
 
-ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("kubernetes")
 
 BASE = K8sOptions(pilot="pilots/p.yaml", shards=3, image="ghcr.io/acme/osprey:1", name="osprey-p",

@@ -14,10 +14,8 @@ import pytest
 import yaml
 
 from pytest_osprey.__main__ import EXIT_USAGE, main
-from testkit.factories import write_pilot
+from testkit.factories import ROOT, write_pilot
 from testkit.pilot_run import MARK, QUIET, fake_sglang
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _k8s(pilot: Path, *more: str) -> list[str]:

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from pytest_osprey.__main__ import EXIT_USAGE, main
-from testkit.factories import write_pilot
+from testkit.factories import ROOT, write_pilot
 from testkit.pilot_run import MARK, fake_sglang
 
 ray = pytest.importorskip("ray")
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _pilot(folder: Path) -> Path:

@@ -19,7 +19,7 @@ from pytest_osprey.campaign.schedule import plan_replay
 from pytest_osprey.run.pilot_run import PilotRun, RunOptions, UsageError
 from pytest_osprey.shards.merge import MergeError, merge_shards
 from pytest_osprey.shards.plan import Shard, ShardError, parse_shard, shard_plan
-from testkit.factories import write_pilot
+from testkit.factories import ROOT, write_pilot
 from testkit.pilot_run import MARK, fake_sglang, kill_marked, run_two_shards
 
 IDS = [f"p{i}" for i in range(12)]
@@ -257,7 +257,7 @@ def test_the_pytest_option_runs_a_shard(tmp_path: Path) -> None:
     from testkit.pilot_run import QUIET
 
     pilot = _pilot(tmp_path, passes=2)
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     env = {**os.environ, "PYTHONPATH": str(root)}
     try:
         done = subprocess.run(

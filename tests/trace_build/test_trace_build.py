@@ -20,8 +20,8 @@ from pytest_osprey.__main__ import main
 from pytest_osprey.pilot.trace import Trace, load_trace
 from pytest_osprey.trace_build.dedupe import near_duplicates
 from pytest_osprey.trace_build.sampling import allocate, stratified_sample
+from testkit.factories import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PILOT = ROOT / "prompts" / "pilot.jsonl"
 TOKENIZER = ROOT / "fixtures" / "models" / "tiny-target"
 
