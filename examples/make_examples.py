@@ -4,7 +4,7 @@
 campaign.json compressed); ``examples/first-run/terminal.txt`` and ``report.md`` are what the
 plugin prints and writes when it judges it, re-judged by ``pytest --osprey-config=...
 --osprey-reuse`` with this checkout's code, so the docs show the output format of the code
-beside them. tests/test_doc_examples.py fails when the committed outputs drift from what the
+beside them. tests/docs/test_doc_examples.py fails when the committed outputs drift from what the
 code renders; this script renews them.
 
     python examples/make_examples.py                   # re-render from the stored run

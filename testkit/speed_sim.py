@@ -22,7 +22,7 @@ speedup is exactly the one planted (per-prompt geometric mean, or ratio of expec
 times when ``truth="total_time"``).
 
 Everything is vectorised over campaigns; ``benchmarks/stats_calibration.py`` and the tests
-(``tests/test_speed_simulation.py``) use it at different sizes.
+(``tests/judgement/test_speed_simulation.py``) use it at different sizes.
 """
 
 from __future__ import annotations

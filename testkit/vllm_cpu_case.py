@@ -12,7 +12,7 @@ plain server scored them (``scores.jsonl`` lines of the baseline, the A/A contro
 speculative candidate), gzipped, and ``case.json`` (the engine, the served sampling, alpha,
 and each sampled request's accept length and draft counts, as vLLM reported them).
 
-Recorded from a results folder of that pilot (``tests/test_vllm_pilot.py`` leaves one under
+Recorded from a results folder of that pilot (``tests/engines/test_vllm_pilot.py`` leaves one under
 its ``--basetemp``)::
 
     python -m testkit.vllm_cpu_case RESULTS_DIR

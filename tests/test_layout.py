@@ -242,9 +242,10 @@ def _top_imports(path: Path) -> set[str]:
 
 
 def _local_modules(folder: Path) -> set[str]:
-    """Names a script in ``folder`` could import by being beside it."""
-    return {p.stem for p in folder.glob("*.py")} | {
-        p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    """Names a script in ``folder``, or in a folder below it, could import by being beside
+    it (tests/ keeps its test files in folders that mirror the package)."""
+    return {p.stem for p in folder.rglob("*.py")} | {
+        p.name for p in folder.rglob("*") if p.is_dir() and (p / "__init__.py").exists()}
 
 
 @pytest.mark.slow  # over a second on 2 busy cores

@@ -52,7 +52,7 @@ it, and the summary draws no direction from it.
 
 "pass" means no difference was detected: evidence of sameness only as far as the budget has
 power. benchmarks/distribution_power.py measures power and false alarms on real samples of a
-target; tests/test_distribution.py establishes them by simulation.
+target; tests/judgement/test_distribution.py establishes them by simulation.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ falls with the number of time units, prompts x passes) and the t-test's degrees 
 effective time clusters stand for the units).
 
 The range reported runs from the optimistic quartile to the pessimistic one; the central
-value is the one validated (tests/test_speed_simulation.py: at a true 1.2x its median is
+value is the one validated (tests/judgement/test_speed_simulation.py: at a true 1.2x its median is
 within 2x of the need found by simulating larger campaigns).
 """
 

@@ -20,7 +20,7 @@ linearly; nothing is extrapolated beyond the tested range.
   a total-time metric, whose interval is Fieller's and asymmetric, the standard error is
   read from the interval's width.)
 
-Validated by simulation (tests/test_crossover.py, benchmarks/crossover_coverage.py, see
+Validated by simulation (tests/judgement/test_crossover.py, benchmarks/crossover_coverage.py, see
 docs/crossover.md): per-level estimates drawn around a known curve with a known crossing,
 independent and correlated between levels, and whole campaigns through the replay planner
 under noise shared in time, cover it at the nominal rate.

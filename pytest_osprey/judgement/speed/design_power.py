@@ -8,7 +8,7 @@ noise, which every replay reduces; and stretch shocks, shared by the requests of
 The degrees of freedom are the deciding test's: min(prompts, time units) - 1, the serial
 term's effective clusters standing for the units at low load (:mod:`.variance`). Power is
 the t-test's (noncentral t), fixed design; validated by simulation
-(tests/test_speed_design_power.py).
+(tests/judgement/test_speed_design_power.py).
 """
 
 from __future__ import annotations

@@ -373,7 +373,7 @@ def drift_check(
     ``tolerance`` 20%: a pass that runs >20% off the others is material (smaller, slow drift
     cancels between adjacent stretches and is only reported: at 10% a slow drift of +-14%
     vetoed nearly every keep). ``alpha`` 1%: false alarms on stable noise are rare (measured
-    in tests/test_speed_simulation.py).
+    in tests/judgement/test_speed_simulation.py).
     """
     n_inst = levels[0][0].shape[0] * levels[0][0].shape[1]
     if n_inst < 2:
