@@ -96,11 +96,13 @@ def test_k8s_refuses_more_shards_than_the_pilots_passes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "osprey.yaml"
     args = ["k8s", str(ROOT / "pilot.yaml"), "--image", "img:1", "--out", str(out)]
-    assert main([*args, "--shards", "5"]) == EXIT_USAGE  # the shipped pilot has 4 passes
+    passes = yaml.safe_load((ROOT / "pilot.yaml").read_text("utf-8"))["load"]["passes"]
+    assert main([*args, "--shards", str(passes + 1)]) == EXIT_USAGE
     err = _err(capsys)
-    assert "--shards 5: the pilot has 4 passes" in err and len(err.splitlines()) == 1
+    assert f"--shards {passes + 1}: the pilot has {passes} passes" in err
+    assert len(err.splitlines()) == 1
     assert not out.exists()
-    assert main([*args, "--shards", "4"]) == 0
+    assert main([*args, "--shards", str(passes)]) == 0
 
 
 @pytest.mark.parametrize("spec", ["", " ", "1/", "1/2/3", "\u0661/\u0662", "2of2"])
