@@ -134,7 +134,8 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "baseline accepts it) only where the service's timed requests use it "
         "(`sampling.serving`); skip when nothing could be tested",
         "parameters not honoured, plus refusals the service meets (count)", "0",
-        "`parameters` (name -> `status`: `honoured`, `not_honoured`, `refused` or `not_tested`; "
+        "`parameters` (name -> `status`: `honoured` (no fault found at the probe's budget, "
+        "sized in `why`), `not_honoured`, `refused` or `not_tested`; "
         "`why`: the sizing sentence, the engine's answer or the reason; `ignored`: the evidence "
         "names this parameter; `p_value`; `verdict`: the clause in words), `honoured` (names), "
         "`broken` (name -> what went wrong), `refused` (name -> the engine's answer), "

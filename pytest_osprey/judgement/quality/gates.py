@@ -348,7 +348,8 @@ def judge_sampling_params(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> 
     ok = [v.label for v in verdicts.values() if v.status == "honoured"]
     untested = [v for v in verdicts.values() if v.status == "not_tested"]
     lines = [v.clause() for v in (*wrong, *refused)]
-    lines.append(f"honoured: {', '.join(ok) or 'none'}")
+    # "No fault found", not "honoured": a probe that saw no drop was sized, not proven.
+    lines.append(f"no fault found: {', '.join(ok) or 'none'}")
     if untested:
         lines.append("not tested: " + "; ".join(f"{v.label} ({v.why})" for v in untested))
     blocking = [v for v in refused if v.parameter in used]

@@ -51,7 +51,8 @@ class ParamVerdict:
         if self.status == "refused":
             return f"{self.label} refused under speculation ({self.why})"
         if self.status == "honoured":
-            return f"{self.label} honoured"
+            # Not proof: the probe found no drop at its budget, which `why` sizes.
+            return f"{self.label}: no fault found" + (f" ({self.why})" if self.why else "")
         return f"{self.label} not tested ({self.why})"
 
     def as_dict(self) -> dict[str, object]:
