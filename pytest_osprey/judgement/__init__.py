@@ -22,7 +22,7 @@ from .quality.distribution import END, records_to_samples
 from .quality.gates import sampling_budget_problem, sampling_budget_sees
 from .service.goodput import GoodputRow, GoodputSection, goodput_section
 from .speed.design_power import SpeedSees, design_sees
-from .speed.gate import look_at, machine_speedups
+from .speed.gate import candidate_looks, look_at, machine_speedups
 from .speed.stability import BlockDrift, BlockLoad, Stability, stability
 from .verdict.diagnosis import Diagnosis, Reason, Speed, diagnose_all
 from .verdict.judge import Judgement, judge
@@ -64,6 +64,7 @@ __all__ = [
     "Withheld",
     "all_domain_rows",
     "all_figures",
+    "candidate_looks",
     "compare",
     "cost_summary",
     "design_sees",

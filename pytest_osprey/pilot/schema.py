@@ -212,9 +212,10 @@ class Decision(Strict):
     early_stop: bool = Field(
         True,
         description="Look after each pass (group-sequential, power alpha spending, three "
-        "outcomes at every look) and stop the greedy passes once every candidate's primary "
-        "speed gate is decided: KEEP, DROP (confidently below the minimum) or INCONCLUSIVE "
-        "(more passes would very likely not settle it)",
+        "outcomes at every look) and stop the greedy passes once every candidate is "
+        "decided on its primary speed gates (against the baseline and, where the pilot has "
+        "one, the current drafter): KEEP on all of them, DROP on one (confidently below its "
+        "minimum) or INCONCLUSIVE on one (more passes would very likely not settle it)",
     )
     futility_power: Annotated[float, Field(ge=0, lt=0.5)] = 0.2
     """With early_stop: at an interim look, stop INCONCLUSIVE when the chance that the

@@ -152,8 +152,9 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "CI low > threshold (the deciding test's one-sided p <= alpha); fail when CI high < "
         "threshold; else inconclusive. With an unstable environment (a pass changed) either "
         "verdict must also hold on the drift-adjusted speedup (without the pass that changed "
-        "the comparison), else inconclusive. The primary gate with "
-        "`decision.early_stop`: the group-sequential decision at the campaign's last look. "
+        "the comparison), else inconclusive. The primary gates (against the baseline and "
+        "the current drafter) with `decision.early_stop`: the group-sequential decision at "
+        "the campaign's last look. "
         "A slice gate on a trace without prompts of that slice is not run: skip, with "
         "`not_run` saying so (never listed in `verdicts[].unproven`)",
         "completion-latency speedup, reference / candidate, by `decision.speedup_metric`: "

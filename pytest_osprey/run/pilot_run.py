@@ -40,10 +40,10 @@ from ..judgement import (
     Judgement,
     Previous,
     Withheld,
+    candidate_looks,
     compare,
     evaluate,
     judge,
-    look_at,
     open_previous,
     plan_gates,
     sampling_budget_problem,
@@ -387,19 +387,7 @@ class PilotRun:
 
         def rule(records: list[RequestRecord], look_index: int) -> StopLook:
             data = SavedCampaign(self.results_dir, self._meta(), records)
-            decided, looks = True, {}
-            for cand in pilot.candidates:
-                if cand not in self.conditions:
-                    continue
-                look = look_at(pilot, data, cand, look_index)
-                if isinstance(look, str):
-                    decided = False
-                    continue
-                looks[cand] = {"look": look.look, "z": look.z, "keep_boundary": look.keep_boundary,
-                               "drop_boundary": look.drop_boundary,
-                               "decision": look.decision, "estimate": look.gating.estimate}
-                decided = decided and look.decision != "continue"
-            return StopLook(decided, looks)
+            return StopLook(*candidate_looks(pilot, data, list(self.conditions), look_index))
 
         return rule
 

@@ -10,7 +10,7 @@ only.
 Because Ray has a driver, early stopping works across shards: after each of its passes a
 shard reports its new records to a :class:`LookBoard` actor and waits until every live shard
 has reported that round; the board then takes the group-sequential look on every shard's
-records pooled (``look_at``, the rule a one-machine run applies) and every shard stops once
+records pooled (``candidate_looks``, the rule a one-machine run applies) and every shard stops once
 every candidate is decided. A look taken after N passes at once skips the looks in between:
 their share of alpha is not spent, so the rule stays conservative. A shard whose worker dies
 (its node lost, its process killed) is named in the merged report, the board stops waiting
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..campaign import StopLook
-from ..judgement import look_at
+from ..judgement import candidate_looks
 from ..pilot import Pilot
 from ..results import SavedCampaign
 from ..results.campaign_file import CampaignFile, read_campaign_file
@@ -107,19 +107,9 @@ class LookBoard:
         data = SavedCampaign(Path("."), self.meta.model_copy(update={"shard": None}),
                              list(self.records))
         passes = max((r.repetition + 1 for r in data.records if r.mode == "greedy"), default=0)
-        decided, looks = True, {}
-        for cand in self.pilot.candidates:
-            if cand not in self.meta.conditions:
-                continue
-            got = look_at(self.pilot, data, cand, passes)
-            if isinstance(got, str):
-                decided = False
-                continue
-            looks[cand] = {"look": got.look, "z": got.z, "keep_boundary": got.keep_boundary,
-                           "drop_boundary": got.drop_boundary, "decision": got.decision,
-                           "estimate": got.gating.estimate, "shards": self.count - len(self.dead)}
-            decided = decided and got.decision != "continue"
-        self.looks[round_] = StopLook(decided, looks)
+        self.looks[round_] = StopLook(*candidate_looks(
+            self.pilot, data, list(self.meta.conditions), passes,
+            {"shards": self.count - len(self.dead)}))
         return self.looks[round_]
 
     def dead_shards(self) -> dict[int, str]:

@@ -8,7 +8,7 @@ import pytest
 
 from pytest_osprey.judgement import judge
 from pytest_osprey.judgement.gates import plan_gates
-from pytest_osprey.judgement.speed.gate import look_at
+from pytest_osprey.judgement.speed.gate import candidate_looks, combined_decision, look_at
 from pytest_osprey.pilot.schema import Pilot
 from pytest_osprey.results.folder import SavedCampaign
 from pytest_osprey.results.preflight_file import Preflight
@@ -188,3 +188,67 @@ def test_a_skip_reason_is_short_and_says_things_once() -> None:
     long = skip_reason("INCONCLUSIVE", "INCONCLUSIVE " + "speedup 1.04x [0.55, 1.97] " * 20)
     assert len(long) <= SKIP_WIDTH
     assert long.startswith("INCONCLUSIVE: speedup") and long.endswith("(report.md)")
+
+
+def _with_current(speedups: dict[str, float], passes: int = 2) -> tuple[Pilot, SavedCampaign]:
+    """A pilot with a current drafter and a campaign where each condition is ``speedups``
+    times faster than the baseline."""
+    pilot = decision_pilot(
+        conditions={"base": {"role": "baseline"},
+                    "cur": {"role": "current", "drafter": "/d/1"},
+                    "cand": {"role": "candidate", "drafter": "/d/2"}},
+        decision={"early_stop": True})
+    factors = {"base": 1.0, **{c: 1.0 / s for c, s in speedups.items()}}
+    data = saved_campaign(paired_campaign(factors, prompts=20, loads=LEVELS, passes=passes,
+                                          seed=5))
+    return pilot, data
+
+
+def test_combined_decision_needs_every_primary_gate_for_a_keep() -> None:
+    assert combined_decision(["keep", "keep"]) == "keep"
+    assert combined_decision(["keep", "continue"]) == "continue"
+    assert combined_decision(["keep", "inconclusive"]) == "inconclusive"
+    assert combined_decision(["continue", "drop"]) == "drop"
+    assert combined_decision(["inconclusive", "drop"]) == "drop"
+    assert combined_decision(["keep"]) == "keep"
+
+
+def test_a_keep_against_the_baseline_does_not_stop_a_campaign_still_open_against_the_current(
+) -> None:
+    # Twice the baseline's speed, 5% above the current drafter: the look against the
+    # baseline keeps at look 2 of 4; the one against the current drafter continues.
+    pilot, data = _with_current({"cur": 2.0, "cand": 2.1})
+    alone = look_at(pilot, data, "cand", 2)
+    assert not isinstance(alone, str) and alone.decision == "keep"
+    against = look_at(pilot, data, "cand", 2, "cur")
+    assert not isinstance(against, str) and against.decision == "continue"
+    decided, looks = candidate_looks(pilot, data, ["base", "cur", "cand"], 2)
+    assert not decided and looks["cand"]["decision"] == "continue"
+    assert looks["cand"]["against"]["cur"]["decision"] == "continue"
+    assert looks["cand"]["z"] == alone.z  # the top-level facts stay the baseline gate's
+    # Without the current drafter in the campaign, the look against the baseline decides.
+    decided_alone, looks_alone = candidate_looks(pilot, data, ["base", "cand"], 2)
+    assert decided_alone and looks_alone["cand"]["decision"] == "keep"
+    assert "against" not in looks_alone["cand"]
+    # Level with the current drafter: the futility stop there ends the campaign inconclusive.
+    pilot, level = _with_current({"cur": 2.0, "cand": 2.0})
+    decided, looks = candidate_looks(pilot, level, ["base", "cur", "cand"], 2)
+    assert decided and looks["cand"]["decision"] == "inconclusive"
+
+
+def test_a_candidate_slower_than_the_current_drafter_stops_as_a_drop() -> None:
+    pilot, data = _with_current({"cur": 3.0, "cand": 1.5})
+    decided, looks = candidate_looks(pilot, data, ["base", "cur", "cand"], 2)
+    assert decided and looks["cand"]["decision"] == "drop"
+    assert looks["cand"]["against"]["cur"]["decision"] == "drop"
+    # Its gate against the current drafter reads the same sequential look.
+    judged = judge(pilot, plan_gates(pilot, ["base", "cur", "cand"]), data, Preflight())
+    gate = judged.results[("speedup", "cand-vs-cur-high")]
+    assert gate.outcome == "fail" and gate.details["sequential"]["decision"] == "drop"
+    assert judged.results[("speedup", "cand-vs-base-high")].outcome == "pass"
+
+
+def test_a_candidate_faster_than_both_stops_as_a_keep() -> None:
+    pilot, data = _with_current({"cur": 1.3, "cand": 3.0})
+    decided, looks = candidate_looks(pilot, data, ["base", "cur", "cand"], 2)
+    assert decided and looks["cand"]["decision"] == "keep"

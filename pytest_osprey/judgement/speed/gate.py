@@ -2,13 +2,14 @@
 passes x prompts, each prompt's block), judged by the time-aware statistics.
 
 One deciding test per gate, and the p-value shown is its own: the cluster-robust t-test of
-the gating metric (``decision.speedup_metric``), or, for the primary gate with early
+the gating metric (``decision.speedup_metric``), or, for a primary gate with early
 stopping, the group-sequential decision at the last look the campaign made.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -182,21 +183,67 @@ def plan_looks(pilot: Pilot, data: SavedCampaign) -> int:
     return plan.looks if plan is not None else pilot.load.passes
 
 
-def look_at(pilot: Pilot, data: SavedCampaign, candidate: str, look: int) -> Look | str:
-    """The group-sequential decision (primary load, vs the baseline) on the data of looks
-    1..``look``. Recomputed from the records, so the campaign's interim looks and a re-judged
-    campaign apply the same rule. A string says why no look is possible."""
+def look_at(pilot: Pilot, data: SavedCampaign, candidate: str, look: int,
+            reference: str | None = None) -> Look | str:
+    """The group-sequential decision (primary load, against ``reference``: by default the
+    baseline) on the data of looks 1..``look``. Recomputed from the records, so the
+    campaign's interim looks and a re-judged campaign apply the same rule. A string says why
+    no look is possible."""
     level = pilot.primary_load
+    ref = pilot.baseline if reference is None else reference
     seq = sequential_plan(plan_looks(pilot, data), (1 - pilot.decision.confidence) / 2,
                           futility_power=pilot.decision.futility_power)
     try:
-        paired_data = paired(data, pilot.baseline, candidate, level, upto_look=look)
+        paired_data = paired(data, ref, candidate, level, upto_look=look)
         return sequential_look(
-            paired_data, seq, min(look, seq.looks), pilot.limits.speedup_min,
+            paired_data, seq, min(look, seq.looks), threshold_for(pilot, ref),
             pilot.decision.speedup_metric, pilot.decision.confidence,
-            drift(pilot, data, pilot.baseline, candidate, level, upto_look=look))
+            drift(pilot, data, ref, candidate, level, upto_look=look))
     except SpeedError as exc:
         return str(exc)
+
+
+def combined_decision(decisions: Sequence[str]) -> str:
+    """A candidate's decision from its primary gates' looks (against the baseline and the
+    current drafter): a KEEP needs every gate kept, so one drop decides drop, one futility
+    stop decides inconclusive, and otherwise any gate still open continues."""
+    for way in ("drop", "inconclusive", "continue"):
+        if way in decisions:
+            return way
+    return "keep"
+
+
+def _look_facts(look: Look, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"look": look.look, "z": look.z, "keep_boundary": look.keep_boundary,
+            "drop_boundary": look.drop_boundary, "decision": look.decision,
+            "estimate": look.gating.estimate, **extra}
+
+
+def candidate_looks(pilot: Pilot, data: SavedCampaign, conditions: Sequence[str], look: int,
+                    extra: dict[str, Any] | None = None) -> tuple[bool, dict[str, dict[str, Any]]]:
+    """The interim look of every candidate in ``conditions``: whether all are decided, and
+    per candidate the look's facts (those of the gate against the baseline, ``extra`` added;
+    ``decision`` combined over its primary gates; ``against``: the look against each other
+    reference). A campaign stops only when every candidate is decided: a KEEP against the
+    baseline with the gate against the current drafter still open does not stop it."""
+    decided, looks = True, {}
+    for cand in pilot.candidates:
+        if cand not in conditions:
+            continue
+        refs = [r for r in pilot.references(cand) if r in conditions]
+        got = [look_at(pilot, data, cand, look, ref) for ref in refs]
+        if not refs or refs[0] != pilot.baseline or any(isinstance(g, str) for g in got):
+            decided = False
+            continue
+        seen = [g for g in got if not isinstance(g, str)]
+        entry = _look_facts(seen[0], extra or {})
+        entry["decision"] = combined_decision([g.decision for g in seen])
+        if len(seen) > 1:
+            entry["against"] = {ref: _look_facts(g, {})
+                                for ref, g in zip(refs[1:], seen[1:], strict=True)}
+        looks[cand] = entry
+        decided = decided and entry["decision"] != "continue"
+    return decided, looks
 
 
 def p_text(p: float) -> str:
@@ -288,8 +335,8 @@ def judge_speedup(spec: GateSpec, pilot: Pilot, data: SavedCampaign) -> GateResu
     p_value, details = gate.p_value, _details(res, (spec.reference, spec.condition))
     sequential = ""
     if pilot.decision.early_stop and spec.slice is None and spec.load == pilot.primary_load \
-            and spec.reference == pilot.baseline:
-        look = look_at(pilot, data, spec.condition, looks_done(data, spec.load))
+            and spec.reference in pilot.references(spec.condition):
+        look = look_at(pilot, data, spec.condition, looks_done(data, spec.load), spec.reference)
         if isinstance(look, str):
             sequential = f"; group-sequential look not possible: {look}"
         else:
