@@ -133,6 +133,47 @@ def test_speed_test_reports_the_stall_it_finds() -> None:
     assert res.serial_clusters > 0
 
 
+def test_the_scan_measures_a_long_stall_whole() -> None:
+    """A stall of 20 consecutive requests of the candidate (x1: 20 units) is found by its
+    most marked 2-8 units and then extended over its slow neighbours: the extent named is
+    the planted one, not the 8 units the scan tries."""
+    n = 200
+    c = simulate(X1, noise_models()["independent"], 1.2, n, seed=43)
+    ref, cand, units = c.reference["low"], c.candidate["low"].copy(), c.units["low"]
+    start = np.random.default_rng(5).integers(0, 84 - 20, n)
+    hit = (units >= start[:, None, None, None]) & (units < start[:, None, None, None] + 20)
+    cand[hit] *= 2.0
+    scan = stall_scan(ref, cand, units)
+    ok = scan.found
+    assert_rate_at_least(int(ok.sum()), n, 0.9, "planted 20-unit stall found")
+    assert 17 <= np.median(scan.length[ok]) <= 23
+    inside = (scan.first[ok] >= start[ok] - 2) & (scan.first[ok] + scan.length[ok]
+                                                  <= start[ok] + 22)
+    assert inside.mean() > 0.9
+    assert np.median(scan.size[ok]) == pytest.approx(2.0, rel=0.15)
+
+
+@pytest.mark.parametrize(("length", "outlasts"), [(6, False), (20, True)])
+def test_a_stall_longer_than_the_serial_reach_is_said_to_narrow_the_interval(
+        length: int, outlasts: bool) -> None:
+    c = simulate(X1, noise_models()["independent"], 1.2, 1, seed=47)
+    ref, cand = c.reference["low"][0], c.candidate["low"][0]
+    units = c.units["low"][0]
+    ref = np.where((units >= 30) & (units < 30 + length), ref * 2.5, ref)
+    data = PairedLatencies(ref, cand, c.blocks["low"], tuple(f"p{i}" for i in range(21)),
+                           units)
+    res = speed_test(data)
+    assert res.stall is not None and res.stall.reach == 11  # 10 requests at x1, 84 units
+    assert res.stall.outlasts_reach is outlasts
+    assert abs(res.stall.units - length) <= 2
+    text = res.stall.text("base", "cand")
+    if outlasts:
+        assert "longer than the 11 units the serial term reaches" in text
+        assert "interval may be too narrow" in text
+    else:
+        assert "counted once by the serial term" in text
+
+
 def test_collect_numbers_time_units_in_the_order_they_ran() -> None:
     """A pass replays its blocks in a shuffled order: the units follow the stretches."""
     reqs = [Request(cond, pid, 1.0, True, 0, p, blk, stretch)

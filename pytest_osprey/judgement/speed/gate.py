@@ -301,7 +301,8 @@ def _details(res: SpeedResult, names: tuple[str, str] = ("reference", "candidate
                         "first_unit": st.first_unit, "last_unit": st.last_unit,
                         "from": {"boot": st.passes[0][0], "pass": st.passes[0][1]},
                         "to": {"boot": st.passes[1][0], "pass": st.passes[1][1]},
-                        "size": st.size, "score": st.score, "p_value": st.p_value}
+                        "size": st.size, "score": st.score, "p_value": st.p_value,
+                        "reach": st.reach, "outlasts_reach": st.outlasts_reach}
     if res.reason:
         out["reason"] = res.reason
     if res.held_back:

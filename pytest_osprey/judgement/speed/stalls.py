@@ -25,6 +25,10 @@ STALL_CLIP = 2.0
 """Unit scores are winsorised at this many robust SDs before runs are summed."""
 STALL_SPREAD = 0.959
 """SD of a standard normal winsorised at :data:`STALL_CLIP`."""
+STALL_EXTEND = 1.0
+"""A named run is extended over each neighbouring unit that ran at least this many robust
+SDs slow on the same side: the scan finds the most marked 2-8 units, a stall can last
+longer, and its extent is what the serial term must reach over."""
 
 
 @dataclass(frozen=True)
@@ -35,12 +39,13 @@ class StallBatch:
     p_value: FloatArray  # (S,) Bonferroni over positions and run lengths
     side: IntArray  # (S,) 0: the reference ran slow, 1: the candidate
     first: IntArray  # (S,) the run's first time unit (0-based, in the order they ran)
-    length: IntArray  # (S,) time units in the run
+    length: IntArray  # (S,) time units in the run, extended over its slow neighbours
     size: FloatArray  # (S,) how many times slower the slow side ran than its pairs there
+    peak: FloatArray  # (S,) the same over the 2-8 units the scan found (what names it)
 
     @property
     def found(self) -> npt.NDArray[np.bool_]:
-        return np.asarray((self.p_value <= STALL_ALPHA) & (self.size >= STALL_MIN))
+        return np.asarray((self.p_value <= STALL_ALPHA) & (self.peak >= STALL_MIN))
 
 
 def stall_scan(reference: FloatArray, candidate: FloatArray, units: IntArray) -> StallBatch:
@@ -115,7 +120,30 @@ def stall_scan(reference: FloatArray, candidate: FloatArray, units: IntArray) ->
     tests = np.maximum(t_len, 1) * len(STALL_RUNS)
     p = np.minimum(1.0, 2 * tests * stats.norm.sf(best))
     side = np.where(mean >= 0, 0, 1).astype(np.int64)
-    return StallBatch(best, p, side, first, length, np.exp(np.abs(mean)))
+    first, length = _extent(score * np.where(mean >= 0, 1.0, -1.0)[:, None], first, length,
+                            t_len)
+    rows = np.arange(n_sims)
+    level = (raw[rows, first + length] - raw[rows, first]) / np.maximum(length, 1) - centre
+    return StallBatch(best, p, side, first, length, np.exp(np.abs(level)), np.exp(np.abs(mean)))
+
+
+def _extent(slow: FloatArray, first: IntArray, length: IntArray, t_len: IntArray
+            ) -> tuple[IntArray, IntArray]:
+    """The run ``[first, first + length)`` grown over each neighbouring unit whose score
+    ``slow`` (robust SDs, positive on the stalled side) is at least :data:`STALL_EXTEND`."""
+    rows = np.arange(slow.shape[0])
+    lo, hi = first.copy(), first + length  # [lo, hi)
+    going = np.ones(slow.shape[0], dtype=bool)
+    while going.any():
+        nxt = np.maximum(lo - 1, 0)
+        going &= (lo > 0) & (slow[rows, nxt] >= STALL_EXTEND)
+        lo = np.where(going, lo - 1, lo)
+    going[:] = True
+    while going.any():
+        nxt = np.minimum(hi, slow.shape[1] - 1)
+        going &= (hi < t_len) & (slow[rows, nxt] >= STALL_EXTEND)
+        hi = np.where(going, hi + 1, hi)
+    return lo, hi - lo
 
 
 @dataclass(frozen=True)
@@ -127,7 +155,9 @@ class Stall:
     ``side``: "reference" or "candidate"; ``first_unit``/``last_unit``: the run's time units
     (1-based, in the order they ran), ``passes``: the (boot, pass) it started and ended in
     (1-based); ``size``: how many times slower that side ran than its pairs there;
-    ``score``: the run's robust z; ``p_value``: Bonferroni over the runs scanned.
+    ``score``: the run's robust z; ``p_value``: Bonferroni over the runs scanned;
+    ``reach``: the time units the variance's serial term reaches over (None where it is not
+    on: units of 8 requests or more).
     """
 
     side: Literal["reference", "candidate"]
@@ -137,6 +167,18 @@ class Stall:
     size: float
     score: float
     p_value: float
+    reach: int | None = None
+
+    @property
+    def units(self) -> int:
+        return self.last_unit - self.first_unit + 1
+
+    @property
+    def outlasts_reach(self) -> bool:
+        """Longer than the serial term reaches: the variance was calibrated against stalls
+        within its reach (2-8 requests at x1); one this long is a few independent events
+        counted as more, so the interval may be too narrow."""
+        return self.reach is not None and self.units > self.reach
 
     def text(self, reference: str = "reference", candidate: str = "candidate") -> str:
         who = reference if self.side == "reference" else candidate
@@ -144,13 +186,19 @@ class Stall:
         where = f"pass {p0}" if (b0, p0) == (b1, p1) else f"passes {p0}-{p1}"
         if b0 != 1 or b1 != 1:
             where = f"boot {b0} pass {p0} to boot {b1} pass {p1}"
-        return (f"{who} stalled: {self.last_unit - self.first_unit + 1} consecutive time units "
-                f"({where}) ran {self.size:.2f}x slower than their pairs (robust z "
-                f"{self.score:.1f}, p={self.p_value:.2g}); counted once by the serial term")
+        head = (f"{who} stalled: {self.units} consecutive time units ({where}) ran "
+                f"{self.size:.2f}x slower than their pairs (robust z {self.score:.1f}, "
+                f"p={self.p_value:.2g})")
+        if self.outlasts_reach:
+            return (f"{head}; longer than the {self.reach} units the serial term reaches, so "
+                    f"the interval may be too narrow: more passes, or a re-run on a steadier "
+                    f"machine, would settle it")
+        return f"{head}; counted once by the serial term"
 
 
-def detect_stall(data: PairedLatencies) -> Stall | None:
-    """The stall :func:`stall_scan` finds in ``data``, or None."""
+def detect_stall(data: PairedLatencies, reach: int | None = None) -> Stall | None:
+    """The stall :func:`stall_scan` finds in ``data``, or None; ``reach``: the serial term's
+    reach in units (None: not on)."""
     units = data.time_units
     scan = stall_scan(data.reference[None], data.candidate[None], units[None])
     if not scan.found[0]:
@@ -164,7 +212,7 @@ def detect_stall(data: PairedLatencies) -> Stall | None:
     side: Literal["reference", "candidate"] = (
         "reference" if int(scan.side[0]) == 0 else "candidate")
     return Stall(side, int(scan.first[0]) + 1, int(scan.first[0]) + int(scan.length[0]), spans,
-                 float(scan.size[0]), float(scan.score[0]), float(scan.p_value[0]))
+                 float(scan.size[0]), float(scan.score[0]), float(scan.p_value[0]), reach)
 
 
 # --------------------------------------------------------------------------- results
