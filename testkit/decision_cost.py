@@ -63,6 +63,7 @@ class Plan:
     boots: int = 2
     early_stop: bool = False
     level_passes: Mapping[str, int] = field(default_factory=dict)
+    greedy_boots: int | None = None  # sampling.greedy_boots: the greedy pass's boots
 
     def runs(self, level: str, boot: int, pass_index: int) -> bool:
         every = self.passes * self.boots
@@ -116,7 +117,8 @@ def request_s(name: str, example: Example = Example()) -> float:
 class Timing:
     """Seconds per boot of each condition's fixed phases and per pass of each level."""
 
-    boot_phase: dict[str, float]  # boot + warm-up + greedy pass, per boot
+    boot_phase: dict[str, float]  # boot + warm-up, per boot
+    greedy: dict[str, float]  # the untimed greedy pass, per boot that runs it
     once: dict[str, float]  # the sampled pass, each condition's first boot
     per_pass: dict[tuple[str, str], float]  # (condition, level) -> one pass
 
@@ -127,23 +129,25 @@ def timing(effect: float, example: Example = Example()) -> Timing:
         return ("eagle3-like", effect) if cond == "candidate" else (
             "eagle3-like" if cond == "eagle3-like" else "plain", 1.0)
 
-    boot_phase, once, per_pass = {}, {}, {}
+    boot_phase, greedy, once, per_pass = {}, {}, {}, {}
     for cond in example.conditions:
         name, speed = of(cond)
         one = request_s(name, example) / speed
-        boot_phase[cond] = example.boot_s + one * (example.warmup
-                                                   + (example.prompts if example.greedy else 0))
+        boot_phase[cond] = example.boot_s + one * example.warmup
+        greedy[cond] = one * example.prompts if example.greedy else 0.0
         once[cond] = one * example.sampled_requests
         for level, c in example.levels:
             per_pass[(cond, level)] = pass_s(name, c, example) / speed
-    return Timing(boot_phase, once, per_pass)
+    return Timing(boot_phase, greedy, once, per_pass)
 
 
 def boot_s(t: Timing, plan: Plan, boot: int, example: Example = Example()) -> float:
     """Boot round ``boot``: every condition boots, warms up, runs the passes the plan gives
-    each level in that boot, and its greedy pass."""
-    return sum(t.boot_phase[c] + sum(t.per_pass[(c, lv)] for lv, _ in example.levels
-                                     for p in range(plan.passes) if plan.runs(lv, boot, p))
+    each level in that boot, and its greedy pass (on the plan's greedy boots)."""
+    greedy = plan.greedy_boots is None or boot < plan.greedy_boots
+    return sum(t.boot_phase[c] + (t.greedy[c] if greedy else 0.0)
+               + sum(t.per_pass[(c, lv)] for lv, _ in example.levels
+                     for p in range(plan.passes) if plan.runs(lv, boot, p))
                for c in example.conditions)
 
 
@@ -204,6 +208,10 @@ PLANS = (
          level_passes=ONCE),
     Plan("early stop, 1 pass x 8 boots + level_passes", passes=1, boots=8, early_stop=True,
          level_passes=ONCE),
+    Plan("early stop, 1 pass x 6 boots + level_passes + greedy_boots 2", passes=1, boots=6,
+         early_stop=True, level_passes=ONCE, greedy_boots=2),
+    Plan("early stop, 1 pass x 6 boots + level_passes + greedy_boots 1", passes=1, boots=6,
+         early_stop=True, level_passes=ONCE, greedy_boots=1),
 )
 EFFECTS = (1.0, 1.1, 1.2, 1.5)
 

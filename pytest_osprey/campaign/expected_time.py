@@ -179,7 +179,8 @@ def _phases(pilot: Pilot, trace: Trace, conditions: int, model: TimeModel) -> Ex
               "warm-up": model.request_s(mean, 1) * boots * conditions,
               "timed": sum(t * load.passes_at(level) / boots for level, t in per_level.items())}
     if sampling.serving.sampled and sampling.greedy:
-        phases["greedy"] = len(prompts) * boots * model.request_s(mean, 1) * conditions
+        phases["greedy"] = len(prompts) * pilot.greedy_boots * model.request_s(mean, 1) \
+            * conditions
     draws = pass_draws(pilot, prompts)
     if "sampled" in draws:
         chosen = draws["sampled"].prompts

@@ -475,7 +475,8 @@ class Campaign:
         boot). Untimed for the verdict: a greedy speed is not the served one."""
         state = self.states[name]
         if (self.timed_mode == "greedy" or not self.pilot.sampling.greedy
-                or state.engine is None or state.error):
+                or state.engine is None or state.error
+                or state.boot >= self.pilot.greedy_boots):
             return
         jobs = [(p, 0) for p in self.trace.prompts]
         await self._replay(name, state, self.pilot.load.lightest(), "greedy", jobs, None)
@@ -686,7 +687,7 @@ class Campaign:
         later = self.plan.order == "interleaved" or boot == 0
         n_sampled = (len(self.draws["sampled"].prompts) * sampled.samples_per_prompt
                      if sampled.enabled and later else 0)
-        greedy = (len(self.trace.prompts) * (self.plan.boots_per_condition - boot)
+        greedy = (len(self.trace.prompts) * max(0, self.pilot.greedy_boots - boot)
                   if self.timed_mode != "greedy" and self.pilot.sampling.greedy else 0)
         total = 0.0
         for name, (seconds, n) in self._request_s.items():

@@ -131,14 +131,13 @@ def campaign_size(pilot: Pilot, trace: Trace, conditions: int,
     load, sampling = pilot.load, pilot.sampling
     prompts = trace.prompts
     budget = sum(max_new_tokens(pilot, p) for p in prompts)
-    boots = load.boots_per_condition
     level_passes = sum(load.passes_at(level) for level in load.levels)  # boots counted
     timed = len(prompts) * level_passes
     tokens = budget * level_passes
     greedy = 0
     if sampling.serving.sampled and sampling.greedy:  # the untimed greedy pass beside them
-        greedy = len(prompts) * boots
-        tokens += budget * boots
+        greedy = len(prompts) * pilot.greedy_boots
+        tokens += budget * pilot.greedy_boots
     draws = pass_draws(pilot, prompts)  # the passes' own seeded draws, as the campaign's
     sampled = 0
     if "sampled" in draws:

@@ -99,6 +99,14 @@ class Sampling(Strict):
 
     greedy: bool = True
     """Run the greedy pass (speed, identity, correctness)."""
+    greedy_boots: Annotated[int | None, Field(ge=1, le=64)] = None
+    """Where the timed passes run at a sampled serving setting: the boots (the first N) that
+    also run the untimed greedy pass; default every boot. What only greedy output shows
+    (identity against the baseline, correctness, boot consistency of outputs) is read on
+    those boots: 1 leaves boot consistency to accept length and identity without its
+    near-tie control (a second greedy pass of the baseline), 2 keeps both. The greedy pass
+    serves every prompt one at a time on every condition, so with many boots it can cost
+    more than the timed pass (docs/scale.md). Ignored where the timed passes are greedy."""
     sampled: SampledPass = Field(default_factory=SampledPass)
     """The sampled pass (on by default when ``serving`` samples or a key of it is set)."""
     params: ParamsPass = Field(default_factory=ParamsPass)

@@ -345,6 +345,13 @@ class Pilot(Strict):
             return self.decision.primary_load
         return self.load.heaviest()
 
+    @property
+    def greedy_boots(self) -> int:
+        """Boots that run the untimed greedy pass beside sampled timed passes (the first N;
+        ``sampling.greedy_boots``, at most the boots there are)."""
+        boots = self.load.boots_per_condition
+        return min(self.sampling.greedy_boots or boots, boots)
+
     def references(self, candidate: str) -> list[str]:
         """What a candidate is judged against: the baseline, then the current drafter if any."""
         return [self.baseline] + ([self.current] if self.current else [])

@@ -196,10 +196,14 @@ GATE_KINDS: dict[GateKind, KindDoc] = {
         "with `load.boots_per_condition` >= 2: the condition's boots serve alike: identical "
         "greedy outputs at the lightest load measured on two boots or more (first pass of "
         "each boot; near-ties by the first "
-        "boot's own margin apart) and no boot whose accept length differs from its other "
-        "boots' by more than `decision.regression_tolerance` (Mann-Whitney, p < 0.01)",
+        "boot's own margin apart; over the boots that ran a greedy pass: "
+        "`sampling.greedy_boots`) and no boot whose accept length differs from its other "
+        "boots' by more than `decision.regression_tolerance` (Mann-Whitney, p < 0.01). "
+        "Skipped where outputs cannot be compared (a greedy pass on one boot) and there is no "
+        "accept length (a server that does not speculate)",
         "genuine greedy output divergences between boots (count)", "0 (count)",
-        "`boots`, `prompts` (compared on every boot), `divergent`, `near_ties` (in words), "
+        "`boots`, `output_boots` (boots with greedy outputs), `prompts` (compared on every "
+        "one of those), `divergent`, `near_ties` (in words), "
         "`accept_length` (boot -> pooled tokens per verify step), `accept_flags`"),
     GateKind.GOODPUT: KindDoc(
         "non-inferior share of requests meeting `limits.goodput`'s targets (exact paired "

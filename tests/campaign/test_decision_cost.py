@@ -183,6 +183,12 @@ def test_the_cost_table_plans_hold_false_keep_and_gain_power_against_the_planted
     assert strong[1].gpu_hours < 0.7 * strong[0].gpu_hours
     assert strong[2].keep > strong[0].keep + 0.2
     assert strong[2].gpu_hours < strong[2].worst_gpu_hours
+    # The greedy pass on fewer boots: the same decisions (the same primary data), fewer
+    # GPU-hours, the fewer the boots that run it.
+    two, one = (evaluate(p, 1.5, 300, seed=12) for p in (PLANS[6], PLANS[7]))
+    assert (two.keep, one.keep) == (strong[2].keep, strong[2].keep)
+    assert one.gpu_hours < two.gpu_hours < strong[2].gpu_hours
+    assert one.worst_gpu_hours < two.worst_gpu_hours < strong[2].worst_gpu_hours
 
 
 @pytest.mark.slow  # over a second on 2 busy cores

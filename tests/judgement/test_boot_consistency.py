@@ -3,6 +3,7 @@ healthy one passes, and the gate exists only with several boots per condition.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -127,3 +128,43 @@ def test_a_lightest_level_measured_on_one_boot_gives_way_to_the_next() -> None:
             assert "at mid" in gate.summary, gate.summary
         assert judged.results[("boot_consistency", "base")].outcome == "pass"
         assert judged.results[("boot_consistency", "cand")].outcome == outcome
+
+
+def _served(records: list[RequestRecord], greedy_boots: int) -> list[RequestRecord]:
+    """``records`` as a campaign timed at a sampled serving setting runs them: every record
+    a timed ("serving") one, and the untimed greedy pass (the first pass's outputs) only on
+    the first ``greedy_boots`` boots."""
+    timed = [replace(r, mode="serving") for r in records]
+    greedy = [replace(r, spec_verify_ct=None, output_tokens=None)
+              for r in records if r.boot < greedy_boots and r.repetition == 0]
+    return timed + greedy
+
+
+def test_greedy_on_the_first_boot_only_still_compares_acceptance_over_every_boot() -> None:
+    res = boot_consistency(_served(boots(3, accept={2: 1.2}), 1), "low", 0.05, 0.05)
+    assert res.boots == 3 and res.output_boots == 1 and res.prompts == 0
+    assert len(res.accept_flags) == 1 and "boot 3" in res.accept_flags[0]
+    healthy = boot_consistency(_served(boots(3), 1), "low", 0.05, 0.05)
+    assert healthy.ok and len(healthy.accept) == 3
+    # Greedy outputs on two boots of three: those two are compared.
+    two = boot_consistency(_served(boots(3, wrong_boot=1), 2), "low", 0.05, 0.05)
+    assert two.output_boots == 2 and two.prompts == len(PROMPTS) and len(two.divergent) == 4
+
+
+def test_the_gate_with_greedy_on_one_boot_reads_acceptance_and_skips_a_plain_server() -> None:
+    pilot = make_pilot({"base": {"role": "baseline"},
+                        "cand": {"role": "candidate", "speculation": {"algorithm": "NGRAM"}}},
+                       target={"engine": "sglang", "model": "m"},
+                       load={"levels": {"low": 1}, "boots_per_condition": 3},
+                       sampling={"serving": {"temperature": 0.7}, "greedy_boots": 1},
+                       decision={"early_stop": False})
+    assert pilot.greedy_boots == 1
+    base = [replace(r, condition="base", spec_verify_ct=None) for r in _served(boots(3), 1)]
+    for accept, outcome in ((None, "pass"), ({2: 1.2}, "fail")):
+        data = saved_campaign(base + _served(boots(3, accept=accept), 1))
+        judged = judge(pilot, plan_gates(pilot, ["base", "cand"]), data, Preflight())
+        gate = judged.results[("boot_consistency", "cand")]
+        assert gate.outcome == outcome, gate.summary
+        assert "outputs not compared: greedy outputs on 1 of 3 boots" in gate.summary
+        plain = judged.results[("boot_consistency", "base")]
+        assert plain.outcome == "skip" and "no accept length" in plain.summary

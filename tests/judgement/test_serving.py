@@ -182,3 +182,33 @@ def test_records_from_before_the_sampling_fields_still_load() -> None:
         data.pop(name)
     r = RequestRecord.from_dict(data)
     assert r.temperature is None and r.ignore_eos is None
+
+
+@pytest.mark.parametrize("greedy_boots", [1, 2])
+def test_the_greedy_pass_runs_on_the_first_greedy_boots_only(
+        trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, greedy_boots: int) -> None:
+    """``sampling.greedy_boots``: with three boots timed at T 0.8, the untimed greedy pass
+    runs on the first N boots, the timed passes on all three; the campaign's size and
+    expected time count the greedy pass that often."""
+    from pytest_osprey.campaign.expected_time import expected_time
+    from pytest_osprey.campaign.size import campaign_size
+
+    def pilot_of(boots: int | None) -> Pilot:
+        return make_pilot(
+            trace={"files": [str(trace)]},
+            load={"levels": {"c1": 1}, "passes": 1, "boots_per_condition": 3,
+                  "warmup_requests": 1},
+            sampling={"serving": {"temperature": 0.8}, "greedy_boots": boots,
+                      "sampled": {"enabled": False}},
+            decision={"early_stop": False})
+
+    pilot, every = pilot_of(greedy_boots), pilot_of(None)
+    data, _ = _campaign(tmp_path, monkeypatch, pilot)
+    greedy = {r.boot for r in data.records if r.mode == "greedy"}
+    timed = {r.boot for r in data.records if r.mode == "serving"}
+    assert greedy == set(range(greedy_boots)) and timed == {0, 1, 2}
+    loaded = load_trace(pilot.trace.files)
+    assert campaign_size(pilot, loaded, 2).greedy_per_condition == PROMPTS * greedy_boots
+    assert campaign_size(every, loaded, 2).greedy_per_condition == PROMPTS * 3
+    ours, all_boots = expected_time(pilot, loaded, 2), expected_time(every, loaded, 2)
+    assert ours.phases["greedy"] == pytest.approx(all_boots.phases["greedy"] * greedy_boots / 3)

@@ -34,7 +34,8 @@ ALPHA = 0.01
 @dataclass
 class Consistency:
     boots: int
-    prompts: int = 0  # compared across every boot
+    output_boots: int = 0  # boots with greedy outputs to compare
+    prompts: int = 0  # compared across every boot with greedy outputs
     divergent: list[str] = field(default_factory=list)  # "prompt: boot 1 vs boot 2 @token 7"
     near_ties: list[str] = field(default_factory=list)
     accept: dict[int, float] = field(default_factory=dict)  # boot (1-based) -> pooled
@@ -57,13 +58,17 @@ def _first_per_boot(
 
 def boot_consistency(records: Sequence[RequestRecord], level: str, epsilon: float,
                      tolerance: float) -> Consistency:
-    """One condition's records: its boots compared with each other (see the module)."""
-    boots = sorted({r.boot for r in records if r.mode == "greedy"})
-    res = Consistency(boots=len(boots))
+    """One condition's records: its boots compared with each other (see the module). Outputs
+    are compared over the boots that ran a greedy pass (``sampling.greedy_boots`` can leave
+    it to the first), accept length over every boot that ran timed passes."""
+    mode = timed_mode(records)
+    boots = sorted({r.boot for r in records if r.mode in ("greedy", mode)})
+    greedy = sorted({r.boot for r in records if r.mode == "greedy"})
+    res = Consistency(boots=len(boots), output_boots=len(greedy))
     if len(boots) < 2:
         return res
     for pid, per_boot in sorted(_first_per_boot(records, level).items()):
-        if len(per_boot) < len(boots):
+        if len(greedy) < 2 or len(per_boot) < len(greedy):
             continue
         res.prompts += 1
         first_boot = min(per_boot)
@@ -143,16 +148,25 @@ def judge_boot_consistency(spec: GateSpec, pilot: Pilot, data: SavedCampaign) ->
     if res.boots < 2:
         return GateResult(spec, "skip", f"{res.boots} boot recorded: nothing to compare")
     accept = ", ".join(f"boot {b}: {a:.2f}" for b, a in sorted(res.accept.items()))
-    summary = (f"{res.prompts} prompts compared over {res.boots} boots at {level}: "
-               f"{len(res.divergent)} genuine output divergence(s), {len(res.near_ties)} at "
-               "near-ties" + (f"; accept length {accept}" if accept else ""))
+    if res.output_boots < 2:
+        outputs = (f"outputs not compared: greedy outputs on {res.output_boots} of "
+                   f"{res.boots} boots (sampling.greedy_boots)")
+        if not accept:
+            return GateResult(spec, "skip", f"{outputs}; no accept length to compare",
+                              details={"boots": res.boots, "output_boots": res.output_boots})
+        summary = f"{outputs}; accept length {accept}"
+    else:
+        summary = (f"{res.prompts} prompts compared over {res.output_boots} boots at {level}: "
+                   f"{len(res.divergent)} genuine output divergence(s), {len(res.near_ties)} "
+                   "at near-ties" + (f"; accept length {accept}" if accept else ""))
     for line in [*res.divergent[:3], *res.accept_flags]:
         summary += f"\n  {line}"
     outcome: Outcome = "pass" if res.ok else "fail"
     if res.prompts == 0 and not res.accept:
         outcome, summary = "inconclusive", summary + "; nothing completed on every boot"
     return GateResult(spec, outcome, summary, estimate=len(res.divergent), threshold=0,
-                      details={"boots": res.boots, "prompts": res.prompts,
+                      details={"boots": res.boots, "output_boots": res.output_boots,
+                               "prompts": res.prompts,
                                "divergent": res.divergent, "near_ties": res.near_ties,
                                "accept_length": {str(k): v for k, v in res.accept.items()},
                                "accept_flags": res.accept_flags})
