@@ -14,8 +14,9 @@ what the variance read before), power at a true 1.5x, and at x32 power at 1.3x.
     python benchmarks/low_load_calibration.py                  # ~4 min on 2 shared cores
     python benchmarks/low_load_calibration.py --sims 400 --power-sims 200
 
-``--beyond``: stalls outside the calibrated ones instead (2-16 requests at 10% onset, 8-24 at
-5%, 3x at 5%), at x1, x4 and x8: false KEEP, power at 1.5x, and how often the stall scan
+``--beyond``: noise outside the calibrated families instead (stalls of 2-16 requests at 10%
+onset, 8-24 at 5%, 3x at 5%; the +-25% shared drift at three periods over the campaign), at
+x1, x4, x8 and x32: false KEEP, power at 1.5x, and how often the stall scan
 names a stall longer than the serial term reaches (the gate then says its interval may be
 too narrow), over all campaigns and over the false KEEPs.
 """
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: te
 from pytest_osprey.judgement.speed import variance
 from pytest_osprey.judgement.speed.stalls import stall_scan
 from testkit.speed_sim import (
+    DRIFT_25,
     KEEP,
     Campaigns,
     Design,
@@ -57,11 +59,13 @@ def rate(design: Design, model: str, truth: float, n: int, seed: int,
 
 
 def beyond_models() -> dict[str, Noise]:
-    """Stalls outside the calibrated 2-8 requests at 2x: longer, and slower."""
+    """Noise outside the calibrated families: stalls longer or slower than 2-8 requests at
+    2x, and the shared drift three times faster (three periods over the campaign)."""
     base = Noise(request_sd=0.10)
     return {"stalls10% 2-16": replace(base, stall_prob=0.10, stall_len=(2, 16)),
             "stalls5% 8-24": replace(base, stall_prob=0.05, stall_len=(8, 24)),
-            "stalls5% 3x": replace(base, stall_prob=0.05, stall_factor=3.0)}
+            "stalls5% 3x": replace(base, stall_prob=0.05, stall_factor=3.0),
+            "drift25% 3 cycles": replace(base, drift_sd=DRIFT_25, drift_cycles=3.0)}
 
 
 def outlasting(c: Campaigns) -> npt.NDArray[np.bool_]:
@@ -83,7 +87,7 @@ def beyond(n: int, m: int) -> None:
     print("| design | x | noise | false KEEP | flagged (of false KEEPs) | power 1.5x |")
     print("|---|---:|---|---:|---:|---:|")
     for prompts in (21, 50):
-        for conc in (1, 4, 8):
+        for conc in (1, 4, 8, 32):
             design = Design(prompts=prompts, levels=(("low", conc),), primary="low", passes=4)
             for k, (name, noise) in enumerate(beyond_models().items()):
                 seed = 5000 + 1000 * prompts + 10 * conc + k

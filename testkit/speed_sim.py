@@ -58,6 +58,7 @@ class Noise:
     inflight_factor: float = 2.0
     boot_sd: float = 0.0
     drift_sd: float = 0.0
+    drift_cycles: float = 1.0  # periods of the shared drift over the campaign
     slow_prob: float = 0.0
     slow_factor: float = 3.0
     switch_penalty: float = 0.0
@@ -289,7 +290,8 @@ def simulate(
     if noise.drift_sd:
         u = start / end.max(axis=1, keepdims=True)
         phase = rng.uniform(0, 2 * math.pi, (n_sims, 1))
-        timed += noise.drift_sd * math.sqrt(2) * np.sin(2 * math.pi * u + phase)
+        timed += noise.drift_sd * math.sqrt(2) * np.sin(2 * math.pi * noise.drift_cycles * u
+                                                        + phase)
     latency *= np.exp(timed)
 
     # Copies of a prompt in a stretch combine into one cell by the mean of logs (collect).
