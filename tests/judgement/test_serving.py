@@ -184,6 +184,7 @@ def test_records_from_before_the_sampling_fields_still_load() -> None:
     assert r.temperature is None and r.ignore_eos is None
 
 
+@pytest.mark.slow  # over a second on 2 busy cores
 @pytest.mark.parametrize("greedy_boots", [1, 2])
 def test_the_greedy_pass_runs_on_the_first_greedy_boots_only(
         trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, greedy_boots: int) -> None:
