@@ -85,9 +85,11 @@ def _fits(counts: np.ndarray, p: np.ndarray) -> float:
 
 
 def _log_lr(counts: np.ndarray, p: np.ndarray, other: np.ndarray) -> float:
-    """log likelihood of ``counts`` under ``p`` minus under ``other``."""
+    """log likelihood of ``counts`` under ``p`` minus under ``other`` (+inf where ``other``
+    cannot make a draw that was made: it is ruled out)."""
     live = counts > 0
-    return float((counts[live] * (np.log(p[live]) - np.log(other[live]))).sum())
+    with np.errstate(divide="ignore"):
+        return float((counts[live] * (np.log(p[live]) - np.log(other[live]))).sum())
 
 
 # Temperature +-0.1 moves the served distribution little (L1 about 0.06 here): a chi-square
