@@ -67,8 +67,9 @@ def boot_consistency(records: Sequence[RequestRecord], level: str, epsilon: floa
     res = Consistency(boots=len(boots), output_boots=len(greedy))
     if len(boots) < 2:
         return res
-    for pid, per_boot in sorted(_first_per_boot(records, level).items()):
-        if len(greedy) < 2 or len(per_boot) < len(greedy):
+    compared = _first_per_boot(records, level) if len(greedy) >= 2 else {}
+    for pid, per_boot in sorted(compared.items()):
+        if len(per_boot) < len(greedy):
             continue
         res.prompts += 1
         first_boot = min(per_boot)

@@ -232,10 +232,10 @@ def candidate_looks(pilot: Pilot, data: SavedCampaign, conditions: Sequence[str]
             continue
         refs = [r for r in pilot.references(cand) if r in conditions]
         got = [look_at(pilot, data, cand, look, ref) for ref in refs]
-        if not refs or refs[0] != pilot.baseline or any(isinstance(g, str) for g in got):
+        seen = [g for g in got if not isinstance(g, str)]
+        if not refs or refs[0] != pilot.baseline or len(seen) < len(refs):
             decided = False
             continue
-        seen = [g for g in got if not isinstance(g, str)]
         entry = _look_facts(seen[0], extra or {})
         entry["decision"] = combined_decision([g.decision for g in seen])
         if len(seen) > 1:

@@ -43,7 +43,7 @@ from ..stats.core import FloatArray, StatOutcome
 from .data import IntArray, PairedLatencies, Request, SpeedError, collect
 from .drift import Drift
 from .stalls import Stall, detect_stall
-from .variance import PARZEN_SQUARE, two_way
+from .variance import serial_reach, two_way
 
 __all__ = ["METRICS", "FloatArray", "IntArray", "Metric", "PairedLatencies", "Request",
            "SpeedError", "SpeedResult", "Stall", "collect", "speed_test"]
@@ -441,9 +441,7 @@ def speed_test(
             notes.append(f"unstable environment: {drift.reason}; {shown}")
     if boots == 1:
         notes.append(CONFOUNDED)
-    # The serial term's reach in units, back from its effective clusters 1 / (0.539 b).
     eff = float(batches[metric].serial[0])
-    reach = round(n_units / (PARZEN_SQUARE * eff)) if eff > 0 else None
     return SpeedResult(
         outcome=outcome, reason=reason, metric=metric, gating=gate,
         per_prompt=results["per_prompt"], total_time=results["total_time"],
@@ -452,5 +450,5 @@ def speed_test(
         boot_confounded=boots == 1, confounding=CONFOUNDED if boots == 1 else "",
         components=_components(batches[metric]), drift=drift, notes=tuple(notes),
         held_back=held_back, n_time_units=n_units, drift_adjusted=adjusted,
-        serial_clusters=eff, stall=detect_stall(data, reach),
+        serial_clusters=eff, stall=detect_stall(data, serial_reach(eff, n_units)),
     )

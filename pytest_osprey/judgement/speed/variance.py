@@ -113,6 +113,12 @@ def serial_clusters(cells: FloatArray, count: FloatArray) -> FloatArray:
     return np.where(cells < SERIAL_BELOW, 1 / (PARZEN_SQUARE * b), 0.0)
 
 
+def serial_reach(clusters: float, units: int) -> int | None:
+    """The serial term's reach in units from its effective clusters (``1 / (0.539 b)``,
+    b = reach / units), None where it is off (0 clusters)."""
+    return round(units / (PARZEN_SQUARE * clusters)) if clusters > 0 else None
+
+
 def _serial(
     sums: FloatArray, seen: npt.NDArray[np.bool_], cells: FloatArray
 ) -> tuple[FloatArray, FloatArray]:
